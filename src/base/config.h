@@ -1,0 +1,167 @@
+// The engine configuration: plain section structs filled from a JSON file that uses DeepSpeed's
+// key names and units (see docs/CONFIG.md). This is the only place in the project that reads JSON.
+// Every default lives in the struct definitions below; every check happens in config::load*,
+// before anything is opened or allocated.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+
+namespace zinf::config {
+
+enum class Tristate : std::uint8_t { kAuto, kOn, kOff };
+
+// The `aio` block. DeepSpeed's keys and defaults, plus zinfinity's `backend`, `use_direct`,
+// `register_buffers` and `sqpoll`.
+struct AioConfig {
+    std::uint64_t block_size_bytes = 1u << 20;  // `block_size`, bytes (as in DeepSpeed)
+    int queue_depth = 32;                       // per worker thread
+    int intra_op_parallelism = 1;               // worker threads per request (`thread_count`)
+    bool single_submit = false;                 // submit one request per syscall
+    bool overlap_events = true;                 // keep submitting while completions are reaped
+    std::string backend = "auto";               // auto | io_uring | libaio | posix
+    Tristate use_direct = Tristate::kAuto;      // auto: O_DIRECT where accepted, else buffered
+    bool register_buffers = true;               // io_uring fixed buffers and files
+    bool sqpoll = false;                        // io_uring kernel submission thread
+};
+
+enum class OffloadDevice : std::uint8_t { kNone, kCpu, kNvme };
+std::string_view offload_device_name(OffloadDevice device) noexcept;
+
+// `zero_optimization.offload_param`. Sizes in elements, as in DeepSpeed.
+struct OffloadParamConfig {
+    OffloadDevice device = OffloadDevice::kNone;
+    std::vector<std::string> nvme_path;
+    int buffer_count = 5;
+    std::uint64_t buffer_size_numel = 100'000'000;
+    std::uint64_t max_in_cpu_numel = 1'000'000'000;
+    bool pin_memory = false;
+};
+
+// `zero_optimization.offload_optimizer`.
+struct OffloadOptimizerConfig {
+    OffloadDevice device = OffloadDevice::kNone;
+    std::vector<std::string> nvme_path;
+    int buffer_count = 4;
+    bool pin_memory = false;
+    bool pipeline_read = false;
+    bool pipeline_write = false;
+    bool fast_init = false;
+};
+
+// `zero_optimization`. Sizes in elements, as in DeepSpeed.
+struct ZeroConfig {
+    int stage = 0;
+    bool contiguous_gradients = true;
+    bool overlap_comm = false;
+    std::uint64_t reduce_bucket_size_numel = 500'000'000;
+    std::uint64_t allgather_bucket_size_numel = 500'000'000;
+    std::uint64_t sub_group_size_numel = 1'000'000'000;
+    std::uint64_t stage3_prefetch_bucket_size_numel = 50'000'000;
+    std::uint64_t stage3_max_live_parameters_numel = 1'000'000'000;
+    std::uint64_t stage3_max_reuse_distance_numel = 1'000'000'000;
+    std::uint64_t stage3_param_persistence_threshold_numel = 100'000;
+    OffloadParamConfig offload_param;
+    OffloadOptimizerConfig offload_optimizer;
+};
+
+struct Bf16Config {
+    bool enabled = false;
+};
+
+struct Fp16Config {
+    bool enabled = false;
+    double loss_scale = 0;  // 0: dynamic
+    int initial_scale_power = 16;
+    int loss_scale_window = 1000;
+    int hysteresis = 2;
+    double min_loss_scale = 1;
+};
+
+enum class OptimizerType : std::uint8_t { kAdam, kAdamW, kAdagrad, kLion };
+std::string_view optimizer_type_name(OptimizerType type) noexcept;
+
+struct OptimizerConfig {
+    OptimizerType type = OptimizerType::kAdamW;
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    // DeepSpeed's `Adam` applies decoupled weight decay unless `adam_w_mode` is false.
+    bool adam_w_mode = true;
+};
+
+enum class SchedulerType : std::uint8_t { kNone, kWarmupLR, kWarmupDecayLR };
+
+struct SchedulerConfig {
+    SchedulerType type = SchedulerType::kNone;
+    double warmup_min_lr = 0.0;
+    double warmup_max_lr = 0.001;
+    std::uint64_t warmup_num_steps = 1000;
+    bool warmup_linear = false;  // `warmup_type`: "log" (DeepSpeed's default) or "linear"
+    std::uint64_t total_num_steps = 0;  // WarmupDecayLR only; required there
+};
+
+// zinfinity's `swap` block.
+struct SwapConfig {
+    bool verify_checksums = true;
+};
+
+// zinfinity's `cpu_optimizer` block: which SIMD variant the CPU optimizer uses.
+struct CpuOptimizerConfig {
+    std::string isa = "auto";  // auto | avx512 | avx2 | scalar; ZINF_CPU_ISA overrides
+    int threads = 0;           // 0: all cores
+};
+
+// Batch arithmetic, resolved: all three set and consistent after load.
+struct BatchConfig {
+    std::uint64_t train_batch_size = 0;
+    std::uint64_t train_micro_batch_size_per_gpu = 0;
+    std::uint64_t gradient_accumulation_steps = 0;
+};
+
+struct EngineConfig {
+    AioConfig aio;
+    ZeroConfig zero;
+    Bf16Config bf16;
+    Fp16Config fp16;
+    OptimizerConfig optimizer;
+    SchedulerConfig scheduler;
+    SwapConfig swap;
+    CpuOptimizerConfig cpu_optimizer;
+    BatchConfig batch;
+    double gradient_clipping = 0.0;  // 0: off
+    std::uint64_t steps_per_print = 10;
+    std::uint64_t seed = 1234;
+    // Warnings met while loading (DeepSpeed keys that zinfinity does not implement), already logged.
+    std::vector<std::string> warnings;
+};
+
+struct LoadOptions {
+    int world_size = 1;
+    // `key.path=value` overrides applied before validation (`--set` on the command line).
+    std::vector<std::string> overrides;
+    // Log each warning as it is found (tests turn this off and read EngineConfig::warnings).
+    bool log_warnings = true;
+};
+
+// Loads and validates a config file. Errors name the file and the key path.
+Result<EngineConfig> load(const std::string& path, const LoadOptions& options = {});
+// Same, from JSON text (`source_name` names it in messages).
+Result<EngineConfig> load_from_string(std::string_view json_text, const LoadOptions& options = {},
+                                      std::string_view source_name = "<config>");
+// Parses only an `aio` object (as written by `zinfinity-bench tune`), with the same checks.
+Result<AioConfig> load_aio_from_string(std::string_view json_text, std::string_view source_name);
+// The JSON text of an `aio` block, as zinfinity configs accept it.
+std::string aio_to_json(const AioConfig& aio, int indent = 2);
+
+// Levenshtein distance, for "did you mean" suggestions.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+
+}  // namespace zinf::config

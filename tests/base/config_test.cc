@@ -1,0 +1,192 @@
+// Config loading: DeepSpeed keys, defaults, warnings, suggestions and key-path errors.
+#include "src/base/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/support/test_seed.h"
+
+namespace zinf::config {
+namespace {
+
+LoadOptions quiet() {
+    LoadOptions o;
+    o.log_warnings = false;
+    return o;
+}
+
+Result<EngineConfig> load_text(const std::string& text, LoadOptions options = quiet()) {
+    return load_from_string(text, options, "test.json");
+}
+
+std::string error_of(const std::string& text) {
+    auto r = load_text(text);
+    EXPECT_FALSE(r.has_value()) << text;
+    return r.has_value() ? "" : r.error().message();
+}
+
+TEST(ConfigTest, DefaultsFromEmptyObject) {
+    auto c = load_text("{}");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->aio.block_size_bytes, 1u << 20);
+    EXPECT_EQ(c->aio.backend, "auto");
+    EXPECT_EQ(c->aio.use_direct, Tristate::kAuto);
+    EXPECT_EQ(c->aio.intra_op_parallelism, 1);
+    EXPECT_TRUE(c->swap.verify_checksums);
+    EXPECT_EQ(c->zero.stage, 0);
+}
+
+TEST(ConfigTest, AioBlock) {
+    auto c = load_text(R"({"aio": {"block_size": 4194304, "queue_depth": 16, "intra_op_parallelism": 2,
+        "single_submit": false, "overlap_events": true, "backend": "libaio", "use_direct": true,
+        "register_buffers": false, "sqpoll": true}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->aio.block_size_bytes, 4u << 20);
+    EXPECT_EQ(c->aio.queue_depth, 16);
+    EXPECT_EQ(c->aio.intra_op_parallelism, 2);
+    EXPECT_EQ(c->aio.backend, "libaio");
+    EXPECT_EQ(c->aio.use_direct, Tristate::kOn);
+    EXPECT_FALSE(c->aio.register_buffers);
+    EXPECT_TRUE(c->aio.sqpoll);
+}
+
+TEST(ConfigTest, ThreadCountIsTheOldNameOfIntraOpParallelism) {
+    auto c = load_text(R"({"aio": {"thread_count": 3}})");
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->aio.intra_op_parallelism, 3);
+    EXPECT_NE(error_of(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 2}})").find("thread_count"),
+              std::string::npos);
+}
+
+TEST(ConfigTest, DeepSpeedKeyNotImplementedWarnsOnce) {
+    auto c = load_text(R"({"wall_clock_breakdown": false, "train_batch_size": 8})");
+    ASSERT_TRUE(c.has_value());
+    ASSERT_EQ(c->warnings.size(), 1u);
+    EXPECT_NE(c->warnings[0].find("wall_clock_breakdown"), std::string::npos);
+}
+
+TEST(ConfigTest, UnknownKeySuggestsNearest) {
+    const auto m = error_of(R"({"aio": {"queue_dept": 8}})");
+    EXPECT_NE(m.find("aio.queue_dept: unknown key"), std::string::npos) << m;
+    EXPECT_NE(m.find("did you mean 'aio.queue_depth'"), std::string::npos) << m;
+    const auto top = error_of(R"({"zero_optimisation": {}})");
+    EXPECT_NE(top.find("did you mean 'zero_optimization'"), std::string::npos) << top;
+    EXPECT_NE(top.find("test.json"), std::string::npos) << top;
+}
+
+TEST(ConfigTest, WrongTypesAndRangesNameTheKeyPath) {
+    EXPECT_NE(error_of(R"({"aio": {"queue_depth": 0}})").find("aio.queue_depth: expected integer in [1, 4096], got 0"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"aio": {"queue_depth": "deep"}})").find("aio.queue_depth: expected integer"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"aio": {"single_submit": 1}})").find("aio.single_submit: expected boolean"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"aio": {"backend": "spdk"}})").find("aio.backend: expected one of"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"aio": {"block_size": 1000}})").find("aio.block_size: expected a multiple of 512"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"aio": 3})").find("aio: expected object"), std::string::npos);
+    EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+}
+
+TEST(ConfigTest, ElementCountsAcceptScientificNotation) {
+    auto c = load_text(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+        "stage3_prefetch_bucket_size": 5e7}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->zero.sub_group_size_numel, 100000000u);
+    EXPECT_NE(error_of(R"({"zero_optimization": {"sub_group_size": 1.5}})").find("zero_optimization.sub_group_size"),
+              std::string::npos);
+}
+
+TEST(ConfigTest, OffloadRules) {
+    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})")
+                  .find("needs zero_optimization.stage 3"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")
+                  .find("zero_optimization.offload_param.nvme_path: required"),
+              std::string::npos);
+    auto c = load_text(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+        "nvme_path": ["/a", "/b"]}, "offload_optimizer": {"device": "nvme", "nvme_path": "/c",
+        "pipeline_read": true, "ratio": 0.5}}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->zero.offload_param.nvme_path.size(), 2u);
+    EXPECT_EQ(c->zero.offload_optimizer.nvme_path[0], "/c");
+    EXPECT_TRUE(c->zero.offload_optimizer.pipeline_read);
+    EXPECT_EQ(c->warnings.size(), 1u);  // ratio
+}
+
+TEST(ConfigTest, BatchArithmetic) {
+    auto a = load_text(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})");
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->batch.train_micro_batch_size_per_gpu, 8u);
+    auto b = load_text(R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})");
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->batch.train_batch_size, 16u);
+    EXPECT_NE(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 4})").find("train_batch_size"), std::string::npos);
+    LoadOptions two = quiet();
+    two.world_size = 2;
+    auto c = load_text(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})", two);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->batch.gradient_accumulation_steps, 2u);
+}
+
+TEST(ConfigTest, OptimizerAndScheduler) {
+    auto c = load_text(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.8, 0.99],
+        "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupDecayLR", "params": {
+        "warmup_num_steps": 10, "total_num_steps": 100, "warmup_type": "linear"}}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
+    EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
+    EXPECT_EQ(c->scheduler.type, SchedulerType::kWarmupDecayLR);
+    EXPECT_TRUE(c->scheduler.warmup_linear);
+    EXPECT_NE(error_of(R"({"optimizer": {"type": "SGD"}})").find("optimizer.type"), std::string::npos);
+    EXPECT_NE(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})").find("optimizer.params.betas"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR"}})").find("total_num_steps"),
+              std::string::npos);
+}
+
+TEST(ConfigTest, OverridesApplyBeforeValidation) {
+    LoadOptions o = quiet();
+    o.overrides = {"aio.queue_depth=8", "aio.backend=posix", "swap.verify_checksums=false"};
+    auto c = load_text("{}", o);
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->aio.queue_depth, 8);
+    EXPECT_EQ(c->aio.backend, "posix");
+    EXPECT_FALSE(c->swap.verify_checksums);
+    o.overrides = {"aio.queue_depth=0"};
+    auto bad = load_text("{}", o);
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_NE(bad.error().message().find("aio.queue_depth"), std::string::npos);
+}
+
+TEST(ConfigTest, MissingFileNamesThePath) {
+    auto r = load("/nonexistent/zinf.json");
+    ASSERT_FALSE(r.has_value());
+    EXPECT_NE(r.error().message().find("/nonexistent/zinf.json"), std::string::npos);
+}
+
+TEST(ConfigTest, AioRoundTripsThroughJson) {
+    AioConfig aio;
+    aio.block_size_bytes = 8u << 20;
+    aio.queue_depth = 16;
+    aio.backend = "io_uring";
+    aio.use_direct = Tristate::kOn;
+    auto back = load_aio_from_string(aio_to_json(aio), "tune.json");
+    ASSERT_TRUE(back.has_value()) << back.error().to_string();
+    EXPECT_EQ(back->block_size_bytes, aio.block_size_bytes);
+    EXPECT_EQ(back->queue_depth, 16);
+    EXPECT_EQ(back->use_direct, Tristate::kOn);
+    // And a full config accepts the same text.
+    EXPECT_TRUE(load_text(aio_to_json(aio)).has_value());
+}
+
+TEST(ConfigTest, EditDistance) {
+    EXPECT_EQ(edit_distance("queue_dept", "queue_depth"), 1u);
+    EXPECT_EQ(edit_distance("", "abc"), 3u);
+}
+
+}  // namespace
+}  // namespace zinf::config
