@@ -1,0 +1,70 @@
+// io::Backend: asynchronous block I/O on descriptors opened by io::Engine. One owning thread (a
+// worker of io::Engine); never allocates or throws after creation. Backends complete every
+// piece in full or report an error: they resubmit the rest of a short transfer and retry EINTR
+// and EAGAIN up to a fixed limit; every other error goes to the piece's callback.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "io/engine.h"
+#include "src/base/status.h"
+
+namespace zinf::io {
+
+// One piece of I/O: contiguous, at most aio.block_size bytes. Owned by the submitter (the
+// engine's worker keeps a fixed array of queue_depth of them); must stay alive until its
+// callback has run.
+struct Request {
+    enum class State : std::uint8_t { kIdle, kInFlight };
+    OpKind op = OpKind::kRead;
+    int fd = -1;                    // descriptor (or simulated file id)
+    int fixed_file_index = -1;      // registered-file slot, -1 if none
+    std::uint64_t offset_bytes = 0;
+    std::uint32_t length_bytes = 0;
+    std::byte* buffer = nullptr;
+    int buffer_index = -1;          // registered-buffer slot, -1 if none
+    std::uint32_t done_bytes = 0;   // progress of a resubmitted short transfer
+    std::uint16_t retries = 0;
+    State state = State::kIdle;
+    // Runs inside reap() on the owning thread with the piece's final status.
+    void (*callback)(Request& request, const Status& status) = nullptr;
+    void* user = nullptr;
+};
+
+constexpr int kMaxRetries = 16;
+
+class Backend {
+public:
+    virtual ~Backend() = default;  // implementations assert in_flight_count() == 0
+    virtual std::string_view name() const noexcept = 0;
+    // Registers fixed buffers (io_uring); others accept and ignore. Each region gets the slot
+    // equal to its index. Regions larger than 1 GiB are refused (split them first).
+    virtual Status register_buffers(std::span<const std::span<std::byte>> regions) = 0;
+    // Queues requests in order; returns how many were accepted. When the queue is full it
+    // returns fewer; zero accepted is Status::busy(). Never blocks.
+    virtual Result<std::size_t> submit(std::span<Request* const> requests) noexcept = 0;
+    // Completes at least min_count requests (or what is in flight, if fewer), calling each
+    // request's callback; waits at most `timeout`. Returns how many completed.
+    virtual Result<std::size_t> reap(std::size_t min_count, std::chrono::microseconds timeout) noexcept = 0;
+    virtual std::size_t in_flight_count() const noexcept = 0;
+    virtual std::size_t queue_depth() const noexcept = 0;
+};
+
+struct BackendOptions {
+    std::string kind = "auto";   // io_uring | libaio | posix | auto
+    std::size_t queue_depth = 32;
+    bool sqpoll = false;
+    bool single_submit = false;
+};
+
+// Creates a backend; for "auto" tries io_uring → libaio → posix and puts the reasons for each
+// one passed over into *why (e.g. "io_uring: io_uring_setup: EPERM, likely seccomp").
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options, std::string* why);
+
+}  // namespace zinf::io

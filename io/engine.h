@@ -1,0 +1,177 @@
+// io::Engine: the thread-safe front end of the asynchronous block I/O layer. It owns
+// `intra_op_parallelism` worker threads, each with one io::Backend (io_uring, libaio, posix or the
+// simulated device, optionally wrapped by io::FaultyBackend). Callers submit reads and writes of
+// (file, offset, buffer) and get them back through an IoHandle they own. Every request is cut
+// into `block_size` pieces that the workers pull from one shared queue, so that each worker keeps
+// up to `queue_depth` pieces in flight however small the request (no fixed slice per worker).
+//
+// Files are logical: one path, or several paths striped round robin in fixed chunks, so that
+// several drives add up. O_DIRECT is used where the file system accepts it (see FileOptions);
+// pieces that are not aligned to the file's logical block size (an odd tail, an odd offset) go
+// through a buffered descriptor of the same file, so the caller's bytes never see garbage and
+// nothing is written past the intended extent.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/fault.h"
+#include "src/base/config.h"
+#include "src/base/status.h"
+
+namespace zinf::io {
+
+enum class OpKind : std::uint8_t { kRead, kWrite };
+
+using FileId = std::uint32_t;
+
+struct FileOptions {
+    bool create = false;     // O_CREAT
+    bool exclusive = false;  // O_EXCL (with create): refuse an existing file
+    bool truncate = false;   // O_TRUNC
+    bool read_only = false;
+    unsigned mode = 0600;
+    // With several paths: bytes per stripe chunk, a multiple of the logical block size.
+    // 0 picks aio.block_size.
+    std::uint64_t stripe_chunk_bytes = 0;
+    // When > 0, space for this many logical bytes is reserved up front (fallocate), so that a
+    // full disk is met here and not in the middle of training.
+    std::uint64_t preallocate_bytes = 0;
+};
+
+// Options of the simulated in-memory device (aio.backend is then ignored).
+struct SimOptions {
+    std::uint64_t seed = 1;
+    std::uint32_t latency_us_min = 0;
+    std::uint32_t latency_us_max = 50;
+    std::uint64_t capacity_bytes = 1ULL << 40;  // writes beyond it fail with ENOSPC
+    std::size_t logical_block_bytes = 512;
+};
+
+struct EngineOptions {
+    config::AioConfig aio;
+    // When set, each worker's backend is wrapped in a FaultyBackend following this plan.
+    std::optional<FaultPlan> faults;
+    // When set, files live in memory on a simulated device instead of the file system.
+    std::optional<SimOptions> sim;
+};
+
+struct EngineStats {
+    std::uint64_t bytes_read = 0;
+    std::uint64_t bytes_written = 0;
+    std::uint64_t requests_completed = 0;  // caller-level operations
+    std::uint64_t pieces_completed = 0;    // block-sized pieces
+    std::uint64_t short_transfers_resubmitted = 0;
+    std::uint64_t retries = 0;             // EAGAIN / EINTR
+    double latency_us_p50 = 0;             // per caller-level operation, submit to completion
+    double latency_us_p99 = 0;
+};
+
+class Engine;
+
+// The caller's handle on one asynchronous operation. Owned by the caller, reused freely after
+// completion, and must stay alive (and not be resubmitted) until done() is true. Thread-safe to
+// poll and wait from any thread.
+class IoHandle {
+public:
+    IoHandle() = default;
+    IoHandle(const IoHandle&) = delete;
+    IoHandle& operator=(const IoHandle&) = delete;
+    ~IoHandle();  // asserts that no operation is in flight
+
+    // True when the operation has completed (successfully or not); never blocks.
+    bool done() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
+    // Blocks until completion and returns its status: the first error met, with the file,
+    // offset, length and operation in its message.
+    Status wait();
+    // As wait(), but gives up after `timeout` with Status::timeout (the operation continues).
+    Status wait_for(std::chrono::microseconds timeout);
+    std::uint64_t bytes() const noexcept { return length_bytes_; }
+
+private:
+    friend class Engine;
+    friend class EngineWorker;
+    std::atomic<std::uint32_t> pending_{0};
+    std::mutex mutex_;
+    std::condition_variable done_cv_;
+    Status error_;  // guarded by mutex_
+    std::uint64_t length_bytes_ = 0;
+    std::chrono::steady_clock::time_point submitted_at_;
+};
+
+class Engine {
+public:
+    // Builds the workers and their backends. For aio.backend == "auto" tries io_uring, then
+    // libaio, then posix, and logs which it chose and why it passed over the others; a backend
+    // named explicitly that cannot be set up is an error (kNotSupported) saying why.
+    static Result<std::unique_ptr<Engine>> create(const EngineOptions& options);
+    // Waits for everything in flight, then stops the workers and closes every file.
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    std::string_view backend_name() const noexcept;
+    const config::AioConfig& aio() const noexcept;
+
+    // Opens one logical file over `paths` (several paths: one file per path, striped). Applies
+    // aio.use_direct: auto falls back to buffered I/O with one warning where O_DIRECT is refused,
+    // on (Tristate::kOn) makes the refusal an error. Errors name the path.
+    Result<FileId> open(std::span<const std::string> paths, const FileOptions& options);
+    Result<FileId> open(const std::string& path, const FileOptions& options) {
+        return open(std::span<const std::string>(&path, 1), options);
+    }
+    // Closes a file. Precondition: nothing in flight on it.
+    Status close(FileId file);
+    bool is_direct(FileId file) const;
+    // The alignment (bytes) of buffers, offsets and lengths that go straight to O_DIRECT: the
+    // largest logical block size over the file's stripes (queried, not assumed). 1 if buffered.
+    std::size_t alignment_bytes(FileId file) const;
+    // fdatasync on every stripe.
+    Status sync(FileId file);
+
+    // Registers a caller-owned region (e.g. the pinned pool) with every worker's backend as
+    // fixed buffers (io_uring; split into pieces of at most 1 GiB). Pieces of requests whose
+    // buffers lie inside use the fixed-buffer opcodes. Call before submitting I/O on it; the
+    // region must outlive the engine or be unregistered by destroying the engine.
+    Status register_buffers(std::span<std::byte> region);
+
+    // Starts an asynchronous read into `buffer` (caller-owned until done). Returns an error
+    // without starting anything for bad arguments (unknown file, handle in use, empty buffer).
+    Status submit_read(IoHandle& handle, FileId file, std::uint64_t offset_bytes,
+                       std::span<std::byte> buffer);
+    Status submit_write(IoHandle& handle, FileId file, std::uint64_t offset_bytes,
+                        std::span<const std::byte> buffer);
+
+    struct BatchItem {
+        IoHandle* handle;
+        OpKind op;
+        FileId file;
+        std::uint64_t offset_bytes;
+        std::span<std::byte> buffer;
+    };
+    // Submits several operations at once (one wake-up of the workers).
+    Status submit(std::span<const BatchItem> items);
+
+    // Synchronous conveniences: submit and wait.
+    Status read(FileId file, std::uint64_t offset_bytes, std::span<std::byte> buffer);
+    Status write(FileId file, std::uint64_t offset_bytes, std::span<const std::byte> buffer);
+
+    EngineStats stats() const;
+    void reset_stats();
+
+private:
+    Engine();
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::io

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the dependencies, then builds and runs every test twice: a Release build (CUDA code
+# compiled where nvcc exists; GPU tests skip themselves without a GPU) and an ASan+UBSan build
+# without CUDA. Tests labelled `slow` are left out unless ZINF_TEST_SLOW=1.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/install-deps.sh
+
+label_args=(-LE slow)
+if [ "${ZINF_TEST_SLOW:-0}" = 1 ]; then label_args=(); fi
+jobs=${ZINF_BUILD_JOBS:-$(nproc)}
+werror=-DZINF_WERROR=ON
+
+start=$(date +%s)
+echo "== Release build (CUDA: AUTO)"
+bash scripts/build.sh build-release -DCMAKE_BUILD_TYPE=Release -DZINF_WITH_CUDA=AUTO $werror
+echo "== Release tests"
+ctest --test-dir build-release --output-on-failure -j "$jobs" "${label_args[@]}"
+
+echo "== ASan+UBSan build (no CUDA)"
+bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZINF_WITH_CUDA=OFF \
+  -DZINF_SANITIZE=address,undefined -DZINF_BUILD_MICROBENCH=OFF $werror
+echo "== ASan+UBSan tests"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" "${label_args[@]}"
+echo "== all tests passed in $(( $(date +%s) - start )) s"
