@@ -2,6 +2,13 @@
 // worker of io::Engine); never allocates or throws after creation. Backends complete every
 // piece in full or report an error: they resubmit the rest of a short transfer and retry EINTR
 // and EAGAIN up to a fixed limit; every other error goes to the piece's callback.
+//
+// Request life cycle, the same for every backend: the submitter fills a kIdle request (with
+// done_bytes = 0) and hands it to submit(); the backend marks it kInFlight and transfers bytes
+// [offset_bytes + done_bytes, offset_bytes + length_bytes); once it is finished the backend sets
+// kIdle and runs the callback from inside reap() with Status::ok() (done_bytes == length_bytes)
+// or with an error whose message is the bare cause (strerror, "unexpected end of file"); the
+// engine adds the file, offset and length.
 #pragma once
 
 #include <chrono>
@@ -30,7 +37,8 @@ struct Request {
     std::byte* buffer = nullptr;
     int buffer_index = -1;          // registered-buffer slot, -1 if none
     std::uint32_t done_bytes = 0;   // progress of a resubmitted short transfer
-    std::uint16_t retries = 0;
+    std::uint16_t retries = 0;           // EINTR / EAGAIN retries of this piece (for stats)
+    std::uint16_t short_transfers = 0;   // short transfers resubmitted (for stats)
     State state = State::kIdle;
     // Runs inside reap() on the owning thread with the piece's final status.
     void (*callback)(Request& request, const Status& status) = nullptr;
@@ -38,6 +46,10 @@ struct Request {
 };
 
 constexpr int kMaxRetries = 16;
+// Slots in each backend's fixed-file table; the engine hands them out (two per stripe file).
+constexpr int kFixedFileSlots = 1024;
+// The largest buffer io_uring registers as one fixed buffer (larger fails with EFAULT).
+constexpr std::size_t kMaxRegisteredBufferBytes = std::size_t{1} << 30;
 
 class Backend {
 public:
@@ -46,14 +58,28 @@ public:
     // Registers fixed buffers (io_uring); others accept and ignore. Each region gets the slot
     // equal to its index. Regions larger than 1 GiB are refused (split them first).
     virtual Status register_buffers(std::span<const std::span<std::byte>> regions) = 0;
+    // Puts `fd` into slot `slot` of the backend's fixed-file table (io_uring), or clears the slot
+    // when fd is -1. Requests naming a slot the backend has not registered use their plain fd,
+    // so a backend without the feature accepts and ignores this (the default).
+    virtual Status register_file(int slot, int fd) {
+        (void)slot;
+        (void)fd;
+        return Status::ok();
+    }
     // Queues requests in order; returns how many were accepted. When the queue is full it
     // returns fewer; zero accepted is Status::busy(). Never blocks.
     virtual Result<std::size_t> submit(std::span<Request* const> requests) noexcept = 0;
     // Completes at least min_count requests (or what is in flight, if fewer), calling each
     // request's callback; waits at most `timeout`. Returns how many completed.
-    virtual Result<std::size_t> reap(std::size_t min_count, std::chrono::microseconds timeout) noexcept = 0;
+    virtual Result<std::size_t> reap(std::size_t min_count,
+                                     std::chrono::microseconds timeout) noexcept = 0;
     virtual std::size_t in_flight_count() const noexcept = 0;
     virtual std::size_t queue_depth() const noexcept = 0;
+    // Makes a reap() blocked on the owning thread return early (with whatever completed, maybe
+    // nothing), so that the owner can submit work that arrived meanwhile. The one call that any
+    // thread may make; cheap; a wake with no reap blocked shortens the next one. The default
+    // does nothing, and reap then returns at its timeout.
+    virtual void wake() noexcept {}
 };
 
 struct BackendOptions {

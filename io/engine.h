@@ -91,7 +91,8 @@ public:
     // True when the operation has completed (successfully or not); never blocks.
     bool done() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
     // Blocks until completion and returns its status: the first error met, with the file,
-    // offset, length and operation in its message.
+    // offset, length and operation in its message. An operation that fails still waits for its
+    // other pieces, so no piece touches the buffer after done() turns true.
     Status wait();
     // As wait(), but gives up after `timeout` with Status::timeout (the operation continues).
     Status wait_for(std::chrono::microseconds timeout);
@@ -100,12 +101,22 @@ public:
 private:
     friend class Engine;
     friend class EngineWorker;
+    // Pieces in flight plus one while the operation is still being cut into pieces. The last
+    // decrement to 0 happens under mutex_, after error_ is final.
     std::atomic<std::uint32_t> pending_{0};
+    std::atomic<bool> failed_{false};  // set on the first error: stop cutting new pieces
     std::mutex mutex_;
     std::condition_variable done_cv_;
     Status error_;  // guarded by mutex_
     std::uint64_t length_bytes_ = 0;
     std::chrono::steady_clock::time_point submitted_at_;
+    // The operation, while queued in the engine (guarded by the engine's queue mutex).
+    IoHandle* next_ = nullptr;
+    void* file_ = nullptr;
+    std::byte* buffer_ = nullptr;
+    std::uint64_t offset_bytes_ = 0;
+    std::uint64_t cursor_bytes_ = 0;
+    OpKind op_ = OpKind::kRead;
 };
 
 class Engine {
@@ -141,7 +152,9 @@ public:
     // Registers a caller-owned region (e.g. the pinned pool) with every worker's backend as
     // fixed buffers (io_uring; split into pieces of at most 1 GiB). Pieces of requests whose
     // buffers lie inside use the fixed-buffer opcodes. Call before submitting I/O on it; the
-    // region must outlive the engine or be unregistered by destroying the engine.
+    // region must outlive the engine or be unregistered by destroying the engine. A no-op when
+    // aio.register_buffers is false or the backend has no fixed buffers. On failure (e.g.
+    // RLIMIT_MEMLOCK) the engine keeps working with plain opcodes and returns the error.
     Status register_buffers(std::span<std::byte> region);
 
     // Starts an asynchronous read into `buffer` (caller-owned until done). Returns an error
@@ -169,6 +182,7 @@ public:
     void reset_stats();
 
 private:
+    friend class EngineWorker;
     Engine();
     struct Impl;
     std::unique_ptr<Impl> impl_;

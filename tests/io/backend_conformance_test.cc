@@ -1,0 +1,206 @@
+// The conformance suite every backend passes, through io::Engine: {io_uring, libaio, posix, sim}
+// × {direct on, off}. Random data at random offsets and sizes, aligned and not; concurrent
+// submitters; end of file; registered buffers; statistics.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "io/engine.h"
+#include "tests/io/io_test_util.h"
+
+namespace zinf::io::test {
+namespace {
+
+using config::Tristate;
+
+struct Param {
+    std::string backend;
+    bool direct;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+    return info.param.backend + (info.param.direct ? "_direct" : "_buffered");
+}
+
+class BackendConformance : public ::testing::TestWithParam<Param> {
+protected:
+    void SetUp() override {
+        std::string skip;
+        engine_ = make_engine(GetParam().backend, GetParam().direct ? Tristate::kOn : Tristate::kOff, &skip);
+        if (engine_ == nullptr && !skip.empty()) {
+            GTEST_SKIP() << skip;
+        }
+        ASSERT_NE(engine_, nullptr);
+        if (GetParam().backend != "sim") {
+            EXPECT_EQ(engine_->backend_name(), GetParam().backend);
+        }
+    }
+
+    FileId open_file(const std::string& name, std::uint64_t preallocate = 0) {
+        FileOptions fo;
+        fo.create = true;
+        fo.preallocate_bytes = preallocate;
+        auto id = engine_->open(dir_.file(name), fo);
+        EXPECT_TRUE(id.has_value()) << id.error().to_string();
+        return id.has_value() ? *id : 0;
+    }
+
+    zinf::test::TempDir dir_{"conf"};
+    std::unique_ptr<Engine> engine_;
+};
+
+TEST_P(BackendConformance, RandomRoundTrips) {
+    constexpr std::size_t kFileBytes = 6 << 20;
+    const FileId file = open_file("data", kFileBytes);
+    EXPECT_EQ(engine_->is_direct(file), GetParam().direct);
+    if (GetParam().direct && GetParam().backend != "sim") {
+        EXPECT_GE(engine_->alignment_bytes(file), 512u);
+    }
+    std::vector<std::byte> model(kFileBytes);
+    std::mt19937_64 rng(zinf::test::seed());
+    AlignedBuffer buffer = must_allocate(1 << 20);
+    AlignedBuffer readback = must_allocate(1 << 20);
+    for (int round = 0; round < 30; ++round) {
+        const bool aligned = round % 2 == 0;
+        std::size_t size = 1 + rng() % (900 * 1024);
+        std::uint64_t offset = rng() % (kFileBytes - size);
+        std::size_t shift = 0;  // buffer misalignment
+        if (aligned) {
+            size = std::max<std::size_t>(4096, align_down(size, 4096));
+            offset = align_down(offset, 4096);
+        } else {
+            shift = 1 + rng() % 511;
+            size = std::min(size, buffer.size() - shift);
+        }
+        std::span<std::byte> out = buffer.span().subspan(shift, size);
+        fill_random(out, rng);
+        ASSERT_TRUE(engine_->write(file, offset, out).is_ok()) << "round " << round;
+        std::memcpy(model.data() + offset, out.data(), size);
+        // Read a random region back into a buffer with its own misalignment.
+        const std::size_t rsize = 1 + rng() % (readback.size() - 512);
+        const std::uint64_t roffset = aligned ? align_down(rng() % (kFileBytes - rsize), 512) : rng() % (kFileBytes - rsize);
+        const std::size_t rshift = aligned ? 0 : 1 + rng() % 300;
+        const std::size_t rlen = aligned ? std::max<std::size_t>(512, align_down(rsize, 512)) : rsize;
+        std::span<std::byte> in = readback.span().subspan(rshift, std::min(rlen, readback.size() - rshift));
+        const Status st = engine_->read(file, roffset, in);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        ASSERT_EQ(std::memcmp(in.data(), model.data() + roffset, in.size()), 0)
+            << "round " << round << " offset " << roffset << " length " << in.size();
+    }
+    // The whole file through 1 MiB reads.
+    for (std::uint64_t at = 0; at < kFileBytes; at += readback.size()) {
+        ASSERT_TRUE(engine_->read(file, at, readback.span()).is_ok());
+        ASSERT_EQ(std::memcmp(readback.data(), model.data() + at, readback.size()), 0) << at;
+    }
+    const EngineStats stats = engine_->stats();
+    EXPECT_GT(stats.bytes_written, 0u);
+    EXPECT_GT(stats.bytes_read, kFileBytes - 1);
+    EXPECT_GT(stats.pieces_completed, stats.requests_completed);
+    EXPECT_GT(stats.latency_us_p99, 0.0);
+    EXPECT_GE(stats.latency_us_p99, stats.latency_us_p50);
+    EXPECT_TRUE(engine_->close(file).is_ok());
+}
+
+TEST_P(BackendConformance, FourConcurrentSubmitters) {
+    constexpr std::size_t kRegion = 1 << 20;
+    const FileId file = open_file("shared", 4 * kRegion);
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            std::mt19937_64 rng(zinf::test::seed() + static_cast<std::uint64_t>(t));
+            AlignedBuffer out = must_allocate(kRegion);
+            AlignedBuffer in = must_allocate(kRegion);
+            for (int round = 0; round < 6; ++round) {
+                fill_random(out.span(), rng);
+                // Four handles in flight per thread: quarter regions, submitted as one batch.
+                IoHandle handles[4];
+                Engine::BatchItem items[4];
+                for (int q = 0; q < 4; ++q) {
+                    items[q] = {&handles[q], OpKind::kWrite, file,
+                                static_cast<std::uint64_t>(t) * kRegion + q * (kRegion / 4),
+                                out.span().subspan(q * (kRegion / 4), kRegion / 4)};
+                }
+                if (!engine_->submit(items).is_ok()) ++failures;
+                for (auto& h : handles) {
+                    if (!h.wait_for(kHangTimeout).is_ok()) ++failures;
+                }
+                IoHandle r;
+                if (!engine_->submit_read(r, file, static_cast<std::uint64_t>(t) * kRegion, in.span()).is_ok()) ++failures;
+                if (!r.wait_for(kHangTimeout).is_ok()) ++failures;
+                if (std::memcmp(in.data(), out.data(), kRegion) != 0) ++failures;
+            }
+        });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_P(BackendConformance, ReadPastEndOfFileIsAnErrorWithContext) {
+    const FileId file = open_file("short");
+    AlignedBuffer buffer = must_allocate(64 * 1024);
+    ASSERT_TRUE(engine_->write(file, 0, buffer.span().subspan(0, 10000)).is_ok());
+    // Unaligned length: the buffered path; aligned: direct, where the short read ends unaligned.
+    for (std::size_t length : {std::size_t{20000}, std::size_t{16384}, std::size_t{65536}}) {
+        IoHandle h;
+        ASSERT_TRUE(engine_->submit_read(h, file, 0, buffer.span().subspan(0, length)).is_ok());
+        const Status st = h.wait_for(kHangTimeout);
+        ASSERT_FALSE(st.is_ok()) << length;
+        EXPECT_NE(st.code(), StatusCode::kTimeout);
+        EXPECT_NE(st.message().find("unexpected end of file"), std::string::npos) << st.to_string();
+        EXPECT_NE(st.message().find(dir_.file("short")), std::string::npos) << st.to_string();
+        EXPECT_NE(st.message().find("read "), std::string::npos) << st.to_string();
+        EXPECT_NE(st.message().find("offset 0 length"), std::string::npos) << st.to_string();
+    }
+}
+
+TEST_P(BackendConformance, RegisteredBuffersRoundTrip) {
+    const FileId file = open_file("fixed", 4 << 20);
+    AlignedBuffer region = must_allocate(4 << 20);
+    ASSERT_TRUE(engine_->register_buffers(region.span()).is_ok());
+    std::mt19937_64 rng(zinf::test::seed());
+    fill_random(region.span().subspan(0, 2 << 20), rng);
+    ASSERT_TRUE(engine_->write(file, 0, region.span().subspan(0, 2 << 20)).is_ok());
+    // Read into the second half (inside the region) and into an odd slice of it.
+    ASSERT_TRUE(engine_->read(file, 0, region.span().subspan(2 << 20, 2 << 20)).is_ok());
+    EXPECT_EQ(std::memcmp(region.data(), region.data() + (2 << 20), 2 << 20), 0);
+    ASSERT_TRUE(engine_->read(file, 4096, region.span().subspan((2 << 20) + 7, 100000)).is_ok());
+    EXPECT_EQ(std::memcmp(region.data() + 4096, region.data() + (2 << 20) + 7, 100000), 0);
+}
+
+TEST_P(BackendConformance, ManyOperationsInOneBatch) {
+    constexpr int kOps = 64;
+    constexpr std::size_t kOpBytes = 12288 + 100;  // odd size: a direct bulk and a buffered tail
+    const FileId file = open_file("batch");
+    AlignedBuffer out = must_allocate(kOps * 16384);
+    AlignedBuffer in = must_allocate(kOps * 16384);
+    std::mt19937_64 rng(zinf::test::seed());
+    fill_random(out.span(), rng);
+    std::vector<IoHandle> handles(kOps);
+    std::vector<Engine::BatchItem> items;
+    for (int i = 0; i < kOps; ++i) {
+        items.push_back({&handles[i], OpKind::kWrite, file, static_cast<std::uint64_t>(i) * 16384,
+                         out.span().subspan(static_cast<std::size_t>(i) * 16384, kOpBytes)});
+    }
+    ASSERT_TRUE(engine_->submit(items).is_ok());
+    for (auto& h : handles) ASSERT_TRUE(h.wait_for(kHangTimeout).is_ok());
+    for (int i = 0; i < kOps; ++i) {
+        items[i].op = OpKind::kRead;
+        items[i].buffer = in.span().subspan(static_cast<std::size_t>(i) * 16384, kOpBytes);
+    }
+    ASSERT_TRUE(engine_->submit(items).is_ok());
+    for (auto& h : handles) ASSERT_TRUE(h.wait_for(kHangTimeout).is_ok());
+    for (int i = 0; i < kOps; ++i) {
+        ASSERT_EQ(std::memcmp(in.data() + i * 16384, out.data() + i * 16384, kOpBytes), 0) << i;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformance,
+                         ::testing::Values(Param{"io_uring", true}, Param{"io_uring", false},
+                                           Param{"libaio", true}, Param{"libaio", false},
+                                           Param{"posix", true}, Param{"posix", false},
+                                           Param{"sim", true}, Param{"sim", false}),
+                         param_name);
+
+}  // namespace
+}  // namespace zinf::io::test

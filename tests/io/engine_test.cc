@@ -1,0 +1,256 @@
+// io::Engine behaviour beyond the per-backend conformance: striping, keeping queues full for
+// small requests, handle reuse and timeouts, backend choice, statistics.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "io/engine.h"
+#include "src/base/file.h"
+#include "src/base/log.h"
+#include "tests/io/io_test_util.h"
+
+namespace zinf::io::test {
+namespace {
+
+using config::Tristate;
+
+TEST(Engine, StripesRoundRobinOverThreeDirectories) {
+    zinf::test::TempDir a("s0"), b("s1"), c("s2");
+    std::string skip;
+    auto engine = make_engine("io_uring", Tristate::kAuto, &skip);
+    if (!engine) {
+        GTEST_SKIP() << skip;
+    }
+    constexpr std::uint64_t kChunk = 64 * 1024;
+    const std::vector<std::string> paths = {a.file("x"), b.file("x"), c.file("x")};
+    FileOptions fo;
+    fo.create = true;
+    fo.stripe_chunk_bytes = kChunk;
+    auto file = engine->open(paths, fo);
+    ASSERT_TRUE(file.has_value()) << file.error().to_string();
+    // 10 chunks and a bit, starting inside chunk 0: pieces must split at chunk boundaries.
+    constexpr std::uint64_t kStart = 4096;
+    constexpr std::size_t kBytes = 10 * kChunk + 5000;
+    AlignedBuffer out = must_allocate(kBytes);
+    std::mt19937_64 rng(zinf::test::seed());
+    fill_random(out.span(), rng);
+    ASSERT_TRUE(engine->write(*file, kStart, out.span()).is_ok());
+    // Check the physical layout with plain reads of each stripe file.
+    std::vector<std::byte> got(kChunk);
+    for (std::uint64_t logical = kStart; logical < kStart + kBytes;) {
+        const std::uint64_t chunk = logical / kChunk;
+        const std::uint64_t within = logical % kChunk;
+        const std::uint64_t n = std::min<std::uint64_t>(kChunk - within, kStart + kBytes - logical);
+        const std::string& path = paths[chunk % 3];
+        FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        ASSERT_TRUE(fd.valid());
+        const auto physical = static_cast<off_t>((chunk / 3) * kChunk + within);
+        ASSERT_EQ(::pread(fd.get(), got.data(), n, physical), static_cast<ssize_t>(n));
+        ASSERT_EQ(std::memcmp(got.data(), out.data() + (logical - kStart), n), 0) << "chunk " << chunk;
+        logical += n;
+    }
+    AlignedBuffer in = must_allocate(kBytes);
+    ASSERT_TRUE(engine->read(*file, kStart, in.span()).is_ok());
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), kBytes), 0);
+    ASSERT_TRUE(engine->sync(*file).is_ok());
+    EXPECT_TRUE(engine->close(*file).is_ok());
+}
+
+TEST(Engine, PreallocationSplitsOverStripes) {
+    zinf::test::TempDir a("p0"), b("p1"), c("p2");
+    std::string skip;
+    auto engine = make_engine("posix", Tristate::kOff, &skip);
+    ASSERT_TRUE(engine);
+    FileOptions fo;
+    fo.create = true;
+    fo.stripe_chunk_bytes = 4096;
+    fo.preallocate_bytes = 7 * 4096 + 100;  // stripes get 3, 2 (+100), 2 chunks
+    auto file = engine->open(std::vector<std::string>{a.file("x"), b.file("x"), c.file("x")}, fo);
+    ASSERT_TRUE(file.has_value()) << file.error().to_string();
+    struct stat st {};
+    ASSERT_EQ(::stat(a.file("x").c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 3 * 4096);
+    ASSERT_EQ(::stat(b.file("x").c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 2 * 4096 + 100);
+    ASSERT_EQ(::stat(c.file("x").c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, 2 * 4096);
+}
+
+// One worker, queue depth 8, 16 pieces of 5 ms each: with a full queue that is two rounds
+// (~10 ms); one piece at a time would be 80 ms.
+TEST(Engine, SmallRequestKeepsTheQueueFull) {
+    EngineOptions o;
+    o.aio.block_size_bytes = 4096;
+    o.aio.queue_depth = 8;
+    o.aio.intra_op_parallelism = 1;
+    SimOptions sim;
+    sim.latency_us_min = 5000;
+    sim.latency_us_max = 5000;
+    o.sim = sim;
+    auto engine = Engine::create(o);
+    ASSERT_TRUE(engine.has_value());
+    FileOptions fo;
+    fo.create = true;
+    auto file = (*engine)->open("q", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(16 * 4096);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(ms, 45) << "pieces of one request did not overlap";
+    EXPECT_EQ((*engine)->stats().pieces_completed, 16u);
+}
+
+// Two workers with queue depth 2 share one 8-piece request: about 2 rounds (50 ms), not 4.
+TEST(Engine, PiecesSpreadOverWorkers) {
+    EngineOptions o;
+    o.aio.block_size_bytes = 4096;
+    o.aio.queue_depth = 2;
+    o.aio.intra_op_parallelism = 2;
+    SimOptions sim;
+    sim.latency_us_min = 25000;
+    sim.latency_us_max = 25000;
+    o.sim = sim;
+    auto engine = Engine::create(o);
+    ASSERT_TRUE(engine.has_value());
+    FileOptions fo;
+    fo.create = true;
+    auto file = (*engine)->open("w", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(8 * 4096);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(ms, 90) << "the second worker did not take pieces of the request";
+}
+
+TEST(Engine, WaitForTimesOutWithoutLosingTheOperation) {
+    EngineOptions o;
+    SimOptions sim;
+    sim.latency_us_min = 200000;
+    sim.latency_us_max = 200000;
+    o.sim = sim;
+    auto engine = Engine::create(o);
+    ASSERT_TRUE(engine.has_value());
+    FileOptions fo;
+    fo.create = true;
+    auto file = (*engine)->open("slow", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(4096);
+    IoHandle h;
+    ASSERT_TRUE((*engine)->submit_write(h, *file, 0, buffer.span()).is_ok());
+    EXPECT_FALSE(h.done());
+    const Status early = h.wait_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(early.code(), StatusCode::kTimeout);
+    // The handle cannot be reused while in flight.
+    const Status again = (*engine)->submit_write(h, *file, 0, buffer.span());
+    EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(h.wait().is_ok());
+    EXPECT_TRUE(h.done());
+    EXPECT_EQ(h.bytes(), 4096u);
+    // Reuse after completion.
+    ASSERT_TRUE((*engine)->submit_read(h, *file, 0, buffer.span()).is_ok());
+    EXPECT_TRUE(h.wait_for(kHangTimeout).is_ok());
+}
+
+TEST(Engine, DestructorDrainsInFlightOperations) {
+    zinf::test::TempDir dir("drain");
+    std::string skip;
+    AlignedBuffer buffer = must_allocate(4 << 20);
+    IoHandle handles[4];
+    {
+        auto engine = make_engine("io_uring", Tristate::kOn, &skip);
+        if (!engine) {
+            GTEST_SKIP() << skip;
+        }
+        FileOptions fo;
+        fo.create = true;
+        auto file = engine->open(dir.file("d"), fo);
+        ASSERT_TRUE(file.has_value());
+        for (int i = 0; i < 4; ++i) {
+            ASSERT_TRUE(engine->submit_write(handles[i], *file, static_cast<std::uint64_t>(i) << 20,
+                                             buffer.span().subspan(static_cast<std::size_t>(i) << 20, 1 << 20))
+                            .is_ok());
+        }
+    }
+    for (auto& h : handles) {
+        EXPECT_TRUE(h.done());
+        EXPECT_TRUE(h.wait().is_ok());
+    }
+}
+
+TEST(Engine, AutoChoosesABackendAndOthersFollowIt) {
+    std::string skip;
+    auto engine = make_engine("auto", Tristate::kAuto, &skip);
+    ASSERT_TRUE(engine);
+    const std::string name(engine->backend_name());
+    EXPECT_TRUE(name == "io_uring" || name == "libaio" || name == "posix") << name;
+}
+
+TEST(Engine, NamedBackendThatCannotBeSetUpIsAnError) {
+    EngineOptions o;
+    o.aio.backend = "io_uring";
+    o.aio.sqpoll = true;
+    o.aio.queue_depth = 4096;
+    o.aio.intra_op_parallelism = 1;
+    // SQPOLL works as root on this kernel; an unknown name never does.
+    o.aio.backend = "nvme-of";
+    auto engine = Engine::create(o);
+    ASSERT_FALSE(engine.has_value());
+    EXPECT_NE(engine.error().message().find("nvme-of"), std::string::npos) << engine.error().to_string();
+}
+
+TEST(Engine, SqpollAndSingleSubmitAndNoOverlapStillRoundTrip) {
+    zinf::test::TempDir dir("modes");
+    for (int mode = 0; mode < 3; ++mode) {
+        config::AioConfig aio = small_aio("io_uring", Tristate::kAuto);
+        aio.sqpoll = mode == 0;
+        aio.single_submit = mode == 1;
+        aio.overlap_events = mode != 2;
+        std::string skip;
+        auto engine = make_engine("io_uring", Tristate::kAuto, &skip, std::nullopt, &aio);
+        if (!engine) {
+            if (mode == 0) continue;  // SQPOLL may need privileges
+            GTEST_SKIP() << skip;
+        }
+        FileOptions fo;
+        fo.create = true;
+        auto file = engine->open(dir.file(str_cat("m", mode)), fo);
+        ASSERT_TRUE(file.has_value());
+        AlignedBuffer out = must_allocate(1 << 20), in = must_allocate(1 << 20);
+        std::mt19937_64 rng(zinf::test::seed() + static_cast<std::uint64_t>(mode));
+        fill_random(out.span(), rng);
+        ASSERT_TRUE(engine->write(*file, 0, out.span()).is_ok()) << mode;
+        ASSERT_TRUE(engine->read(*file, 0, in.span()).is_ok()) << mode;
+        EXPECT_EQ(std::memcmp(in.data(), out.data(), 1 << 20), 0) << mode;
+    }
+}
+
+TEST(Engine, StatsCountAndReset) {
+    std::string skip;
+    auto engine = make_engine("sim", Tristate::kAuto, &skip);
+    ASSERT_TRUE(engine);
+    FileOptions fo;
+    fo.create = true;
+    auto file = engine->open("s", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(256 * 1024);
+    ASSERT_TRUE(engine->write(*file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine->read(*file, 0, buffer.span()).is_ok());
+    EngineStats s = engine->stats();
+    EXPECT_EQ(s.bytes_written, 256u * 1024);
+    EXPECT_EQ(s.bytes_read, 256u * 1024);
+    EXPECT_EQ(s.requests_completed, 2u);
+    EXPECT_EQ(s.pieces_completed, 8u);  // 64 KiB blocks
+    engine->reset_stats();
+    s = engine->stats();
+    EXPECT_EQ(s.bytes_read, 0u);
+    EXPECT_EQ(s.latency_us_p50, 0.0);
+}
+
+}  // namespace
+}  // namespace zinf::io::test
