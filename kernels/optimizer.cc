@@ -1,0 +1,221 @@
+// OptimizerKernel: validates a step, derives its constants once in double precision, and runs
+// the chosen variant's chunk function over fixed chunks on the ChunkLoop.
+#include "kernels/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/detail/kernel_table.h"
+#include "src/base/log.h"
+
+namespace zinf::kernels {
+namespace {
+
+// Chunk partials of grad_stats live on the stack, this many per round (32 KiB): a fixed array
+// instead of one sized by numel keeps the call allocation-free. More chunks take more rounds,
+// each a parallel loop; the partials are still added in chunk order, so the sum does not
+// depend on the round size either.
+constexpr std::size_t kReductionRoundChunks = 4096;
+
+int kind_index(OptimizerKind kind) noexcept {
+    return static_cast<int>(kind);
+}
+
+bool in_unit_interval(double x) noexcept {
+    return x >= 0.0 && x < 1.0;
+}
+
+detail::StepConstants step_constants(const OptimizerParams& p) noexcept {
+    detail::StepConstants c{};
+    c.grad_scale = static_cast<float>(p.grad_scale);
+    c.beta1 = static_cast<float>(p.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
+    c.beta2 = static_cast<float>(p.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - p.beta2);
+    c.eps = static_cast<float>(p.eps);
+    c.step_size = static_cast<float>(-p.lr);
+    c.inv_sqrt_bias_correction2 = 1.0f;
+    c.l2_weight_decay = 0.0f;
+    c.decay_factor = 1.0f;
+    switch (p.kind) {
+        case OptimizerKind::kAdam:
+        case OptimizerKind::kAdamW: {
+            if (p.bias_correction) {
+                // In double from the 64-bit step: fp32 powers drift over thousands of steps.
+                const double step = static_cast<double>(p.step);
+                const double bias_correction1 = 1.0 - std::pow(p.beta1, step);
+                const double bias_correction2 = 1.0 - std::pow(p.beta2, step);
+                c.step_size = static_cast<float>(-p.lr / bias_correction1);
+                c.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+            }
+            if (p.kind == OptimizerKind::kAdam) {
+                c.l2_weight_decay = static_cast<float>(p.weight_decay);
+            } else {
+                c.decay_factor = static_cast<float>(1.0 - p.lr * p.weight_decay);
+            }
+            break;
+        }
+        case OptimizerKind::kAdagrad:
+            c.l2_weight_decay = static_cast<float>(p.weight_decay);
+            break;
+        case OptimizerKind::kLion:
+            c.decay_factor = static_cast<float>(1.0 - p.lr * p.weight_decay);
+            break;
+    }
+    return c;
+}
+
+}  // namespace
+
+std::string_view optimizer_kind_name(OptimizerKind kind) noexcept {
+    switch (kind) {
+        case OptimizerKind::kAdam:
+            return "adam";
+        case OptimizerKind::kAdamW:
+            return "adamw";
+        case OptimizerKind::kAdagrad:
+            return "adagrad";
+        case OptimizerKind::kLion:
+            return "lion";
+    }
+    return "unknown";
+}
+
+OptimizerParams OptimizerParams::from_config(const config::OptimizerConfig& config) noexcept {
+    OptimizerParams p;
+    switch (config.type) {
+        case config::OptimizerType::kAdam:
+            p.kind = config.adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+            break;
+        case config::OptimizerType::kAdamW:
+            p.kind = OptimizerKind::kAdamW;
+            break;
+        case config::OptimizerType::kAdagrad:
+            p.kind = OptimizerKind::kAdagrad;
+            break;
+        case config::OptimizerType::kLion:
+            p.kind = OptimizerKind::kLion;
+            break;
+    }
+    p.lr = config.lr;
+    p.beta1 = config.beta1;
+    p.beta2 = config.beta2;
+    p.eps = config.eps;
+    p.weight_decay = config.weight_decay;
+    return p;
+}
+
+Status validate(const OptimizerParams& p) {
+    if (p.step < 1)
+        return Status::invalid_argument("optimizer step: expected >= 1 (1-based), got 0");
+    const auto check = [](const char* name, double value, bool ok) -> Status {
+        if (ok && std::isfinite(value)) return Status::ok();
+        return Status::invalid_argument(str_cat("optimizer ", name, ": out of range, got ", value));
+    };
+    ZINF_TRY(check("lr", p.lr, p.lr >= 0.0));
+    ZINF_TRY(check("beta1", p.beta1, in_unit_interval(p.beta1)));
+    ZINF_TRY(check("beta2", p.beta2, in_unit_interval(p.beta2)));
+    ZINF_TRY(check("eps", p.eps, p.eps >= 0.0));
+    ZINF_TRY(check("weight_decay", p.weight_decay, p.weight_decay >= 0.0));
+    ZINF_TRY(check("grad_scale", p.grad_scale, true));
+    return Status::ok();
+}
+
+const detail::KernelTable& kernel_table(Isa isa) noexcept {
+    ZINF_ASSERT(isa_supported(isa));
+    switch (isa) {
+        case Isa::kAvx512:
+            return detail::avx512_kernel_table();
+        case Isa::kAvx2:
+            return detail::avx2_kernel_table();
+        case Isa::kScalar:
+            break;
+    }
+    return detail::scalar_kernel_table();
+}
+
+OptimizerKernel::OptimizerKernel(Isa isa, const detail::KernelTable& table, ChunkLoop loop) noexcept
+    : isa_(isa), table_(&table), loop_(std::move(loop)) {}
+OptimizerKernel::OptimizerKernel(OptimizerKernel&&) noexcept = default;
+OptimizerKernel& OptimizerKernel::operator=(OptimizerKernel&&) noexcept = default;
+OptimizerKernel::~OptimizerKernel() = default;
+
+Result<OptimizerKernel> OptimizerKernel::create(Isa isa, int threads) {
+    if (!isa_supported(isa)) {
+        return Status::not_supported(
+            str_cat("CPU optimizer variant ", isa_name(isa),
+                    ": not supported by this CPU (detected: ", cpu_features().to_string(), ")"));
+    }
+    ZINF_ASSIGN_OR_RETURN(ChunkLoop loop, ChunkLoop::create(threads));
+    return OptimizerKernel(isa, kernel_table(isa), std::move(loop));
+}
+
+Result<OptimizerKernel> OptimizerKernel::create(const config::CpuOptimizerConfig& config) {
+    ZINF_ASSIGN_OR_RETURN(const Isa isa, resolve_isa(config.isa));
+    ZINF_ASSIGN_OR_RETURN(OptimizerKernel kernel, create(isa, config.threads));
+    log::info("cpu optimizer: ", isa_name(isa), " variant, ", kernel.threads(), " threads (",
+              "cpu_optimizer.isa=", config.isa, ", detected: ", cpu_features().to_string(), ")");
+    return kernel;
+}
+
+int OptimizerKernel::sum_lanes() const noexcept {
+    return table_->sum_lanes;
+}
+
+Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState& state,
+                             GradView grads, ParamCopy copy) const noexcept {
+    ZINF_TRY(validate(params));
+    const std::size_t numel = state.params.size();
+    const bool uses_exp_avg = params.kind != OptimizerKind::kAdagrad;
+    const bool uses_exp_avg_sq = params.kind != OptimizerKind::kLion;
+    ZINF_ASSERT_EQ(grads.numel, numel);
+    if (uses_exp_avg) ZINF_ASSERT_EQ(state.exp_avg.size(), numel);
+    if (uses_exp_avg_sq) ZINF_ASSERT_EQ(state.exp_avg_sq.size(), numel);
+    if (numel > 0) ZINF_ASSERT(grads.data != nullptr);
+    int copy_index = 0;
+    if (copy.data != nullptr) {
+        ZINF_ASSERT_EQ(copy.numel, numel);
+        ZINF_ASSERT(copy.dtype != Dtype::kFp32);
+        copy_index = copy.dtype == Dtype::kBf16 ? 1 : 2;
+    }
+    // Adam without weight decay is AdamW without it; taking AdamW's path skips the 0 * p
+    // term, which would turn an infinite parameter into NaN where PyTorch keeps it.
+    OptimizerKind kind = params.kind;
+    if (kind == OptimizerKind::kAdam && params.weight_decay == 0.0) kind = OptimizerKind::kAdamW;
+
+    const detail::StepChunkFn fn =
+        table_->step[kind_index(kind)][static_cast<int>(grads.dtype)][copy_index];
+    ZINF_ASSERT(fn != nullptr);
+    const detail::StepArgs args{state.params.data(),
+                                uses_exp_avg ? state.exp_avg.data() : nullptr,
+                                uses_exp_avg_sq ? state.exp_avg_sq.data() : nullptr,
+                                grads.data,
+                                copy.data,
+                                step_constants(params)};
+    loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
+        const std::size_t begin = chunk * kChunkNumel;
+        fn(args, begin, std::min(begin + kChunkNumel, numel));
+    });
+    return Status::ok();
+}
+
+GradStats OptimizerKernel::grad_stats(GradView grads) const noexcept {
+    if (grads.numel > 0) ZINF_ASSERT(grads.data != nullptr);
+    const detail::SumSquaresChunkFn fn = table_->sum_squares[static_cast<int>(grads.dtype)];
+    const std::size_t chunk_count = chunk_count_for(grads.numel);
+    double partials[kReductionRoundChunks];
+    double total = 0.0;
+    for (std::size_t first = 0; first < chunk_count; first += kReductionRoundChunks) {
+        const std::size_t count = std::min(kReductionRoundChunks, chunk_count - first);
+        loop_.run(count, [&](std::size_t j) {
+            const std::size_t begin = (first + j) * kChunkNumel;
+            partials[j] = fn(grads.data, begin, std::min(begin + kChunkNumel, grads.numel));
+        });
+        for (std::size_t j = 0; j < count; ++j) total += partials[j];
+    }
+    // The squares of finite fp32 values are below 2^256 and sum exactly enough in double never
+    // to overflow, so the sum is finite exactly when every gradient is.
+    return GradStats{!std::isfinite(total), total};
+}
+
+}  // namespace zinf::kernels

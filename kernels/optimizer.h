@@ -1,0 +1,152 @@
+// The CPU optimizers for offloaded steps (Adam, AdamW, Adagrad, Lion) over fp32 master
+// parameters and states, with fp32, bf16 or fp16 gradients, an optional bf16 or fp16 copy of the
+// new parameters written in the same pass, and the gradient inf/NaN and sum-of-squares pass.
+// One OptimizerKernel picks its SIMD variant and threads at init; see kernels/README.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "kernels/chunk_loop.h"
+#include "kernels/cpu_features.h"
+#include "kernels/dtype.h"
+#include "src/base/config.h"
+#include "src/base/status.h"
+
+namespace zinf::kernels {
+
+namespace detail {
+struct KernelTable;
+}
+
+enum class OptimizerKind : std::uint8_t {
+    kAdam = 0,     // L2 mode: weight decay is added to the gradient (torch.optim.Adam)
+    kAdamW = 1,    // decoupled weight decay (torch.optim.AdamW, DeepSpeed's adam_w_mode)
+    kAdagrad = 2,  // torch.optim.Adagrad with lr_decay 0 and initial accumulator 0
+    kLion = 3,     // Chen et al. 2023: sign of an interpolated momentum, decoupled decay
+};
+inline constexpr int kOptimizerKindCount = 4;
+
+std::string_view optimizer_kind_name(OptimizerKind kind) noexcept;
+
+// The hyperparameters of one step. Double precision here; the kernel rounds the derived
+// per-step constants to fp32 once per call.
+struct OptimizerParams {
+    OptimizerKind kind = OptimizerKind::kAdamW;
+    std::uint64_t step = 1;  // 1-based number of this step, for bias correction
+    double lr = 1e-3;
+    double beta1 = 0.9;    // Adam: first moment; Lion: interpolation of the update
+    double beta2 = 0.999;  // Adam: second moment; Lion: momentum decay
+    double eps = 1e-8;     // Adam, Adagrad
+    double weight_decay = 0.0;
+    // Multiplies every gradient before use: 1/loss_scale times the clipping coefficient, so
+    // unscaling and clipping cost no extra pass.
+    double grad_scale = 1.0;
+    bool bias_correction = true;  // Adam and AdamW
+
+    // Maps `optimizer` (DeepSpeed's type names; Adam with adam_w_mode is AdamW). Step 1.
+    static OptimizerParams from_config(const config::OptimizerConfig& config) noexcept;
+};
+
+// Checks ranges: step >= 1, lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0, all finite,
+// grad_scale finite. Returns kInvalidArgument naming the field and value.
+Status validate(const OptimizerParams& params);
+
+// The fp32 master parameters and optimizer states, borrowed for one call. Adam, AdamW and Lion
+// use exp_avg; Adam, AdamW and Adagrad use exp_avg_sq; a state the optimizer does not use is
+// ignored and may be empty.
+struct OptimizerState {
+    std::span<float> params;
+    std::span<float> exp_avg;
+    std::span<float> exp_avg_sq;
+};
+
+// Gradients of one of the three dtypes, borrowed for one call.
+struct GradView {
+    const void* data = nullptr;
+    std::size_t numel = 0;
+    Dtype dtype = Dtype::kFp32;
+
+    static GradView fp32(std::span<const float> grads) noexcept {
+        return {grads.data(), grads.size(), Dtype::kFp32};
+    }
+    static GradView bf16(std::span<const std::uint16_t> grads) noexcept {
+        return {grads.data(), grads.size(), Dtype::kBf16};
+    }
+    static GradView fp16(std::span<const std::uint16_t> grads) noexcept {
+        return {grads.data(), grads.size(), Dtype::kFp16};
+    }
+};
+
+// Where to write a bf16 or fp16 copy of the updated parameters (for the next forward pass);
+// by default none is written.
+struct ParamCopy {
+    std::uint16_t* data = nullptr;
+    std::size_t numel = 0;
+    Dtype dtype = Dtype::kBf16;  // kBf16 or kFp16
+
+    static ParamCopy none() noexcept { return {}; }
+    static ParamCopy bf16(std::span<std::uint16_t> copy) noexcept {
+        return {copy.data(), copy.size(), Dtype::kBf16};
+    }
+    static ParamCopy fp16(std::span<std::uint16_t> copy) noexcept {
+        return {copy.data(), copy.size(), Dtype::kFp16};
+    }
+};
+
+struct GradStats {
+    bool has_inf_nan = false;  // some gradient is +-inf or NaN
+    // The sum of the gradients' squares as stored (before grad_scale), in double; +inf or NaN
+    // when has_inf_nan. The global norm of unscaled gradients is sqrt(sum) / loss_scale.
+    double sum_squares = 0.0;
+};
+
+// A CPU optimizer bound to one SIMD variant and one thread count for its life. Move-only.
+// step() and grad_stats() may be called from one thread at a time.
+class OptimizerKernel {
+public:
+    // Runs `isa` on `threads` threads (0: all cores). Returns kNotSupported when the CPU lacks
+    // `isa` and kInvalidArgument for a negative thread count.
+    static Result<OptimizerKernel> create(Isa isa, int threads);
+    // Resolves the variant from ZINF_CPU_ISA and `config.isa` (see resolve_isa) and uses
+    // `config.threads`; logs the variant chosen at info level.
+    static Result<OptimizerKernel> create(const config::CpuOptimizerConfig& config);
+
+    OptimizerKernel(OptimizerKernel&&) noexcept;
+    OptimizerKernel& operator=(OptimizerKernel&&) noexcept;
+    OptimizerKernel(const OptimizerKernel&) = delete;
+    OptimizerKernel& operator=(const OptimizerKernel&) = delete;
+    ~OptimizerKernel();
+
+    Isa isa() const noexcept { return isa_; }
+    int threads() const noexcept { return loop_.threads(); }
+    // How many lanes the sum of squares keeps per chunk (see kernels/README.md): 1, 8 or 16.
+    int sum_lanes() const noexcept;
+
+    // Applies one optimizer step in place to every element, and writes `copy` when it has data.
+    // Preconditions (asserted): state.params, the states the kind uses, grads and copy (when
+    // given) have the same numel; copy is bf16 or fp16; no output overlaps another array.
+    // Returns kInvalidArgument (from validate) and changes nothing when params are out of range.
+    // Elements are independent: the result of each is bitwise the same for any thread count,
+    // chunking or alignment. Allocates nothing of its own; blocks until done.
+    Status step(const OptimizerParams& params, const OptimizerState& state, GradView grads,
+                ParamCopy copy = ParamCopy::none()) const noexcept;
+
+    // Reads the gradients once and reports inf/NaN and the sum of squares. The sum is
+    // bitwise the same for any thread count (fixed chunk partials added in chunk order).
+    GradStats grad_stats(GradView grads) const noexcept;
+
+private:
+    OptimizerKernel(Isa isa, const detail::KernelTable& table, ChunkLoop loop) noexcept;
+
+    Isa isa_;
+    const detail::KernelTable* table_;
+    ChunkLoop loop_;
+};
+
+// The table of `isa`'s chunk functions; asserts isa_supported(isa). For casts and tests.
+const detail::KernelTable& kernel_table(Isa isa) noexcept;
+
+}  // namespace zinf::kernels
