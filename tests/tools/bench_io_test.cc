@@ -1,0 +1,301 @@
+// Tests of `zinfinity-bench io`, `sweep` and `tune` through the built binary: --help, flag
+// validation, tiny runs, file ownership (never overwrite, always remove) and the tune output.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "src/base/config.h"
+#include "tests/support/test_seed.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+    int exit_code = -1;
+    std::string out;
+    std::string err;
+};
+
+// Starts the bench with `args`; `in_child` runs in the child just before exec (same pid).
+pid_t spawn(const std::vector<std::string>& args, int out_fd, int err_fd,
+            const std::function<void()>& in_child = {}) {
+    std::vector<std::string> argv{ZINF_BENCH_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(out_fd, STDOUT_FILENO);
+        ::dup2(err_fd, STDERR_FILENO);
+        if (in_child) in_child();
+        ::execv(cargv[0], cargv.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
+RunResult collect(pid_t pid, int out_read, int err_read) {
+    RunResult r;
+    pollfd fds[2] = {{out_read, POLLIN, 0}, {err_read, POLLIN, 0}};
+    std::string* sinks[2] = {&r.out, &r.err};
+    int open_count = 2;
+    char buf[4096];
+    while (open_count > 0) {
+        if (::poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < 2; ++i) {
+            if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+            const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+            if (n > 0) {
+                sinks[i]->append(buf, static_cast<std::size_t>(n));
+            } else {
+                fds[i].fd = -1;
+                --open_count;
+            }
+        }
+    }
+    ::close(out_read);
+    ::close(err_read);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+RunResult run_bench(const std::vector<std::string>& args, const std::function<void()>& in_child = {}) {
+    int out_pipe[2];
+    int err_pipe[2];
+    EXPECT_EQ(::pipe(out_pipe), 0);
+    EXPECT_EQ(::pipe(err_pipe), 0);
+    const pid_t pid = spawn(args, out_pipe[1], err_pipe[1], in_child);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    return collect(pid, out_pipe[0], err_pipe[0]);
+}
+
+std::vector<std::string> bench_files_in(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("zinf-bench-", 0) == 0) names.push_back(name);
+    }
+    return names;
+}
+
+std::string describe(const RunResult& r) {
+    return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
+}
+
+bool io_uring_unavailable(const RunResult& r) {
+    return r.exit_code != 0 && (r.err.find("io_uring") != std::string::npos) &&
+           (r.err.find("not supported") != std::string::npos || r.err.find("EPERM") != std::string::npos ||
+            r.err.find("NotSupported") != std::string::npos || r.err.find("unavailable") != std::string::npos);
+}
+
+TEST(BenchIoTest, HelpListsEveryFlag) {
+    const RunResult io = run_bench({"io", "--help"});
+    ASSERT_EQ(io.exit_code, 0) << describe(io);
+    for (const char* flag :
+         {"--path", "--size", "--op", "--backend", "--block-size", "--queue-depth", "--threads", "--direct",
+          "--register-buffers", "--sqpoll", "--op-size", "--buffer-limit", "--loops", "--json", "--fault",
+          "--vs-fio", "--fio-grid", "--fio-grid-block-sizes", "--fio-grid-queue-depths", "--fio-grid-seconds",
+          "--vs-libaio", "--pairs", "--fio-binary", "--progress", "--help"}) {
+        EXPECT_NE(io.out.find(flag), std::string::npos) << flag << " missing from io --help:\n" << io.out;
+    }
+    EXPECT_NE(io.out.find("default: 1MiB"), std::string::npos) << io.out;
+    EXPECT_NE(io.out.find("GB/s (decimal"), std::string::npos) << io.out;
+
+    const RunResult sweep = run_bench({"sweep", "--help"});
+    ASSERT_EQ(sweep.exit_code, 0) << describe(sweep);
+    for (const char* flag : {"--backends", "--block-sizes", "--queue-depths", "--threads", "--op", "--loops"}) {
+        EXPECT_NE(sweep.out.find(flag), std::string::npos) << flag << " missing from sweep --help";
+    }
+    const RunResult tune = run_bench({"tune", "--help"});
+    ASSERT_EQ(tune.exit_code, 0) << describe(tune);
+    EXPECT_NE(tune.out.find("--write-config"), std::string::npos);
+    EXPECT_NE(tune.out.find("harmonic mean"), std::string::npos) << "tune --help must state its rule";
+}
+
+TEST(BenchIoTest, BadInputNamesTheCulprit) {
+    test::TempDir dir("bench-bad");
+    const RunResult no_path = run_bench({"io", "--size", "8MiB"});
+    EXPECT_EQ(no_path.exit_code, 2) << describe(no_path);
+    EXPECT_NE(no_path.err.find("--path"), std::string::npos) << no_path.err;
+
+    const RunResult zero = run_bench({"io", "--path", dir.path(), "--size", "0"});
+    EXPECT_EQ(zero.exit_code, 2) << describe(zero);
+    EXPECT_NE(zero.err.find("--size"), std::string::npos) << zero.err;
+
+    const std::string file = dir.file("plain-file");
+    std::ofstream(file) << "x";
+    const RunResult not_dir = run_bench({"io", "--path", file, "--size", "8MiB"});
+    EXPECT_NE(not_dir.exit_code, 0) << describe(not_dir);
+    EXPECT_NE(not_dir.err.find(file), std::string::npos) << not_dir.err;
+    EXPECT_NE(not_dir.err.find("not a directory"), std::string::npos) << not_dir.err;
+
+    const RunResult missing = run_bench({"io", "--path", dir.file("nope"), "--size", "8MiB"});
+    EXPECT_NE(missing.exit_code, 0) << describe(missing);
+    EXPECT_NE(missing.err.find(dir.file("nope")), std::string::npos) << missing.err;
+
+    const RunResult qd = run_bench({"io", "--path", dir.path(), "--queue-depth", "0"});
+    EXPECT_EQ(qd.exit_code, 2) << describe(qd);
+    EXPECT_NE(qd.err.find("--queue-depth"), std::string::npos) << qd.err;
+
+    const RunResult bs = run_bench({"io", "--path", dir.path(), "--block-size", "1000"});
+    EXPECT_EQ(bs.exit_code, 2) << describe(bs);
+    EXPECT_NE(bs.err.find("--block-size"), std::string::npos) << bs.err;
+
+    const RunResult huge = run_bench({"io", "--path", dir.path(), "--size", "1000TiB"});
+    EXPECT_NE(huge.exit_code, 0) << describe(huge);
+    EXPECT_NE(huge.err.find("free"), std::string::npos) << huge.err;
+    EXPECT_NE(huge.err.find(dir.path()), std::string::npos) << huge.err;
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+TEST(BenchIoTest, TinyWriteReadRunLeavesNothingBehind) {
+    test::TempDir dir("bench-run");
+    for (const std::string backend : {"posix", "io_uring"}) {
+        const std::string json = dir.file("out-" + backend + ".json");
+        const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write,read",
+                                       "--backend", backend, "--loops", "1", "--queue-depth", "4", "--json",
+                                       json});
+        if (backend == "io_uring" && io_uring_unavailable(r)) {
+            std::cerr << "io_uring unavailable here; skipping its run: " << r.err << "\n";
+            continue;
+        }
+        ASSERT_EQ(r.exit_code, 0) << backend << ": " << describe(r);
+        EXPECT_NE(r.out.find("GB/s"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("write"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("read"), std::string::npos) << r.out;
+        EXPECT_TRUE(bench_files_in(dir.path()).empty()) << backend << " left a bench file behind";
+        std::ifstream in(json);
+        ASSERT_TRUE(in.good()) << json;
+        const auto report = nlohmann::json::parse(in);
+        EXPECT_GT(report["summary"]["write"]["gb_per_s"].get<double>(), 0);
+        EXPECT_GT(report["summary"]["read"]["gb_per_s"].get<double>(), 0);
+        EXPECT_EQ(report["summary"]["read"]["bytes"].get<std::uint64_t>(), 8u << 20);
+    }
+}
+
+TEST(BenchIoTest, ExistingFileWithTheBenchNameIsNotOverwritten) {
+    test::TempDir dir("bench-own");
+    std::string victim;
+    // The bench names its file after its pid; create that name in the child before exec.
+    const std::string dir_path = dir.path();
+    const RunResult r = run_bench({"io", "--path", dir_path, "--size", "8MiB", "--op", "write", "--backend",
+                                   "posix", "--loops", "1"},
+                                  [&dir_path] {
+                                      const std::string path = dir_path + "/zinf-bench-" +
+                                                               std::to_string(::getpid()) + "-0.dat";
+                                      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+                                      if (fd >= 0) {
+                                          [[maybe_unused]] auto n = ::write(fd, "precious", 8);
+                                          ::close(fd);
+                                      }
+                                  });
+    EXPECT_NE(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.err.find("already exists"), std::string::npos) << r.err;
+    const auto names = bench_files_in(dir.path());
+    ASSERT_EQ(names.size(), 1u);
+    std::ifstream in(dir.file(names.front()));
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(content, "precious");
+}
+
+TEST(BenchIoTest, InjectedFaultSurfacesWithContextAndCleansUp) {
+    test::TempDir dir("bench-fault");
+    const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write", "--backend",
+                                   "posix", "--loops", "1", "--fault", "fail_nth=3,errno=EIO"});
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    EXPECT_NE(r.err.find("write"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("offset"), std::string::npos) << r.err;
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+TEST(BenchIoTest, InterruptStopsAndRemovesTheFile) {
+    test::TempDir dir("bench-int");
+    int out_pipe[2];
+    int err_pipe[2];
+    ASSERT_EQ(::pipe(out_pipe), 0);
+    ASSERT_EQ(::pipe(err_pipe), 0);
+    const pid_t pid = spawn({"io", "--path", dir.path(), "--size", "64MiB", "--op", "write,read", "--backend",
+                             "posix", "--loops", "1000", "--progress", "off"},
+                            out_pipe[1], err_pipe[1]);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    // Wait (bounded) until the file exists and a pass is running, then interrupt.
+    bool seen = false;
+    for (int i = 0; i < 200 && !seen; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        seen = !bench_files_in(dir.path()).empty();
+    }
+    ASSERT_TRUE(seen) << "the bench file never appeared";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::kill(pid, SIGINT);
+    const RunResult r = collect(pid, out_pipe[0], err_pipe[0]);
+    EXPECT_EQ(r.exit_code, 130) << describe(r);
+    EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+TEST(BenchIoTest, TuneWritesAConfigThatLoads) {
+    test::TempDir dir("bench-tune");
+    const std::string config_path = dir.file("aio.json");
+    const RunResult r = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends", "posix",
+                                   "--block-sizes", "512KiB,1MiB", "--queue-depths", "4", "--threads", "1",
+                                   "--write-config", config_path});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    std::ifstream in(config_path);
+    ASSERT_TRUE(in.good());
+    std::stringstream text;
+    text << in.rdbuf();
+    auto aio = config::load_aio_from_string(text.str(), config_path);
+    ASSERT_TRUE(aio.has_value()) << aio.error().to_string() << "\n" << text.str();
+    EXPECT_EQ(aio->backend, "posix");
+    EXPECT_TRUE(aio->block_size_bytes == (512u << 10) || aio->block_size_bytes == (1u << 20));
+    EXPECT_EQ(aio->queue_depth, 4);
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+
+    // A second tune does not overwrite the config without --force.
+    const RunResult again = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends", "posix",
+                                       "--block-sizes", "1MiB", "--queue-depths", "4", "--threads", "1",
+                                       "--write-config", config_path});
+    EXPECT_EQ(again.exit_code, 2) << describe(again);
+    EXPECT_NE(again.err.find("--force"), std::string::npos) << again.err;
+}
+
+TEST(BenchIoTest, VsFioPrintsRatios) {
+    if (std::system("fio --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "fio is not installed";
+    test::TempDir dir("bench-fio");
+    const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "read", "--backend",
+                                   "io_uring", "--queue-depth", "4", "--vs-fio", "--pairs", "2"});
+    if (io_uring_unavailable(r)) GTEST_SKIP() << "io_uring unavailable: " << r.err;
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("median ratio ours/fio"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("fio GB/s"), std::string::npos) << r.out;
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace zinf

@@ -1,0 +1,451 @@
+// The bench's measuring core: exclusive test files, one engine per configuration, timed passes.
+#include "tools/bench/io_runner.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "src/base/file.h"
+#include "src/base/log.h"
+#include "src/base/units.h"
+#include "tools/cli/progress.h"
+
+namespace zinf::bench {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_interrupt(int signo) {
+    if (g_interrupted != 0) {
+        // Second signal: the user wants out now. Restore the default action and re-raise.
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(signo, &dfl, nullptr);
+        raise(signo);
+        return;
+    }
+    g_interrupted = 1;
+    static const char kMessage[] =
+        "\nzinfinity-bench: interrupted; stopping and removing the bench files "
+        "(signal again to quit at once)\n";
+    // write(2) is async-signal-safe; its result is irrelevant here.
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+}
+
+// Bytes a pass may wait on one operation before calling the I/O hung: generous, because a
+// virtual disk under host contention can stall for seconds.
+constexpr auto kOpWaitSlice = std::chrono::milliseconds(100);
+constexpr int kOpWaitSlicesMax = 10 * 60 * 10;  // ten minutes
+
+}  // namespace
+
+void install_interrupt_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool interrupted() noexcept { return g_interrupted != 0; }
+
+Status interrupted_status() { return Status(StatusCode::kInternal, "interrupted by a signal", EINTR); }
+
+std::string_view io_op_name(IoOp op) noexcept { return op == IoOp::kRead ? "read" : "write"; }
+
+Result<std::vector<IoOp>> parse_io_ops(const std::string& text) {
+    if (text == "both") return std::vector<IoOp>{IoOp::kWrite, IoOp::kRead};
+    std::vector<IoOp> ops;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        const std::string item = text.substr(start, comma - start);
+        if (item == "read") {
+            ops.push_back(IoOp::kRead);
+        } else if (item == "write") {
+            ops.push_back(IoOp::kWrite);
+        } else {
+            return Status::invalid_argument(str_cat(
+                "--op: expected read, write, write,read or both, got '", text, "'"));
+        }
+        start = comma + 1;
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+        for (std::size_t j = i + 1; j < ops.size(); ++j) {
+            if (ops[i] == ops[j]) {
+                return Status::invalid_argument(str_cat("--op: '", text, "' names ",
+                                                        io_op_name(ops[i]), " twice"));
+            }
+        }
+    }
+    return ops;
+}
+
+// ---------------------------------------------------------------------------------------------
+// BenchFiles
+
+std::string BenchFiles::file_name(int pid, int index) {
+    return str_cat("zinf-bench-", pid, "-", index, ".dat");
+}
+
+Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::string>& dirs,
+                                                       std::uint64_t size_bytes) {
+    if (dirs.empty()) return Status::invalid_argument("--path: at least one directory is required");
+    if (size_bytes == 0) return Status::invalid_argument("--size: must be greater than zero");
+    // Several directories on one file system share its free space; add their shares up.
+    std::map<std::uint64_t, std::pair<std::uint64_t, std::string>> need_by_device;
+    const std::uint64_t share_bytes = (size_bytes + dirs.size() - 1) / dirs.size();
+    for (const auto& dir : dirs) {
+        Status status = check_writable_directory(dir);
+        if (!status.is_ok()) return status.with_context("--path");
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        auto& entry = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
+        entry.first += share_bytes;
+        entry.second += entry.second.empty() ? dir : ", " + dir;
+    }
+    for (const auto& dir : dirs) {
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        const auto& [need, names] = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
+        ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(dir));
+        // Keep a margin so that the bench never fills a file system to the last block.
+        const std::uint64_t margin_bytes = std::min<std::uint64_t>(need / 20 + (64ULL << 20), 1ULL << 30);
+        if (free_bytes < need + margin_bytes) {
+            return Status::no_space(str_cat(
+                "--path ", dir, ": not enough free space for the test file: needs ", need, " bytes (",
+                format_bytes(need), ", plus a margin of ", format_bytes(margin_bytes), ") on the file system of ",
+                names, ", has ", free_bytes, " bytes (", format_bytes(free_bytes), ") free; lower --size"));
+        }
+    }
+
+    auto files = std::unique_ptr<BenchFiles>(new BenchFiles());
+    files->size_bytes_ = size_bytes;
+    static int next_index = 0;
+    const int pid = static_cast<int>(::getpid());
+    const int index = next_index++;
+    for (const auto& dir : dirs) {
+        std::string path = dir;
+        if (path.empty() || path.back() != '/') path += '/';
+        path += file_name(pid, index);
+        // O_EXCL: a file of this name that we did not create is never opened, let alone
+        // overwritten or removed.
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            const int err = errno;
+            if (err == EEXIST) {
+                return Status::invalid_argument(str_cat(
+                    path, ": a file of this name already exists and was not created by this run; "
+                    "refusing to overwrite it (remove it if it is a leftover of an earlier bench)"));
+            }
+            return Status::from_errno(err, str_cat("creating bench file ", path));
+        }
+        FileDescriptor owned(fd);
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) {
+            const int err = errno;
+            ::unlink(path.c_str());
+            return Status::from_errno(err, str_cat("fstat ", path));
+        }
+        files->created_.push_back(Created{path, static_cast<std::uint64_t>(st.st_dev),
+                                          static_cast<std::uint64_t>(st.st_ino)});
+        files->paths_.push_back(path);
+    }
+    return files;
+}
+
+BenchFiles::~BenchFiles() { remove(); }
+
+void BenchFiles::remove() noexcept {
+    for (const auto& c : created_) {
+        struct stat st {};
+        if (::lstat(c.path.c_str(), &st) != 0) continue;  // already gone
+        if (static_cast<std::uint64_t>(st.st_dev) != c.device ||
+            static_cast<std::uint64_t>(st.st_ino) != c.inode) {
+            log::warning(c.path, ": not removed: it is no longer the file this bench created");
+            continue;
+        }
+        if (::unlink(c.path.c_str()) != 0) {
+            log::warning(c.path, ": could not remove the bench file: ", std::strerror(errno));
+        }
+    }
+    created_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pass planning and figures
+
+PassPlan plan_pass(const config::AioConfig& aio, std::uint64_t op_size_bytes,
+                   std::uint64_t buffer_limit_bytes, std::uint64_t file_size_bytes) {
+    ZINF_ASSERT_GT(aio.block_size_bytes, 0u);
+    ZINF_ASSERT_GT(aio.queue_depth, 0);
+    ZINF_ASSERT_GT(aio.intra_op_parallelism, 0);
+    const std::uint64_t block = aio.block_size_bytes;
+    PassPlan plan;
+    std::uint64_t op = op_size_bytes != 0 ? op_size_bytes : std::max<std::uint64_t>(block, 1ULL << 20);
+    op = (op + block - 1) / block * block;  // whole pieces only
+    plan.op_size_bytes = op;
+    // Keep every worker's queue full (queue_depth pieces each) and a quarter more queued behind,
+    // so that a worker finds the next piece waiting when one completes, without a round trip
+    // through this thread.
+    const std::uint64_t pieces_in_flight =
+        static_cast<std::uint64_t>(aio.queue_depth) * static_cast<std::uint64_t>(aio.intra_op_parallelism);
+    const std::uint64_t bytes_in_flight = pieces_in_flight * block;
+    std::uint64_t ops = (bytes_in_flight + op - 1) / op;
+    ops += std::max<std::uint64_t>(2, (ops + 3) / 4);
+    const std::uint64_t ops_by_limit = std::max<std::uint64_t>(1, buffer_limit_bytes / op);
+    if (ops > ops_by_limit) {
+        ops = ops_by_limit;
+        plan.limited_by_buffer = ops * op < bytes_in_flight + op;
+    }
+    // No point in more buffers than the file has operations.
+    const std::uint64_t ops_in_file = std::max<std::uint64_t>(1, (file_size_bytes + op - 1) / op);
+    ops = std::min(ops, ops_in_file);
+    plan.ops_outstanding = static_cast<std::size_t>(ops);
+    plan.buffer_bytes = ops * op;
+    return plan;
+}
+
+Spread spread_of(std::vector<double> values) {
+    ZINF_ASSERT(!values.empty());
+    std::sort(values.begin(), values.end());
+    Spread s;
+    const std::size_t n = values.size();
+    s.median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+    s.min = values.front();
+    s.max = values.back();
+    return s;
+}
+
+double process_cpu_seconds() {
+    struct rusage ru {};
+    if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;  // cannot fail with RUSAGE_SELF
+    const auto secs = [](const timeval& tv) {
+        return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
+    };
+    return secs(ru.ru_utime) + secs(ru.ru_stime);
+}
+
+// ---------------------------------------------------------------------------------------------
+// IoSession
+
+Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const SessionOptions& options) {
+    const config::AioConfig& aio = options.aio;
+    if (aio.block_size_bytes == 0 || aio.block_size_bytes % 512 != 0) {
+        return Status::invalid_argument(str_cat("--block-size: expected a multiple of 512 bytes, got ",
+                                                aio.block_size_bytes));
+    }
+    auto session = std::unique_ptr<IoSession>(new IoSession(files, options));
+    session->plan_ = plan_pass(aio, options.op_size_bytes, options.buffer_limit_bytes, files.size_bytes());
+
+    io::EngineOptions engine_options;
+    engine_options.aio = aio;
+    engine_options.faults = options.faults;
+    ZINF_ASSIGN_OR_RETURN(session->engine_, io::Engine::create(engine_options));
+
+    io::FileOptions file_options;
+    // The files exist (BenchFiles made them); reserve their space on first use so that a full
+    // disk shows up here rather than mid-pass.
+    if (!files.written()) file_options.preallocate_bytes = files.size_bytes();
+    ZINF_ASSIGN_OR_RETURN(session->file_, session->engine_->open(files.paths(), file_options));
+    session->file_open_ = true;
+
+    const std::size_t alignment = session->engine_->alignment_bytes(session->file_);
+    if (aio.block_size_bytes % alignment != 0) {
+        return Status::invalid_argument(str_cat(
+            "--block-size ", aio.block_size_bytes, " is not a multiple of the logical block size (",
+            alignment, " bytes) of ", files.paths().front()));
+    }
+    if (files.size_bytes() % alignment != 0) {
+        return Status::invalid_argument(str_cat("--size ", files.size_bytes(),
+                                                " is not a multiple of the logical block size (", alignment,
+                                                " bytes) of ", files.paths().front()));
+    }
+
+    ZINF_ASSIGN_OR_RETURN(session->region_,
+                          AlignedBuffer::allocate(session->plan_.buffer_bytes, kDefaultAlignmentBytes));
+    // The buffers are filled only before the first write pass (fill_for_writes): a read-only
+    // session leaves them untouched until registration pins them, as fio does with its buffers.
+    if (aio.register_buffers) ZINF_TRY(session->engine_->register_buffers(session->region_.span()));
+    return session;
+}
+
+IoSession::~IoSession() {
+    if (file_open_) {
+        Status status = engine_->close(file_);
+        if (!status.is_ok()) log::warning("closing the bench file: ", status.to_string());
+    }
+    // engine_ is destroyed before region_ (declaration order), as the registration requires.
+}
+
+void IoSession::fill_for_writes() {
+    if (filled_) return;
+    // A non-repeating pattern: a device or host layer that detects zero or repeated blocks would
+    // otherwise make writes look faster than they are.
+    std::mt19937_64 rng(0x7a696e66);
+    auto* words = region_.as<std::uint64_t>();
+    const std::size_t word_count = region_.size() / sizeof(std::uint64_t);
+    for (std::size_t i = 0; i < word_count; ++i) words[i] = rng();
+    filled_ = true;
+}
+
+Status IoSession::drop_page_cache() {
+    if (is_direct()) return Status::ok();
+    ZINF_TRY(engine_->sync(file_));
+    for (const auto& path : files_.paths()) {
+        FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path, " to drop its cached pages"));
+        const int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+        if (rc != 0) return Status::from_errno(rc, str_cat("posix_fadvise(DONTNEED) ", path));
+    }
+    return Status::ok();
+}
+
+Status IoSession::prepare_for_read() {
+    if (files_.written()) return Status::ok();
+    auto figures = run_pass(IoOp::kWrite, "preparing the test file");
+    if (!figures.has_value()) return figures.error().with_context("writing the test file before reading it");
+    return Status::ok();
+}
+
+Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label) {
+    if (op == IoOp::kRead) {
+        ZINF_TRY(prepare_for_read());
+        ZINF_TRY(drop_page_cache());
+    } else {
+        fill_for_writes();  // untimed
+    }
+    const std::uint64_t total_bytes = files_.size_bytes();
+    const std::uint64_t op_bytes = plan_.op_size_bytes;
+    const std::size_t slots = plan_.ops_outstanding;
+    ZINF_ASSERT_GT(slots, 0u);
+    ZINF_ASSERT_LE(static_cast<std::uint64_t>(slots) * op_bytes, region_.size());
+    ZINF_ASSERT(is_aligned(region_.data(), kDefaultAlignmentBytes));
+
+    // The handles live as long as this pass, and every exit below drains them first.
+    auto handles = std::make_unique<io::IoHandle[]>(slots);
+    std::vector<io::Engine::BatchItem> batch;
+    batch.reserve(slots);
+    const io::OpKind kind = op == IoOp::kRead ? io::OpKind::kRead : io::OpKind::kWrite;
+
+    std::uint64_t next_offset = 0;
+    std::size_t oldest = 0;       // ring index of the oldest outstanding operation
+    std::size_t outstanding = 0;
+    std::uint64_t bytes_done = 0;
+    std::uint64_t ops_done = 0;
+    Status first_error;
+    bool stopping = false;
+
+    std::string label = progress_label.empty() ? std::string(io_op_name(op)) : std::string(progress_label);
+    cli::Progress progress(label, static_cast<double>(total_bytes), "GB", kBytesPerGb);
+
+    // Queues operations on the free slots (oldest + outstanding, ...) in one batch.
+    const auto refill = [&]() -> Status {
+        batch.clear();
+        while (outstanding < slots && next_offset < total_bytes && !stopping) {
+            const std::size_t slot = (oldest + outstanding) % slots;
+            const std::uint64_t length = std::min(op_bytes, total_bytes - next_offset);
+            batch.push_back(io::Engine::BatchItem{&handles[slot], kind, file_, next_offset,
+                                                  region_.span().subspan(slot * op_bytes, length)});
+            next_offset += length;
+            ++outstanding;
+        }
+        if (batch.empty()) return Status::ok();
+        Status status = engine_->submit(batch);
+        if (!status.is_ok()) {
+            // Nothing of the batch started (the engine checks arguments before starting any).
+            outstanding -= batch.size();
+            return status.with_context(str_cat(io_op_name(op), " submit at offset ", batch.front().offset_bytes));
+        }
+        return Status::ok();
+    };
+
+    engine_->reset_stats();
+    const double cpu_start = process_cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    first_error = refill();
+    if (!first_error.is_ok()) stopping = true;
+    while (outstanding > 0) {
+        io::IoHandle& handle = handles[oldest];
+        Status status = Status::timeout("unreached");
+        for (int i = 0; i < kOpWaitSlicesMax; ++i) {
+            status = handle.wait_for(kOpWaitSlice);
+            if (status.code() != StatusCode::kTimeout) break;
+            if (interrupted()) stopping = true;
+        }
+        ZINF_ASSERT_MSG(handle.done(), str_cat("a ", io_op_name(op), " operation did not complete in ten minutes"));
+        --outstanding;
+        oldest = (oldest + 1) % slots;
+        ++ops_done;
+        if (status.is_ok()) {
+            bytes_done += handle.bytes();
+        } else if (first_error.is_ok()) {
+            first_error = status;
+            stopping = true;
+        }
+        if (interrupted()) stopping = true;
+        // Collect whatever else has completed in order, then queue the freed slots at once.
+        while (outstanding > 0 && handles[oldest].done()) {
+            Status s = handles[oldest].wait();
+            if (s.is_ok()) {
+                bytes_done += handles[oldest].bytes();
+            } else if (first_error.is_ok()) {
+                first_error = s;
+                stopping = true;
+            }
+            --outstanding;
+            oldest = (oldest + 1) % slots;
+            ++ops_done;
+        }
+        if (!stopping) {
+            Status s = refill();
+            if (!s.is_ok()) {
+                first_error = s;
+                stopping = true;
+            }
+        }
+        if (options_.show_progress) progress.update(static_cast<double>(bytes_done));
+    }
+    if (first_error.is_ok() && !interrupted() && op == IoOp::kWrite && !is_direct()) {
+        // A buffered write is not done until it is on the disk.
+        first_error = engine_->sync(file_);
+    }
+    const auto end = std::chrono::steady_clock::now();
+    const double cpu_end = process_cpu_seconds();
+    progress.finish();
+
+    if (!first_error.is_ok()) return first_error;
+    if (interrupted()) return interrupted_status();
+    ZINF_ASSERT_EQ(bytes_done, total_bytes);
+    ZINF_ASSERT_EQ(next_offset, total_bytes);
+    if (op == IoOp::kWrite) files_.mark_written();
+
+    const io::EngineStats stats = engine_->stats();
+    PassFigures f;
+    f.op = op;
+    f.bytes = bytes_done;
+    f.seconds = std::chrono::duration<double>(end - start).count();
+    f.gb_per_s = static_cast<double>(bytes_done) / kBytesPerGb / f.seconds;
+    f.pieces = stats.pieces_completed;
+    f.ops = ops_done;
+    f.iops = static_cast<double>(stats.pieces_completed) / f.seconds;
+    f.latency_us_p50 = stats.latency_us_p50;
+    f.latency_us_p99 = stats.latency_us_p99;
+    f.cpu_seconds = cpu_end - cpu_start;
+    f.cpu_seconds_per_gb = f.cpu_seconds / (static_cast<double>(bytes_done) / kBytesPerGb);
+    f.short_transfers = stats.short_transfers_resubmitted;
+    f.retries = stats.retries;
+    return f;
+}
+
+}  // namespace zinf::bench
