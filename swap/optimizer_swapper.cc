@@ -1,0 +1,303 @@
+// OptimizerSwapper: the pipelined read / update / write loop over sub-groups.
+#include "swap/optimizer_swapper.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "src/base/log.h"
+#include "src/base/units.h"
+
+namespace zinf::swap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+OptimizerSwapperOptions OptimizerSwapperOptions::from_config(
+    const config::ZeroConfig& zero, const config::OptimizerConfig& optimizer, std::uint64_t numel,
+    PartitionId first_partition) {
+    OptimizerSwapperOptions o;
+    o.numel = numel;
+    o.sub_group_numel = zero.sub_group_size_numel;
+    o.kind = kernels::OptimizerParams::from_config(optimizer).kind;
+    o.pipeline_read = zero.offload_optimizer.pipeline_read;
+    o.pipeline_write = zero.offload_optimizer.pipeline_write;
+    o.first_partition = first_partition;
+    return o;
+}
+
+std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind) {
+    switch (kind) {
+        case kernels::OptimizerKind::kAdam:
+        case kernels::OptimizerKind::kAdamW:
+            return 3;
+        case kernels::OptimizerKind::kAdagrad:
+        case kernels::OptimizerKind::kLion:
+            return 2;
+    }
+    ZINF_ASSERT_MSG(false, "unknown optimizer kind");
+    return 0;
+}
+
+std::uint64_t OptimizerSwapper::buffer_size_bytes(std::uint64_t sub_group_numel,
+                                                  kernels::OptimizerKind kind) {
+    // Each state is its own partition at an aligned offset (see SwapStore's layout).
+    return state_count(kind) * align_up(sub_group_numel * sizeof(float), kExtentAlignmentBytes);
+}
+
+std::size_t OptimizerSwapper::buffers_needed(const OptimizerSwapperOptions& options) {
+    // One sub-group being updated, plus one being read ahead, plus one being written behind.
+    return 1 + (options.pipeline_read ? 1 : 0) + (options.pipeline_write ? 1 : 0);
+}
+
+OptimizerSwapper::OptimizerSwapper(SwapStore& store, PinnedPool& pool,
+                                   const kernels::OptimizerKernel& kernel,
+                                   const OptimizerSwapperOptions& options)
+    : store_(store), pool_(pool), kernel_(kernel), options_(options) {}
+
+Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
+    SwapStore& store, PinnedPool& pool, const kernels::OptimizerKernel& kernel,
+    const OptimizerSwapperOptions& options) {
+    if (options.numel == 0 || options.sub_group_numel == 0) {
+        return Status::invalid_argument(str_cat("optimizer swapper: numel (", options.numel,
+                                                ") and sub_group_size (", options.sub_group_numel,
+                                                ") must be positive"));
+    }
+    const std::uint64_t need_bytes = buffer_size_bytes(options.sub_group_numel, options.kind);
+    if (pool.buffer_size_bytes() < need_bytes) {
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: pinned pool '", pool.name(), "' has buffers of ",
+                    format_bytes(pool.buffer_size_bytes()), "; a sub-group of ",
+                    options.sub_group_numel, " parameters needs ", format_bytes(need_bytes)));
+    }
+    const std::size_t need_count = buffers_needed(options);
+    if (pool.buffer_count() < need_count) {
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: pinned pool '", pool.name(), "' has ", pool.buffer_count(),
+                    " buffers; pipeline_read=", options.pipeline_read,
+                    " pipeline_write=", options.pipeline_write, " needs ", need_count));
+    }
+    std::unique_ptr<OptimizerSwapper> s(new OptimizerSwapper(store, pool, kernel, options));
+    s->state_count_ = state_count(options.kind);
+    s->sub_group_count_ = static_cast<std::size_t>((options.numel + options.sub_group_numel - 1) /
+                                                   options.sub_group_numel);
+    s->ticket_count_ = need_count;
+    for (std::size_t g = 0; g < s->sub_group_count_; ++g) {
+        const std::uint64_t bytes = s->sub_group_numel(g) * sizeof(float);
+        for (std::size_t k = 0; k < s->state_count_; ++k) {
+            ZINF_TRY(store.reserve(s->partition(g, k), bytes));
+        }
+    }
+    TensorSwapperOptions swapper_options;
+    swapper_options.acquire_timeout = options.acquire_timeout;
+    s->swapper_ = std::make_unique<TensorSwapper>(store, pool, swapper_options);
+    s->tickets_ = std::make_unique<SwapTicket[]>(kMaxTickets);
+    return s;
+}
+
+std::uint64_t OptimizerSwapper::sub_group_numel(std::size_t sub_group) const noexcept {
+    ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    const std::uint64_t offset = sub_group_offset_numel(sub_group);
+    return std::min(options_.sub_group_numel, options_.numel - offset);
+}
+
+void OptimizerSwapper::drain() noexcept {
+    // After an error: finish whatever is still in flight so that no transfer outlives its
+    // buffer, then hand every buffer back.
+    for (std::size_t i = 0; i < kMaxTickets; ++i) {
+        if (tickets_[i].in_flight()) (void)tickets_[i].wait();
+        tickets_[i].release();
+    }
+}
+
+Status OptimizerSwapper::initialize(ParamSource& source) {
+    ZINF_ASSERT(store_.committed());
+    Status status;
+    PartitionId ids[3];
+    for (std::size_t g = 0; g < sub_group_count_ && status.is_ok(); ++g) {
+        SwapTicket& ticket = tickets_[g % ticket_count_];
+        if (ticket.in_flight()) {
+            status = ticket.wait();
+            if (!status.is_ok()) break;
+        }
+        for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(g, k);
+        auto n = swapper_->prepare(std::span<const PartitionId>(ids, state_count_), ticket);
+        if (!n.has_value()) {
+            status = n.error();
+            break;
+        }
+        ZINF_ASSERT_EQ(*n, state_count_);
+        std::span<std::byte> p = ticket.data(0);
+        status = source.fill(
+            g, sub_group_offset_numel(g),
+            std::span<float>(reinterpret_cast<float*>(p.data()), p.size() / sizeof(float)));
+        if (!status.is_ok()) break;
+        for (std::size_t k = 1; k < state_count_; ++k) {
+            std::memset(ticket.data(k).data(), 0, ticket.data(k).size());
+        }
+        status = swapper_->write_back(ticket);
+    }
+    for (std::size_t i = 0; i < kMaxTickets && status.is_ok(); ++i) {
+        if (tickets_[i].in_flight()) status = tickets_[i].wait();
+    }
+    drain();
+    return status;
+}
+
+Status OptimizerSwapper::issue_read(std::size_t sub_group, SwapTicket& ticket) {
+    PartitionId ids[3];
+    for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(sub_group, k);
+    ZINF_ASSIGN_OR_RETURN(
+        const std::size_t n,
+        swapper_->swap_in(std::span<const PartitionId>(ids, state_count_), ticket));
+    // The pool buffer was checked at create() to hold a whole sub-group, and the states are
+    // consecutive in the layout, so one read carries them all.
+    ZINF_ASSERT_EQ(n, state_count_);
+    stats_.bytes_read += store_.run_bytes(ids[0], ids[state_count_ - 1]);
+    return Status::ok();
+}
+
+Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
+                                const kernels::OptimizerParams& params, GradientSource& grads) {
+    const std::uint64_t numel = sub_group_numel(sub_group);
+    const std::uint64_t offset = sub_group_offset_numel(sub_group);
+    auto as_floats = [&](std::size_t k) {
+        std::span<std::byte> bytes = ticket.data(k);
+        ZINF_ASSERT_EQ(bytes.size(), numel * sizeof(float));
+        return std::span<float>(reinterpret_cast<float*>(bytes.data()), numel);
+    };
+    kernels::OptimizerState state;
+    state.params = as_floats(0);
+    switch (options_.kind) {
+        case kernels::OptimizerKind::kAdam:
+        case kernels::OptimizerKind::kAdamW:
+            state.exp_avg = as_floats(1);
+            state.exp_avg_sq = as_floats(2);
+            break;
+        case kernels::OptimizerKind::kAdagrad:
+            state.exp_avg_sq = as_floats(1);
+            break;
+        case kernels::OptimizerKind::kLion:
+            state.exp_avg = as_floats(1);
+            break;
+    }
+    ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, grads.gradients(sub_group, offset, numel));
+    if (g.numel != numel || g.data == nullptr) {
+        return Status::invalid_argument(str_cat("optimizer swapper: gradients of sub-group ",
+                                                sub_group, " have ", g.numel,
+                                                " elements; expected ", numel));
+    }
+    const kernels::ParamCopy copy = grads.param_copy(sub_group, offset, numel);
+    const auto t0 = Clock::now();
+    ZINF_TRY(kernel_.step(params, state, g, copy));
+    stats_.compute_seconds += seconds_since(t0);
+    grads.updated(sub_group, offset, state.params);
+    return Status::ok();
+}
+
+Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
+    if (params.kind != options_.kind) {
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: step with ", kernels::optimizer_kind_name(params.kind),
+                    " on states laid out for ", kernels::optimizer_kind_name(options_.kind)));
+    }
+    // Reject bad hyperparameters before any sub-group changes.
+    ZINF_TRY(kernels::validate(params));
+    return run(&params, &grads);
+}
+
+Status OptimizerSwapper::io_only_pass() {
+    return run(nullptr, nullptr);
+}
+
+Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSource* grads) {
+    ZINF_ASSERT(store_.committed());
+    const auto t_step = Clock::now();
+    stats_ = OptimizerStepStats{};
+    const std::size_t groups = sub_group_count_;
+    const std::size_t tickets = ticket_count_;
+    const bool pipeline_read = options_.pipeline_read;
+    const bool pipeline_write = options_.pipeline_write;
+
+    // Ticket (g % tickets) carries sub-group g. With both pipelines (3 tickets) at the update of
+    // g: g+1 is being read, g-1 written; g+1 reuses the ticket of g-2, whose write was waited
+    // for at the end of iteration g-1.
+    Status status = issue_read(0, tickets_[0]);
+    for (std::size_t g = 0; g < groups && status.is_ok(); ++g) {
+        SwapTicket& current = tickets_[g % tickets];
+        auto t0 = Clock::now();
+        // Start reading g+1 as soon as g's bytes are in, before verifying g's checksums, so
+        // the disk is never idle while this thread hashes.
+        current.wait_transfer();
+        stats_.read_wait_seconds += seconds_since(t0);
+        if (pipeline_read && g + 1 < groups) {
+            status = issue_read(g + 1, tickets_[(g + 1) % tickets]);
+            if (!status.is_ok()) {
+                (void)current.wait();
+                break;
+            }
+        }
+        status = current.wait();
+        if (!status.is_ok()) break;
+        if (params != nullptr) {
+            status = update(g, current, *params, *grads);
+            if (!status.is_ok()) break;
+        }
+        status = swapper_->write_back(current);
+        if (!status.is_ok()) break;
+        stats_.bytes_written += store_.run_bytes(partition(g, 0), partition(g, state_count_ - 1));
+        t0 = Clock::now();
+        if (!pipeline_write) {
+            status = current.wait();
+        } else if (g >= 1) {
+            status = tickets_[(g - 1) % tickets].wait();
+        }
+        stats_.write_wait_seconds += seconds_since(t0);
+        if (!status.is_ok()) break;
+        if (!pipeline_read && g + 1 < groups)
+            status = issue_read(g + 1, tickets_[(g + 1) % tickets]);
+    }
+    if (status.is_ok() && pipeline_write) {
+        const auto t0 = Clock::now();
+        status = tickets_[(groups - 1) % tickets].wait();
+        stats_.write_wait_seconds += seconds_since(t0);
+    }
+    drain();
+    stats_.seconds = seconds_since(t_step);
+    return status;
+}
+
+Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> params,
+                                        std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+    ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    const std::uint64_t numel = sub_group_numel(sub_group);
+    ZINF_ASSERT_EQ(params.size(), numel);
+    SwapTicket& ticket = tickets_[0];
+    Status status = issue_read(sub_group, ticket);
+    if (status.is_ok()) status = ticket.wait();
+    if (status.is_ok()) {
+        std::memcpy(params.data(), ticket.data(0).data(), numel * sizeof(float));
+        std::size_t k = 1;
+        if (options_.kind != kernels::OptimizerKind::kAdagrad) {
+            if (!exp_avg.empty()) {
+                ZINF_ASSERT_EQ(exp_avg.size(), numel);
+                std::memcpy(exp_avg.data(), ticket.data(k).data(), numel * sizeof(float));
+            }
+            ++k;
+        }
+        if (k < state_count_ && !exp_avg_sq.empty()) {
+            ZINF_ASSERT_EQ(exp_avg_sq.size(), numel);
+            std::memcpy(exp_avg_sq.data(), ticket.data(k).data(), numel * sizeof(float));
+        }
+    }
+    drain();
+    return status;
+}
+
+}  // namespace zinf::swap

@@ -1,0 +1,151 @@
+// OptimizerSwapper: the optimizer step for NVMe-resident optimizer states. The fp32 master
+// parameters and the optimizer's states are split into sub-groups of `sub_group_size`
+// parameters; each sub-group is one run of consecutive partitions in the swap store (params,
+// then exp_avg and/or exp_avg_sq), so it moves in one read and one write. The step streams over
+// the sub-groups through pinned pool buffers: read group i+1, update group i with the
+// kernels/ optimizer, write group i-1 (`pipeline_read` / `pipeline_write` of the
+// `offload_optimizer` config turn each overlap on). The step is I/O-bound by design; the
+// update runs hidden under the transfers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "kernels/optimizer.h"
+#include "swap/pinned_pool.h"
+#include "swap/swap_store.h"
+#include "swap/tensor_swapper.h"
+
+namespace zinf::swap {
+
+struct OptimizerSwapperOptions {
+    std::uint64_t numel = 0;            // parameters handled by this swapper
+    std::uint64_t sub_group_numel = 0;  // `zero_optimization.sub_group_size`
+    kernels::OptimizerKind kind = kernels::OptimizerKind::kAdamW;
+    bool pipeline_read = true;   // `offload_optimizer.pipeline_read`
+    bool pipeline_write = true;  // `offload_optimizer.pipeline_write`
+    // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.
+    PartitionId first_partition = 0;
+    std::chrono::milliseconds acquire_timeout{std::chrono::minutes(2)};
+
+    // sub_group_size from `zero_optimization`, the pipeline flags from its `offload_optimizer`,
+    // the kind from `optimizer` (Adam with adam_w_mode is AdamW).
+    static OptimizerSwapperOptions from_config(const config::ZeroConfig& zero,
+                                               const config::OptimizerConfig& optimizer,
+                                               std::uint64_t numel, PartitionId first_partition);
+};
+
+// Where the step gets each sub-group's gradients (and, optionally, gives back the result).
+// Called on the thread running step(), once per sub-group, in order; virtual calls are per
+// sub-group, never per element.
+class GradientSource {
+public:
+    virtual ~GradientSource() = default;
+    // The gradients of parameters [offset_numel, offset_numel + numel) (sub-group `sub_group`):
+    // fp32, bf16 or fp16, exactly numel of them, valid until the next call or the step's end.
+    virtual Result<kernels::GradView> gradients(std::size_t sub_group, std::uint64_t offset_numel,
+                                                std::uint64_t numel) = 0;
+    // Where to write a bf16/fp16 copy of the updated parameters in the same pass (optional).
+    virtual kernels::ParamCopy param_copy(std::size_t /*sub_group*/, std::uint64_t /*offset_numel*/,
+                                          std::uint64_t /*numel*/) {
+        return kernels::ParamCopy::none();
+    }
+    // Sees the updated fp32 parameters before they are written out (optional).
+    virtual void updated(std::size_t /*sub_group*/, std::uint64_t /*offset_numel*/,
+                         std::span<const float> /*params*/) {}
+};
+
+// Fills the initial master parameters of one sub-group (initialize()).
+class ParamSource {
+public:
+    virtual ~ParamSource() = default;
+    virtual Status fill(std::size_t sub_group, std::uint64_t offset_numel,
+                        std::span<float> params) = 0;
+};
+
+struct OptimizerStepStats {
+    double seconds = 0;            // the whole step
+    double compute_seconds = 0;    // inside the optimizer kernel
+    double read_wait_seconds = 0;  // blocked waiting for reads (including checksum verification)
+    double write_wait_seconds = 0;
+    std::uint64_t bytes_read = 0;
+    std::uint64_t bytes_written = 0;
+};
+
+class OptimizerSwapper {
+public:
+    // Reserves the sub-groups' partitions in `store`, which must not be committed yet (the
+    // caller commits it after every user has reserved). Borrows store, pool and kernel, which
+    // outlive the swapper. Errors: kInvalidArgument (zero sizes; a pool whose buffers are
+    // smaller than buffer_size_bytes() or fewer than buffers_needed()), the store's reserve
+    // errors. Init only: allocates.
+    static Result<std::unique_ptr<OptimizerSwapper>> create(SwapStore& store, PinnedPool& pool,
+                                                            const kernels::OptimizerKernel& kernel,
+                                                            const OptimizerSwapperOptions& options);
+
+    // The pool buffer size one sub-group needs, and how many buffers a step holds at once.
+    static std::uint64_t buffer_size_bytes(std::uint64_t sub_group_numel,
+                                           kernels::OptimizerKind kind);
+    static std::size_t buffers_needed(const OptimizerSwapperOptions& options);
+    // 1 + the states the optimizer keeps: 3 for Adam/AdamW, 2 for Adagrad and Lion.
+    static std::size_t state_count(kernels::OptimizerKind kind);
+
+    // Writes the initial master parameters (from `source`) and zeroed states of every
+    // sub-group, overlapping the writes. Blocks until all are on disk.
+    Status initialize(ParamSource& source);
+
+    // One optimizer step over all sub-groups with `params` (params.kind must match the
+    // options; params.step is the 1-based step number). Blocks until every sub-group is
+    // written. Allocates nothing. Errors: the gradient source's, the kernel's
+    // kInvalidArgument (nothing changed), I/O errors, kCorruption from a verified read; after
+    // an I/O error the sub-groups already written hold the new step and the failed one holds
+    // no valid copy, so the caller restores a checkpoint.
+    Status step(const kernels::OptimizerParams& params, GradientSource& grads);
+    // The same reads and writes in the same pattern without the optimizer: the I/O-bound limit
+    // the step is measured against (zinfinity-bench optimizer). Leaves the states unchanged.
+    Status io_only_pass();
+
+    // Reads one sub-group's master parameters and states (tests, checkpoints). `exp_avg` /
+    // `exp_avg_sq` may be empty when the optimizer keeps no such state. Blocks.
+    Status read_sub_group(std::size_t sub_group, std::span<float> params, std::span<float> exp_avg,
+                          std::span<float> exp_avg_sq);
+
+    std::size_t sub_group_count() const noexcept { return sub_group_count_; }
+    std::uint64_t sub_group_numel(std::size_t sub_group) const noexcept;
+    std::uint64_t sub_group_offset_numel(std::size_t sub_group) const noexcept {
+        return sub_group * options_.sub_group_numel;
+    }
+    const OptimizerStepStats& last_step_stats() const noexcept { return stats_; }
+    const OptimizerSwapperOptions& options() const noexcept { return options_; }
+
+private:
+    static constexpr std::size_t kMaxTickets = 3;
+
+    OptimizerSwapper(SwapStore& store, PinnedPool& pool, const kernels::OptimizerKernel& kernel,
+                     const OptimizerSwapperOptions& options);
+    Status run(const kernels::OptimizerParams* params, GradientSource* grads);
+    Status issue_read(std::size_t sub_group, SwapTicket& ticket);
+    Status update(std::size_t sub_group, SwapTicket& ticket, const kernels::OptimizerParams& params,
+                  GradientSource& grads);
+    PartitionId partition(std::size_t sub_group, std::size_t state) const noexcept {
+        return options_.first_partition +
+               static_cast<PartitionId>(sub_group * state_count_ + state);
+    }
+    void drain() noexcept;
+
+    SwapStore& store_;
+    PinnedPool& pool_;
+    const kernels::OptimizerKernel& kernel_;
+    OptimizerSwapperOptions options_;
+    std::size_t state_count_ = 0;
+    std::size_t sub_group_count_ = 0;
+    std::size_t ticket_count_ = 1;
+    std::unique_ptr<TensorSwapper> swapper_;
+    std::unique_ptr<SwapTicket[]> tickets_;
+    OptimizerStepStats stats_;
+};
+
+}  // namespace zinf::swap

@@ -1,0 +1,240 @@
+// PinnedPool: hwloc placement, mlock, and a mutex-guarded free stack with holder tracking.
+#include "swap/pinned_pool.h"
+
+#include <hwloc.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "io/engine.h"
+#include "src/base/aligned.h"
+#include "src/base/log.h"
+#include "src/base/units.h"
+
+namespace zinf::swap {
+
+struct PinnedPool::Memory {
+    hwloc_topology_t topology = nullptr;
+    void* base = nullptr;
+    std::size_t size_bytes = 0;
+    bool locked = false;
+
+    ~Memory() {
+        if (base != nullptr) {
+            if (locked) ::munlock(base, size_bytes);
+            hwloc_free(topology, base, size_bytes);
+        }
+        if (topology != nullptr) hwloc_topology_destroy(topology);
+    }
+};
+
+namespace {
+
+// The NUMA node of the CPU the calling thread last ran on; -1 when hwloc cannot tell.
+int calling_thread_node(hwloc_topology_t topology) {
+    hwloc_bitmap_t cpuset = hwloc_bitmap_alloc();
+    hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
+    int node = -1;
+    if (cpuset != nullptr && nodeset != nullptr &&
+        hwloc_get_last_cpu_location(topology, cpuset, HWLOC_CPUBIND_THREAD) == 0) {
+        hwloc_cpuset_to_nodeset(topology, cpuset, nodeset);
+        node = hwloc_bitmap_first(nodeset);
+    }
+    hwloc_bitmap_free(cpuset);
+    hwloc_bitmap_free(nodeset);
+    return node;
+}
+
+}  // namespace
+
+PinnedPoolOptions PinnedPoolOptions::from_config(const config::OffloadParamConfig& config,
+                                                 std::size_t element_size_bytes, std::string name) {
+    PinnedPoolOptions o;
+    o.name = std::move(name);
+    o.buffer_count = static_cast<std::size_t>(config.buffer_count);
+    o.buffer_size_bytes = static_cast<std::size_t>(config.buffer_size_numel) * element_size_bytes;
+    return o;
+}
+
+Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& options) {
+    if (options.buffer_count == 0 || options.buffer_size_bytes == 0) {
+        return Status::invalid_argument(str_cat("pinned pool '", options.name, "': buffer_count (",
+                                                options.buffer_count, ") and buffer_size (",
+                                                options.buffer_size_bytes, " B) must be positive"));
+    }
+    std::unique_ptr<PinnedPool> pool(new PinnedPool());
+    pool->name_ = options.name;
+    pool->buffer_count_ = options.buffer_count;
+    pool->buffer_size_bytes_ = align_up(options.buffer_size_bytes, kPageBytes);
+    const std::size_t total = pool->buffer_count_ * pool->buffer_size_bytes_;
+
+    auto memory = std::make_unique<Memory>();
+    if (hwloc_topology_init(&memory->topology) != 0 || hwloc_topology_load(memory->topology) != 0) {
+        return Status::internal(
+            str_cat("pinned pool '", options.name, "': hwloc topology: ", std::strerror(errno)));
+    }
+    // TODO(swap): for a CUDA device, the node closest to its PCI bus (needs a bus id on Device).
+    const int node = calling_thread_node(memory->topology);
+    hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
+    if (node >= 0 && nodeset != nullptr) {
+        hwloc_bitmap_only(nodeset, static_cast<unsigned>(node));
+        memory->base = hwloc_alloc_membind(memory->topology, total, nodeset, HWLOC_MEMBIND_BIND,
+                                           HWLOC_MEMBIND_BYNODESET);
+        if (memory->base != nullptr) pool->numa_node_ = node;
+    }
+    hwloc_bitmap_free(nodeset);
+    if (memory->base == nullptr) {
+        // Binding unsupported (no NUMA, seccomp'ed mbind): plain page-aligned memory.
+        log::debug("pinned pool '", options.name, "': NUMA binding unavailable (",
+                   std::strerror(errno), "); allocating unbound");
+        memory->base = hwloc_alloc(memory->topology, total);
+    }
+    if (memory->base == nullptr) {
+        return Status::no_space(
+            str_cat("pinned pool '", options.name, "': cannot allocate ", format_bytes(total), " (",
+                    options.buffer_count, " x ", format_bytes(pool->buffer_size_bytes_), ")"),
+            errno);
+    }
+    memory->size_bytes = total;
+    ZINF_ASSERT(is_aligned(memory->base, kPageBytes));
+    // Touch every page now so that no page fault lands on the hot path (mlock would too).
+    std::memset(memory->base, 0, total);
+    if (::mlock(memory->base, total) == 0) {
+        memory->locked = true;
+    } else {
+        const int err = errno;
+        const std::string what = str_cat("pinned pool '", options.name, "': mlock of ",
+                                         format_bytes(total), " failed: ", std::strerror(err),
+                                         " (raise `ulimit -l` or run with CAP_IPC_LOCK)");
+        if (!options.allow_unlocked) return Status::not_supported(what, err);
+        log::warning(what, "; continuing with unlocked memory");
+    }
+    pool->locked_ = memory->locked;
+    pool->region_ = {static_cast<std::byte*>(memory->base), total};
+    pool->memory_ = std::move(memory);
+    pool->free_.reserve(pool->buffer_count_);
+    // Stack order: buffer 0 is handed out first.
+    for (std::size_t i = pool->buffer_count_; i > 0; --i) pool->free_.push_back(i - 1);
+    pool->holders_.assign(pool->buffer_count_, std::thread::id());
+    log::debug("pinned pool '", pool->name_, "': ", pool->buffer_count_, " x ",
+               format_bytes(pool->buffer_size_bytes_), ", NUMA node ", pool->numa_node_,
+               pool->locked_ ? ", locked" : ", not locked");
+    return pool;
+}
+
+PinnedPool::~PinnedPool() {
+    {
+        std::lock_guard lock(mutex_);
+        ZINF_ASSERT_MSG(free_.size() == buffer_count_,
+                        str_cat("pinned pool '", name_, "' destroyed with ",
+                                buffer_count_ - free_.size(), " buffer(s) still held"));
+    }
+    if (registered_device_ != nullptr) {
+        const Status s = registered_device_->unregister_host_memory(region_.data());
+        if (!s.is_ok()) log::warning("pinned pool '", name_, "': ", s.to_string());
+    }
+}
+
+Status PinnedPool::register_with(io::Engine& engine) {
+    return engine.register_buffers(region_).with_context(str_cat("pinned pool '", name_, "'"));
+}
+
+Status PinnedPool::register_with_device(Device& device) {
+    ZINF_ASSERT(registered_device_ == nullptr);
+    ZINF_TRY(device.register_host_memory(region_).with_context(
+        str_cat("pinned pool '", name_, "' on ", device.name())));
+    registered_device_ = &device;
+    return Status::ok();
+}
+
+PinnedBuffer PinnedPool::take_locked(std::size_t index) noexcept {
+    ZINF_ASSERT_LT(index, buffer_count_);
+    ZINF_ASSERT(holders_[index] == std::thread::id());
+    holders_[index] = std::this_thread::get_id();
+    return PinnedBuffer(this, index,
+                        region_.subspan(index * buffer_size_bytes_, buffer_size_bytes_));
+}
+
+Status PinnedPool::exhausted_error(StatusCode code, std::chrono::milliseconds timeout) const {
+    const std::string size = str_cat("pinned pool '", name_, "' (", buffer_count_, " buffers of ",
+                                     format_bytes(buffer_size_bytes_), ")");
+    if (code == StatusCode::kBusy) {
+        return Status(code, str_cat(size,
+                                    " is exhausted and all its buffers are held by the "
+                                    "calling thread: waiting would deadlock"));
+    }
+    return Status(code, str_cat(size, ": no buffer was returned within ", timeout.count(),
+                                " ms; all ", buffer_count_, " are held"));
+}
+
+Result<PinnedBuffer> PinnedPool::acquire(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    if (free_.empty()) {
+        const auto self = std::this_thread::get_id();
+        const auto held_by_self =
+            static_cast<std::size_t>(std::count(holders_.begin(), holders_.end(), self));
+        if (held_by_self == buffer_count_) return exhausted_error(StatusCode::kBusy, timeout);
+        if (!freed_cv_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
+            return exhausted_error(StatusCode::kTimeout, timeout);
+        }
+    }
+    const std::size_t index = free_.back();
+    free_.pop_back();
+    return take_locked(index);
+}
+
+Result<PinnedBuffer> PinnedPool::try_acquire() {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) {
+        return Status::busy(str_cat("pinned pool '", name_, "' (", buffer_count_, " buffers of ",
+                                    format_bytes(buffer_size_bytes_), ") has no free buffer"));
+    }
+    const std::size_t index = free_.back();
+    free_.pop_back();
+    return take_locked(index);
+}
+
+std::size_t PinnedPool::free_count() const {
+    std::lock_guard lock(mutex_);
+    return free_.size();
+}
+
+void PinnedPool::release(std::size_t index) noexcept {
+    {
+        std::lock_guard lock(mutex_);
+        ZINF_ASSERT_LT(index, buffer_count_);
+        // Returning a buffer that is already free is a double release.
+        ZINF_ASSERT(holders_[index] != std::thread::id());
+        ZINF_ASSERT_LT(free_.size(), buffer_count_);
+        holders_[index] = std::thread::id();
+        free_.push_back(index);  // within reserved capacity: never allocates
+    }
+    freed_cv_.notify_one();
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)), index_(other.index_), span_(other.span_) {
+    other.span_ = {};
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+        reset();
+        pool_ = std::exchange(other.pool_, nullptr);
+        index_ = other.index_;
+        span_ = std::exchange(other.span_, {});
+    }
+    return *this;
+}
+
+void PinnedBuffer::reset() noexcept {
+    if (pool_ != nullptr) {
+        std::exchange(pool_, nullptr)->release(index_);
+        span_ = {};
+    }
+}
+
+}  // namespace zinf::swap

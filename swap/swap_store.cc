@@ -1,0 +1,578 @@
+// SwapStore: layout, checksums and validity of partitions in the swap files.
+#include "swap/swap_store.h"
+
+#include <sys/stat.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "src/base/file.h"
+#include "src/base/log.h"
+#include "src/base/units.h"
+
+namespace zinf::swap {
+namespace {
+
+std::uint64_t block_seed(PartitionId partition, std::uint64_t block_index) noexcept {
+    return (static_cast<std::uint64_t>(partition) << 32) ^ block_index;
+}
+
+std::uint64_t sums_extent_bytes(std::uint32_t block_count) noexcept {
+    return align_up(static_cast<std::uint64_t>(block_count) * sizeof(std::uint64_t),
+                    kExtentAlignmentBytes);
+}
+
+// Runs fn(k) for every block k in [0, count): on the calling thread for a few blocks, else on
+// oneTBB's workers. Hashing 1 GB sub-groups on the step thread alone would put ~0.1 s per GB on
+// the optimizer's critical path; blocks are independent, so they split across cores.
+constexpr std::uint32_t kParallelHashBlocks = 32;  // 2 MiB: below this a fork costs more
+template <typename Fn>
+void for_each_block(std::uint32_t count, const Fn& fn) {
+    if (count < kParallelHashBlocks) {
+        for (std::uint32_t k = 0; k < count; ++k) fn(k);
+        return;
+    }
+    tbb::parallel_for(tbb::blocked_range<std::uint32_t>(0, count, 8),
+                      [&](const tbb::blocked_range<std::uint32_t>& r) {
+                          for (std::uint32_t k = r.begin(); k != r.end(); ++k) fn(k);
+                      });
+}
+
+std::uint64_t now_ns() noexcept {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now().time_since_epoch())
+                                          .count());
+}
+
+std::string hex64(std::uint64_t v) {
+    char text[24];
+    std::snprintf(text, sizeof(text), "%016" PRIx64, v);
+    return text;
+}
+
+}  // namespace
+
+SwapStoreOptions SwapStoreOptions::from_config(const std::vector<std::string>& nvme_path,
+                                               const config::SwapConfig& swap, std::string name) {
+    SwapStoreOptions o;
+    o.paths = nvme_path;
+    o.verify_checksums = swap.verify_checksums;
+    o.name = std::move(name);
+    return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwapHandle
+
+SwapHandle::~SwapHandle() {
+    // An operation that was started and never waited for would leave its partitions in limbo.
+    ZINF_ASSERT_MSG(store_ == nullptr, "SwapHandle destroyed before wait()");
+}
+
+bool SwapHandle::done() const noexcept {
+    if (store_ == nullptr) return true;
+    return data_io_.done() && (!has_sums_io_ || sums_io_.done());
+}
+
+void SwapHandle::wait_transfer() noexcept {
+    if (store_ == nullptr) return;
+    // The statuses are read again by wait(); IoHandle::wait is idempotent once done.
+    (void)data_io_.wait();
+    if (has_sums_io_) (void)sums_io_.wait();
+}
+
+Status SwapHandle::wait() {
+    ZINF_ASSERT_MSG(store_ != nullptr, "SwapHandle::wait() without an operation");
+    return store_->complete(*this);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation, layout
+
+SwapStore::SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions& options)
+    : engine_(engine),
+      run_dir_(std::move(run_dir)),
+      name_(options.name),
+      verify_(options.verify_checksums),
+      stripe_chunk_bytes_(options.stripe_chunk_bytes != 0 ? options.stripe_chunk_bytes
+                                                          : engine.aio().block_size_bytes) {}
+
+Result<std::unique_ptr<SwapStore>> SwapStore::create(io::Engine& engine,
+                                                     const SwapStoreOptions& options) {
+    ZINF_ASSIGN_OR_RETURN(RunDir run_dir, RunDir::create(options.paths));
+    return std::unique_ptr<SwapStore>(new SwapStore(engine, std::move(run_dir), options));
+}
+
+SwapStore::~SwapStore() {
+    ZINF_ASSERT_MSG(in_flight_.load() == 0, str_cat("swap store '", name_, "' destroyed with ",
+                                                    in_flight_.load(), " operation(s) in flight"));
+    if (files_open_) {
+        const Status a = engine_.close(data_file_);
+        if (!a.is_ok()) log::warning("swap '", name_, "': ", a.to_string());
+        if (verify_) {
+            const Status b = engine_.close(sums_file_);
+            if (!b.is_ok()) log::warning("swap '", name_, "': ", b.to_string());
+        }
+    }
+    // run_dir_ then removes the files and the directories, and releases the locks.
+}
+
+Status SwapStore::reserve(PartitionId partition, std::uint64_t size_bytes) {
+    if (committed_) {
+        return Status::invalid_argument(
+            str_cat("swap '", name_, "': reserve(", partition, ") after commit()"));
+    }
+    if (size_bytes == 0) {
+        return Status::invalid_argument(
+            str_cat("swap '", name_, "': partition ", partition, " has size 0"));
+    }
+    if (index_.count(partition) != 0) {
+        return Status::invalid_argument(
+            str_cat("swap '", name_, "': partition ", partition, " reserved twice"));
+    }
+    const std::uint64_t blocks = (size_bytes + kSwapBlockBytes - 1) / kSwapBlockBytes;
+    if (blocks > UINT32_MAX) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': partition ", partition, " of ",
+                                                size_bytes, " bytes is too large"));
+    }
+    Partition p;
+    p.id = partition;
+    p.size_bytes = size_bytes;
+    p.block_count = static_cast<std::uint32_t>(blocks);
+    p.offset_bytes = data_bytes_;
+    p.sums_offset_bytes = sums_bytes_;
+    data_bytes_ += align_up(size_bytes, kExtentAlignmentBytes);
+    sums_bytes_ += sums_extent_bytes(p.block_count);
+    index_.emplace(partition, static_cast<std::uint32_t>(partitions_.size()));
+    partitions_.push_back(p);
+    return Status::ok();
+}
+
+Status SwapStore::space_check() const {
+    // Bytes needed per file system (several paths may share one): the data stripes round up to
+    // whole chunks; the checksum file lives in the first path.
+    const std::size_t paths = run_dir_.base_paths().size();
+    const std::uint64_t chunks = (data_bytes_ + stripe_chunk_bytes_ - 1) / stripe_chunk_bytes_;
+    const std::uint64_t per_path = (chunks + paths - 1) / paths * stripe_chunk_bytes_;
+    struct Need {
+        std::string path;
+        std::uint64_t bytes = 0;
+    };
+    std::map<dev_t, Need> needs;
+    for (std::size_t i = 0; i < paths; ++i) {
+        const std::string& base = run_dir_.base_paths()[i];
+        struct stat st {};
+        if (::stat(base.c_str(), &st) != 0)
+            return Status::from_errno(errno, str_cat("stat ", base));
+        Need& n = needs[st.st_dev];
+        if (n.path.empty()) n.path = base;
+        n.bytes += std::min(per_path, data_bytes_) + (i == 0 && verify_ ? sums_bytes_ : 0);
+    }
+    for (const auto& [dev, need] : needs) {
+        ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(need.path));
+        if (free_bytes < need.bytes) {
+            return Status::no_space(
+                str_cat("swap '", name_, "': not enough space for the swap files on ", need.path,
+                        ": need ", format_bytes(need.bytes), " (", need.bytes, " bytes), ",
+                        format_bytes(free_bytes), " (", free_bytes, " bytes) free"));
+        }
+    }
+    return Status::ok();
+}
+
+Status SwapStore::commit() {
+    ZINF_ASSERT(!committed_);
+    if (partitions_.empty()) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': commit() with no partition"));
+    }
+    ZINF_TRY(space_check());
+    io::FileOptions data_options;
+    data_options.create = true;
+    data_options.exclusive = true;
+    data_options.mode = 0600;
+    data_options.stripe_chunk_bytes = stripe_chunk_bytes_;
+    data_options.preallocate_bytes = data_bytes_;
+    const std::vector<std::string> data_paths = run_dir_.file_paths(kDataFileName);
+    ZINF_ASSIGN_OR_RETURN(data_file_, engine_.open(data_paths, data_options));
+    if (verify_) {
+        io::FileOptions sums_options = data_options;
+        sums_options.stripe_chunk_bytes = 0;
+        sums_options.preallocate_bytes = sums_bytes_;
+        const std::string sums_path = run_dir_.file_paths(kSumsFileName).front();
+        auto sums_file = engine_.open(sums_path, sums_options);
+        if (!sums_file.has_value()) {
+            (void)engine_.close(data_file_);
+            return sums_file.error();
+        }
+        sums_file_ = *sums_file;
+        ZINF_ASSIGN_OR_RETURN(sums_,
+                              AlignedBuffer::allocate(sums_bytes_, kExtentAlignmentBytes, true));
+    }
+    files_open_ = true;
+    live_ = std::make_unique<Live[]>(partitions_.size());
+    committed_ = true;
+    log::info("swap '", name_, "': ", partitions_.size(), " partitions, ",
+              format_bytes(data_bytes_), " in ", data_paths.size(), " path(s) under ",
+              run_dir_.run_paths().front(), verify_ ? ", checksums on" : ", checksums off");
+    return Status::ok();
+}
+
+bool SwapStore::contains(PartitionId partition) const noexcept {
+    return index_.count(partition) != 0;
+}
+
+Result<std::uint32_t> SwapStore::index_of(PartitionId partition) const {
+    const auto it = index_.find(partition);
+    if (it == index_.end()) {
+        return Status::not_found(str_cat("swap '", name_, "': unknown partition ", partition));
+    }
+    return it->second;
+}
+
+Extent SwapStore::extent(PartitionId partition) const {
+    const auto it = index_.find(partition);
+    ZINF_ASSERT(it != index_.end());
+    const Partition& p = partitions_[it->second];
+    return Extent{p.offset_bytes, p.size_bytes, it->second};
+}
+
+std::uint64_t SwapStore::run_bytes(PartitionId first, PartitionId last) const {
+    const Extent a = extent(first);
+    const Extent b = extent(last);
+    ZINF_ASSERT_LE(a.layout_index, b.layout_index);
+    return b.offset_bytes + b.size_bytes - a.offset_bytes;
+}
+
+bool SwapStore::next_in_layout(PartitionId partition, PartitionId* next) const {
+    const Extent e = extent(partition);
+    if (e.layout_index + 1 >= partitions_.size()) return false;
+    *next = partitions_[e.layout_index + 1].id;
+    return true;
+}
+
+bool SwapStore::is_valid(PartitionId partition) const {
+    const auto it = index_.find(partition);
+    if (it == index_.end() || !committed_) return false;
+    return live_[it->second].state.load(std::memory_order_acquire) == State::kValid;
+}
+
+void SwapStore::invalidate(PartitionId partition) {
+    const Extent e = extent(partition);
+    ZINF_ASSERT(committed_);
+    Live& live = live_[e.layout_index];
+    ZINF_ASSERT(live.state.load() != State::kWriting);
+    ZINF_ASSERT_EQ(live.readers.load(), 0u);
+    live.state.store(State::kEmpty, std::memory_order_release);
+}
+
+Result<std::uint32_t> SwapStore::run_indices(std::span<const PartitionId> partitions) const {
+    if (partitions.empty() || partitions.size() > kMaxRunPartitions) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': a run holds 1 to ",
+                                                kMaxRunPartitions, " partitions, got ",
+                                                partitions.size()));
+    }
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t first, index_of(partitions[0]));
+    for (std::size_t i = 1; i < partitions.size(); ++i) {
+        ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(partitions[i]));
+        if (index != first + i) {
+            return Status::invalid_argument(str_cat(
+                "swap '", name_, "': partitions of a run must be consecutive in the layout; ",
+                partitions[i], " does not follow ", partitions[i - 1]));
+        }
+    }
+    return first;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+Status SwapStore::swap_out(PartitionId partition, std::span<const std::byte> buffer,
+                           SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(partition));
+    return submit_out(index, 1, buffer, handle);
+}
+
+Status SwapStore::swap_out_run(std::span<const PartitionId> partitions,
+                               std::span<const std::byte> buffer, SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t first, run_indices(partitions));
+    return submit_out(first, static_cast<std::uint32_t>(partitions.size()), buffer, handle);
+}
+
+Status SwapStore::swap_in(PartitionId partition, std::span<std::byte> buffer, SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(partition));
+    return submit_in(index, 1, 0, 0, false, buffer, handle);
+}
+
+Status SwapStore::swap_in_run(std::span<const PartitionId> partitions, std::span<std::byte> buffer,
+                              SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t first, run_indices(partitions));
+    return submit_in(first, static_cast<std::uint32_t>(partitions.size()), 0, 0, false, buffer,
+                     handle);
+}
+
+RangeRead SwapStore::range_read(PartitionId partition, std::uint64_t offset_bytes,
+                                std::uint64_t length_bytes) const {
+    const Extent e = extent(partition);
+    ZINF_ASSERT_LE(offset_bytes + length_bytes, e.size_bytes);
+    if (!verify_) return RangeRead{offset_bytes, length_bytes, 0};
+    const std::uint64_t from = align_down(offset_bytes, kSwapBlockBytes);
+    const std::uint64_t to = std::min<std::uint64_t>(
+        align_up(offset_bytes + length_bytes, kSwapBlockBytes), e.size_bytes);
+    return RangeRead{from, to - from, offset_bytes - from};
+}
+
+Status SwapStore::swap_in_range(PartitionId partition, std::uint64_t offset_bytes,
+                                std::uint64_t length_bytes, std::span<std::byte> buffer,
+                                SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(partition));
+    const Partition& p = partitions_[index];
+    if (length_bytes == 0 || offset_bytes > p.size_bytes ||
+        length_bytes > p.size_bytes - offset_bytes) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': range [", offset_bytes, ", +",
+                                                length_bytes, ") outside partition ", partition,
+                                                " of ", p.size_bytes, " bytes"));
+    }
+    const RangeRead r = range_read(partition, offset_bytes, length_bytes);
+    return submit_in(index, 1, r.read_offset_bytes, r.read_length_bytes, true, buffer, handle);
+}
+
+Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
+                             std::span<const std::byte> buffer, SwapHandle& handle) {
+    ZINF_ASSERT(committed_);
+    ZINF_ASSERT(!handle.in_use());
+    ZINF_ASSERT_GT(count, 0u);
+    const Partition& a = partitions_[first];
+    const Partition& b = partitions_[first + count - 1];
+    const std::uint64_t length = b.offset_bytes + b.size_bytes - a.offset_bytes;
+    if (buffer.size() < length) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': swap-out of partition ", a.id,
+                                                " needs a buffer of ", length, " bytes, got ",
+                                                buffer.size()));
+    }
+    // Claim the partitions: from here until wait() none of them is valid on disk.
+    for (std::uint32_t i = first; i < first + count; ++i) {
+        Live& live = live_[i];
+        ZINF_ASSERT_MSG(live.readers.load(std::memory_order_acquire) == 0,
+                        "swap_out of a partition that is being swapped in");
+        const State before = live.state.exchange(State::kWriting, std::memory_order_acq_rel);
+        ZINF_ASSERT_MSG(before != State::kWriting, "two swap-outs of one partition in flight");
+    }
+    if (verify_) {
+        const std::uint64_t t0 = now_ns();
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            const Partition& p = partitions_[i];
+            const std::byte* data = buffer.data() + (p.offset_bytes - a.offset_bytes);
+            std::uint64_t* sums = sums_of(p);
+            for_each_block(p.block_count, [&](std::uint32_t k) {
+                const std::uint64_t from = static_cast<std::uint64_t>(k) * kSwapBlockBytes;
+                const std::uint64_t len =
+                    std::min<std::uint64_t>(kSwapBlockBytes, p.size_bytes - from);
+                sums[k] = XXH3_64bits_withSeed(data + from, len, block_seed(p.id, k));
+            });
+        }
+        checksum_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+        checksum_bytes_.fetch_add(length, std::memory_order_relaxed);
+    }
+    handle.op_ = io::OpKind::kWrite;
+    handle.first_index_ = first;
+    handle.count_ = count;
+    handle.range_ = false;
+    handle.buffer_ = const_cast<std::byte*>(buffer.data());
+    handle.has_sums_io_ = verify_;
+    io::Engine::BatchItem items[2];
+    items[0] = {&handle.data_io_, io::OpKind::kWrite, data_file_, a.offset_bytes,
+                std::span<std::byte>(handle.buffer_, length)};
+    std::size_t n = 1;
+    if (verify_) {
+        const std::uint64_t sums_length =
+            b.sums_offset_bytes + sums_extent_bytes(b.block_count) - a.sums_offset_bytes;
+        items[1] = {&handle.sums_io_, io::OpKind::kWrite, sums_file_, a.sums_offset_bytes,
+                    sums_.span().subspan(a.sums_offset_bytes, sums_length)};
+        n = 2;
+    }
+    const Status s = engine_.submit(std::span<const io::Engine::BatchItem>(items, n));
+    if (!s.is_ok()) {
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            live_[i].state.store(State::kFailed, std::memory_order_release);
+        }
+        return s.with_context(str_cat("swap '", name_, "': swap-out of partition ", a.id));
+    }
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    handle.store_ = this;
+    return Status::ok();
+}
+
+Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint64_t range_offset,
+                            std::uint64_t range_length, bool range, std::span<std::byte> buffer,
+                            SwapHandle& handle) {
+    ZINF_ASSERT(committed_);
+    ZINF_ASSERT(!handle.in_use());
+    ZINF_ASSERT_GT(count, 0u);
+    const Partition& a = partitions_[first];
+    const Partition& b = partitions_[first + count - 1];
+    const std::uint64_t file_offset = a.offset_bytes + (range ? range_offset : 0);
+    const std::uint64_t length =
+        range ? range_length : b.offset_bytes + b.size_bytes - a.offset_bytes;
+    if (buffer.size() < length) {
+        return Status::invalid_argument(str_cat("swap '", name_, "': swap-in of partition ", a.id,
+                                                " needs a buffer of ", length, " bytes, got ",
+                                                buffer.size()));
+    }
+    for (std::uint32_t i = first; i < first + count; ++i) {
+        const State state = live_[i].state.load(std::memory_order_acquire);
+        ZINF_ASSERT_MSG(state != State::kWriting, "swap_in of a partition being swapped out");
+        if (state != State::kValid) {
+            return Status::not_found(str_cat("swap '", name_, "': partition ", partitions_[i].id,
+                                             " has no valid copy on disk (",
+                                             state == State::kEmpty ? "never written or invalidated"
+                                                                    : "its last swap-out failed",
+                                             ")"));
+        }
+    }
+    for (std::uint32_t i = first; i < first + count; ++i) {
+        live_[i].readers.fetch_add(1, std::memory_order_acq_rel);
+    }
+    handle.op_ = io::OpKind::kRead;
+    handle.first_index_ = first;
+    handle.count_ = count;
+    handle.range_ = range;
+    handle.range_offset_bytes_ = range_offset;
+    handle.range_length_bytes_ = range_length;
+    handle.buffer_ = buffer.data();
+    handle.has_sums_io_ = false;
+    const Status s =
+        engine_.submit_read(handle.data_io_, data_file_, file_offset, buffer.first(length));
+    if (!s.is_ok()) {
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            live_[i].readers.fetch_sub(1, std::memory_order_acq_rel);
+        }
+        return s.with_context(str_cat("swap '", name_, "': swap-in of partition ", a.id));
+    }
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    handle.store_ = this;
+    return Status::ok();
+}
+
+Status SwapStore::verify_blocks(const Partition& p, std::uint64_t from_bytes,
+                                std::uint64_t to_bytes, const std::byte* data) noexcept {
+    // `data` holds partition bytes [from_bytes, to_bytes), whole blocks (the last may be short).
+    ZINF_ASSERT(is_aligned(from_bytes, kSwapBlockBytes));
+    ZINF_ASSERT(to_bytes == p.size_bytes || is_aligned(to_bytes, kSwapBlockBytes));
+    const std::uint64_t* sums = sums_of(p);
+    const auto first_block = static_cast<std::uint32_t>(from_bytes / kSwapBlockBytes);
+    const auto block_count =
+        static_cast<std::uint32_t>((to_bytes - from_bytes + kSwapBlockBytes - 1) / kSwapBlockBytes);
+    auto hash_block = [&](std::uint64_t k) {
+        const std::uint64_t at = k * kSwapBlockBytes;
+        const std::uint64_t len = std::min<std::uint64_t>(kSwapBlockBytes, to_bytes - at);
+        return XXH3_64bits_withSeed(data + (at - from_bytes), len, block_seed(p.id, k));
+    };
+    // The first bad block (lowest index) is reported, whichever worker finds one first.
+    std::atomic<std::uint32_t> bad{UINT32_MAX};
+    for_each_block(block_count, [&](std::uint32_t i) {
+        const std::uint32_t k = first_block + i;
+        if (hash_block(k) != sums[k]) [[unlikely]] {
+            std::uint32_t seen = bad.load(std::memory_order_relaxed);
+            while (k < seen && !bad.compare_exchange_weak(seen, k, std::memory_order_relaxed)) {
+            }
+        }
+    });
+    if (const std::uint32_t k_bad = bad.load(); k_bad != UINT32_MAX) [[unlikely]] {
+        const std::uint64_t k = k_bad;
+        const std::uint64_t at = k * kSwapBlockBytes;
+        const std::uint64_t len = std::min<std::uint64_t>(kSwapBlockBytes, to_bytes - at);
+        const std::uint64_t got = hash_block(k);
+        corruptions_.fetch_add(1, std::memory_order_relaxed);
+        return Status::corruption(str_cat(
+            "swap '", name_, "': checksum mismatch in partition ", p.id, " at offset ", at,
+            " (swap block ", k, " of ", p.block_count, ", ", len, " bytes at swap-file offset ",
+            p.offset_bytes + at, " under ", run_dir_.run_paths().front(), "): expected xxh3 ",
+            hex64(sums[k]), ", read ", hex64(got)));
+    }
+    return Status::ok();
+}
+
+Status SwapStore::complete(SwapHandle& handle) {
+    ZINF_ASSERT(handle.store_ == this);
+    Status status = handle.data_io_.wait();
+    if (handle.has_sums_io_) {
+        Status sums_status = handle.sums_io_.wait();
+        if (status.is_ok()) status = std::move(sums_status);
+    }
+    const std::uint32_t first = handle.first_index_;
+    const std::uint32_t count = handle.count_;
+    const Partition& a = partitions_[first];
+    const Partition& b = partitions_[first + count - 1];
+    if (handle.op_ == io::OpKind::kWrite) {
+        // Only now, with every byte (and its checksums) acknowledged, is the copy valid.
+        const State state = status.is_ok() ? State::kValid : State::kFailed;
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            ZINF_ASSERT(live_[i].state.load() == State::kWriting);
+            live_[i].state.store(state, std::memory_order_release);
+        }
+        if (status.is_ok()) {
+            bytes_out_.fetch_add(b.offset_bytes + b.size_bytes - a.offset_bytes,
+                                 std::memory_order_relaxed);
+        }
+    } else {
+        if (status.is_ok() && verify_) {
+            const std::uint64_t t0 = now_ns();
+            std::uint64_t hashed = 0;
+            if (handle.range_) {
+                status = verify_blocks(a, handle.range_offset_bytes_,
+                                       handle.range_offset_bytes_ + handle.range_length_bytes_,
+                                       handle.buffer_);
+                hashed = handle.range_length_bytes_;
+            } else {
+                for (std::uint32_t i = first; i < first + count && status.is_ok(); ++i) {
+                    const Partition& p = partitions_[i];
+                    status = verify_blocks(p, 0, p.size_bytes,
+                                           handle.buffer_ + (p.offset_bytes - a.offset_bytes));
+                    hashed += p.size_bytes;
+                }
+            }
+            checksum_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+            checksum_bytes_.fetch_add(hashed, std::memory_order_relaxed);
+        }
+        if (status.is_ok()) bytes_in_.fetch_add(handle.data_io_.bytes(), std::memory_order_relaxed);
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            const std::uint32_t before = live_[i].readers.fetch_sub(1, std::memory_order_acq_rel);
+            ZINF_ASSERT_GT(before, 0u);
+        }
+    }
+    handle.store_ = nullptr;
+    in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    if (!status.is_ok() && status.code() != StatusCode::kCorruption) {
+        return status.with_context(str_cat(
+            "swap '", name_, "': ", handle.op_ == io::OpKind::kWrite ? "swap-out" : "swap-in",
+            " of partition ", a.id, count > 1 ? str_cat(" and ", count - 1, " following") : ""));
+    }
+    return status;
+}
+
+SwapStoreStats SwapStore::stats() const noexcept {
+    SwapStoreStats s;
+    s.bytes_swapped_out = bytes_out_.load(std::memory_order_relaxed);
+    s.bytes_swapped_in = bytes_in_.load(std::memory_order_relaxed);
+    s.checksum_bytes = checksum_bytes_.load(std::memory_order_relaxed);
+    s.checksum_ns = checksum_ns_.load(std::memory_order_relaxed);
+    s.corruptions = corruptions_.load(std::memory_order_relaxed);
+    return s;
+}
+
+void SwapStore::reset_stats() noexcept {
+    bytes_out_.store(0);
+    bytes_in_.store(0);
+    checksum_bytes_.store(0);
+    checksum_ns_.store(0);
+    corruptions_.store(0);
+}
+
+}  // namespace zinf::swap

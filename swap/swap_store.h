@@ -1,0 +1,264 @@
+// SwapStore: where partitions live on disk. It lays each partition out as an extent of one
+// logical swap file (striped by io::Engine over the `nvme_path`s, inside a locked per-run
+// directory), checksums every swap block of a partition on the way out and verifies it on the
+// way in, and tracks which partitions have a valid copy on disk. It knows bytes, never ranks or
+// models, and makes no data-I/O syscalls itself: everything goes through io::Engine.
+//
+// Layout. Partitions are laid out in reserve() order, each at a kExtentAlignmentBytes-aligned
+// offset, so consecutive partitions are adjacent and a run of them moves in one engine
+// operation (see swap_out_run). Every kSwapBlockBytes of a partition (partition-relative; the
+// last block may be short) has an XXH3-64 checksum, seeded with the partition id and block
+// index so that a block written to the wrong place also fails. The checksums are kept in memory
+// (the copy that is trusted) and written beside the data, into "swap.xxh3" in the run directory,
+// at an aligned extent per partition laid out in the same order, so that a run's checksums go
+// out in one write too. Both files live as long as the store.
+//
+// Lifecycle: create() -> reserve()* -> commit() -> swap_out / swap_in ... -> destruction (removes
+// the files and the run directory).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "io/engine.h"
+#include "src/base/aligned.h"
+#include "src/base/config.h"
+#include "src/base/status.h"
+#include "swap/run_dir.h"
+
+namespace zinf::swap {
+
+using PartitionId = std::uint32_t;
+
+// The checksum unit. 64 KiB: large enough that XXH3 runs at memory speed and the table is
+// 1/8192 of the data (3 MB for 24 GB), small enough that a verified sub-range read reads at most
+// two extra blocks (128 KiB) beyond the bytes asked for.
+inline constexpr std::size_t kSwapBlockBytes = 64 * 1024;
+// Every extent (data and checksums) starts at a multiple of this: the largest O_DIRECT logical
+// block size we expect (512 B here, 4 KiB on 4Kn drives).
+inline constexpr std::size_t kExtentAlignmentBytes = 4096;
+static_assert(kSwapBlockBytes % kExtentAlignmentBytes == 0);
+// The most partitions one run (one engine operation) may carry.
+inline constexpr std::size_t kMaxRunPartitions = 256;
+
+struct SwapStoreOptions {
+    std::vector<std::string> paths;  // `nvme_path`: the base directories, one stripe each
+    bool verify_checksums = true;    // `swap.verify_checksums`: compute, write and verify them
+    // Bytes per stripe chunk over several paths; 0: the engine's aio.block_size.
+    std::uint64_t stripe_chunk_bytes = 0;
+    std::string name = "swap";  // named in messages ("optimizer", "params")
+
+    // The `nvme_path` of an offload section and the `swap` block.
+    static SwapStoreOptions from_config(const std::vector<std::string>& nvme_path,
+                                        const config::SwapConfig& swap, std::string name);
+};
+
+struct SwapStoreStats {
+    std::uint64_t bytes_swapped_out = 0;
+    std::uint64_t bytes_swapped_in = 0;
+    std::uint64_t checksum_bytes = 0;  // hashed, out and in
+    std::uint64_t checksum_ns = 0;     // time spent hashing and comparing
+    std::uint64_t corruptions = 0;
+};
+
+// Where a partition lives in the swap file.
+struct Extent {
+    std::uint64_t offset_bytes = 0;  // in the logical swap file, kExtentAlignmentBytes-aligned
+    std::uint64_t size_bytes = 0;    // the partition's bytes
+    std::uint32_t layout_index = 0;  // position in reserve() order
+};
+
+// The span a sub-range read transfers: the range widened to whole swap blocks when checksums
+// are verified. The caller's buffer holds read_length_bytes; the bytes asked for start at
+// skip_bytes in it.
+struct RangeRead {
+    std::uint64_t read_offset_bytes = 0;  // partition-relative
+    std::uint64_t read_length_bytes = 0;
+    std::uint64_t skip_bytes = 0;
+};
+
+class SwapStore;
+
+// The caller's handle on one swap operation (one partition, or a run of adjacent ones). Owned
+// by the caller; must stay alive, with its buffer, until wait() has returned. Completing it
+// (wait) is what marks written partitions valid and verifies read ones: every started operation
+// must be waited for, exactly once (asserted by the destructor). Poll with done() from any
+// thread; wait from one.
+class SwapHandle {
+public:
+    SwapHandle() = default;
+    ~SwapHandle();
+    SwapHandle(const SwapHandle&) = delete;
+    SwapHandle& operator=(const SwapHandle&) = delete;
+
+    // True when the transfer has finished (wait() will then not block); never blocks.
+    bool done() const noexcept;
+    // Blocks until the transfer finishes, then completes the operation: a swap-out marks its
+    // partitions valid on success (and leaves them invalid on any error); a swap-in verifies the
+    // checksums. Returns the operation's status: the engine's error (kIo, kNoSpace, ... naming
+    // file, offset and length) with the partitions as context, or kCorruption naming the
+    // partition and the offset of the bad block. Never allocates on success.
+    Status wait();
+    // Blocks until the transfer has finished, without completing the operation (no validity,
+    // no verification): lets a pipeline start its next read before it verifies this one.
+    // wait() must still follow.
+    void wait_transfer() noexcept;
+    // True between a successful submit and the return of wait().
+    bool in_use() const noexcept { return store_ != nullptr; }
+
+private:
+    friend class SwapStore;
+    SwapStore* store_ = nullptr;
+    io::OpKind op_ = io::OpKind::kRead;
+    std::uint32_t first_index_ = 0;  // layout index of the first partition
+    std::uint32_t count_ = 0;        // partitions in the run
+    bool has_sums_io_ = false;
+    // Sub-range read: what was read and where it sits (count_ == 1).
+    bool range_ = false;
+    std::uint64_t range_offset_bytes_ = 0;
+    std::uint64_t range_length_bytes_ = 0;
+    std::byte* buffer_ = nullptr;
+    io::IoHandle data_io_;
+    io::IoHandle sums_io_;
+};
+
+class SwapStore {
+public:
+    // Locks the base paths and creates this run's directory (see RunDir; a second run on the
+    // same path is refused with kBusy naming the directory and the holder's pid). The engine
+    // must outlive the store. Init only: allocates.
+    static Result<std::unique_ptr<SwapStore>> create(io::Engine& engine,
+                                                     const SwapStoreOptions& options);
+    // Preconditions (asserted): no operation in flight. Closes the files, removes the run dir.
+    ~SwapStore();
+    SwapStore(const SwapStore&) = delete;
+    SwapStore& operator=(const SwapStore&) = delete;
+
+    // Declares a partition of size_bytes (> 0) before commit(). Errors: kInvalidArgument for a
+    // duplicate id, a zero size, or a call after commit(). Single-threaded, init only.
+    Status reserve(PartitionId partition, std::uint64_t size_bytes);
+    // Fixes the layout, checks the free space of every path (kNoSpace stating bytes needed and
+    // bytes free, before anything is written), creates the files exclusively with mode 0600
+    // and preallocates them. Init only.
+    Status commit();
+    bool committed() const noexcept { return committed_; }
+
+    // Asynchronous swap-out of one partition from `buffer` (size_bytes of the partition; aligned
+    // to the file's alignment for O_DIRECT, otherwise the engine takes the buffered path).
+    // Hashes the blocks on the calling thread, then submits; the partition is invalid from
+    // now until wait() reports success. Preconditions (asserted): committed, no other
+    // operation on the partition in flight, handle not in use. Errors at submit: kNotFound for
+    // an unknown partition, the engine's submit errors. Thread-safe for distinct partitions.
+    Status swap_out(PartitionId partition, std::span<const std::byte> buffer, SwapHandle& handle);
+    // Asynchronous swap-in of the whole partition into `buffer` (at least size_bytes). Errors
+    // at submit: kNotFound for an unknown partition or one without a valid copy on disk.
+    // Concurrent swap-ins of one partition are allowed; a swap-out concurrent with them is not.
+    Status swap_in(PartitionId partition, std::span<std::byte> buffer, SwapHandle& handle);
+    // Reads [offset_bytes, offset_bytes + length_bytes) of a partition. With checksums the
+    // store reads whole swap blocks: size `buffer` with range_read(); the asked-for bytes start
+    // at range_read().skip_bytes in it. kInvalidArgument for a range outside the partition.
+    Status swap_in_range(PartitionId partition, std::uint64_t offset_bytes,
+                         std::uint64_t length_bytes, std::span<std::byte> buffer,
+                         SwapHandle& handle);
+    RangeRead range_read(PartitionId partition, std::uint64_t offset_bytes,
+                         std::uint64_t length_bytes) const;
+
+    // Runs: partitions that are consecutive in the layout move in one engine operation. The
+    // buffer holds each partition at (extent offset − first extent offset), i.e. run_bytes()
+    // bytes with the alignment padding between them. Preconditions as for one partition;
+    // kInvalidArgument when the ids are not consecutive in layout order or exceed
+    // kMaxRunPartitions.
+    Status swap_out_run(std::span<const PartitionId> partitions, std::span<const std::byte> buffer,
+                        SwapHandle& handle);
+    Status swap_in_run(std::span<const PartitionId> partitions, std::span<std::byte> buffer,
+                       SwapHandle& handle);
+
+    // Layout queries (after reserve; offsets final after commit). Never allocate.
+    bool contains(PartitionId partition) const noexcept;
+    Extent extent(PartitionId partition) const;  // asserts contains()
+    // Bytes of a run buffer for partitions [first, last] in layout order (both included).
+    std::uint64_t run_bytes(PartitionId first, PartitionId last) const;
+    // The partition right after `partition` in the layout, if any.
+    bool next_in_layout(PartitionId partition, PartitionId* next) const;
+    // True when the last swap-out of the partition completed successfully.
+    bool is_valid(PartitionId partition) const;
+    // Forgets the disk copy (e.g. the tier layer holds a newer one); it will not be read.
+    void invalidate(PartitionId partition);
+
+    std::size_t partition_count() const noexcept { return partitions_.size(); }
+    std::uint64_t data_bytes() const noexcept { return data_bytes_; }
+    bool verify_checksums() const noexcept { return verify_; }
+    const std::string& name() const noexcept { return name_; }
+    // The stripes of the data file (tests flip bytes in them) and the run directories.
+    std::vector<std::string> data_file_paths() const { return run_dir_.file_paths(kDataFileName); }
+    const RunDir& run_dir() const noexcept { return run_dir_; }
+    io::Engine& engine() noexcept { return engine_; }
+    SwapStoreStats stats() const noexcept;
+    void reset_stats() noexcept;
+
+    static constexpr std::string_view kDataFileName = "swap.data";
+    static constexpr std::string_view kSumsFileName = "swap.xxh3";
+
+private:
+    friend class SwapHandle;
+    enum class State : std::uint8_t { kEmpty, kWriting, kValid, kFailed };
+    struct Partition {
+        PartitionId id = 0;
+        std::uint64_t size_bytes = 0;
+        std::uint64_t offset_bytes = 0;       // data file
+        std::uint64_t sums_offset_bytes = 0;  // checksum file and table
+        std::uint32_t block_count = 0;
+    };
+    struct Live {  // per-partition state touched by concurrent operations
+        std::atomic<State> state{State::kEmpty};
+        std::atomic<std::uint32_t> readers{0};
+    };
+
+    SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions& options);
+    Result<std::uint32_t> index_of(PartitionId partition) const;
+    Result<std::uint32_t> run_indices(std::span<const PartitionId> partitions) const;
+    Status submit_out(std::uint32_t first, std::uint32_t count, std::span<const std::byte> buffer,
+                      SwapHandle& handle);
+    Status submit_in(std::uint32_t first, std::uint32_t count, std::uint64_t range_offset,
+                     std::uint64_t range_length, bool range, std::span<std::byte> buffer,
+                     SwapHandle& handle);
+    Status complete(SwapHandle& handle);
+    Status verify_blocks(const Partition& p, std::uint64_t from_bytes, std::uint64_t to_bytes,
+                         const std::byte* data) noexcept;
+    std::uint64_t* sums_of(const Partition& p) noexcept {
+        return reinterpret_cast<std::uint64_t*>(sums_.data() + p.sums_offset_bytes);
+    }
+    Status space_check() const;
+
+    io::Engine& engine_;
+    RunDir run_dir_;
+    std::string name_;
+    bool verify_ = true;
+    std::uint64_t stripe_chunk_bytes_ = 0;
+    bool committed_ = false;
+    std::vector<Partition> partitions_;                     // layout order
+    std::unordered_map<PartitionId, std::uint32_t> index_;  // id -> layout index
+    std::unique_ptr<Live[]> live_;
+    std::uint64_t data_bytes_ = 0;
+    std::uint64_t sums_bytes_ = 0;
+    AlignedBuffer sums_;  // the trusted checksums, laid out like the checksum file
+    io::FileId data_file_ = 0;
+    io::FileId sums_file_ = 0;
+    bool files_open_ = false;
+    std::atomic<std::uint32_t> in_flight_{0};
+
+    std::atomic<std::uint64_t> bytes_out_{0};
+    std::atomic<std::uint64_t> bytes_in_{0};
+    std::atomic<std::uint64_t> checksum_bytes_{0};
+    std::atomic<std::uint64_t> checksum_ns_{0};
+    std::atomic<std::uint64_t> corruptions_{0};
+};
+
+}  // namespace zinf::swap
