@@ -1,0 +1,211 @@
+// EngineMover: partitions at fixed offsets of one engine file; host ↔ device through a stream.
+#include "src/tier/engine_mover.h"
+
+#include <algorithm>
+
+#include "src/base/aligned.h"
+#include "src/base/log.h"
+
+namespace zinf::tier {
+
+Result<std::unique_ptr<EngineMover>> EngineMover::create(io::Engine& engine, Device* device,
+                                                         std::span<std::byte> host_region,
+                                                         const EngineMoverOptions& options) {
+    if (options.path.empty()) return Status::invalid_argument("engine mover: no swap file path");
+    if (options.max_in_flight == 0)
+        return Status::invalid_argument("engine mover: max_in_flight must be > 0");
+    if (!is_aligned(host_region.data(), kDefaultHostAlignmentBytes)) {
+        return Status::invalid_argument("engine mover: the host region is not 4096-byte aligned");
+    }
+    std::unique_ptr<EngineMover> mover(new EngineMover(engine, device, host_region, options));
+    io::FileOptions file_options;
+    file_options.create = options.create_file;
+    file_options.exclusive = options.create_file;
+    file_options.mode = 0600;
+    file_options.preallocate_bytes = options.capacity_bytes;
+    ZINF_ASSIGN_OR_RETURN(mover->file_, engine.open(options.path, file_options));
+    mover->file_open_ = true;
+    // Buffers, offsets and lengths of O_DIRECT transfers are aligned to the larger of the file's
+    // logical block size (queried by the engine) and a page (4Kn drives, and huge-page friendly).
+    mover->alignment_bytes_ =
+        std::max(kDefaultHostAlignmentBytes, engine.alignment_bytes(mover->file_));
+    if (!is_aligned(host_region.data(), mover->alignment_bytes_)) {
+        return Status::invalid_argument(str_cat("engine mover: the host region is not aligned to ",
+                                                mover->alignment_bytes_, " bytes"));
+    }
+    if (!host_region.empty()) {
+        const Status registered = engine.register_buffers(host_region);
+        if (!registered.is_ok()) {
+            log::warning(
+                "engine mover: host region not registered with the I/O engine (plain opcodes): ",
+                registered.to_string());
+        }
+    }
+    if (device != nullptr) {
+        ZINF_ASSIGN_OR_RETURN(mover->stream_, device->create_stream());
+        if (!host_region.empty()) {
+            ZINF_TRY(device->register_host_memory(host_region)
+                         .with_context("engine mover: registering the host region"));
+            mover->device_registered_ = true;
+        }
+    }
+    return mover;
+}
+
+EngineMover::EngineMover(io::Engine& engine, Device* device, std::span<std::byte> host_region,
+                         const EngineMoverOptions& options)
+    : engine_(engine),
+      device_(device),
+      host_region_(host_region),
+      options_(options),
+      slots_(new Slot[options.max_in_flight]) {
+    free_slots_.reserve(options.max_in_flight);
+    for (std::size_t i = options.max_in_flight; i > 0; --i)
+        free_slots_.push_back(static_cast<MoveToken>(i - 1));
+}
+
+EngineMover::~EngineMover() {
+    ZINF_ASSERT_EQ(free_slots_.size(), options_.max_in_flight);
+    if (device_registered_) {
+        const Status s = device_->unregister_host_memory(host_region_.data());
+        if (!s.is_ok()) log::warning("engine mover: ", s.to_string());
+    }
+    if (file_open_) {
+        const Status s = engine_.close(file_);
+        if (!s.is_ok()) log::warning("engine mover: closing ", options_.path, ": ", s.to_string());
+    }
+}
+
+Status EngineMover::reserve(PartitionId id, std::size_t size_bytes) {
+    if (size_bytes == 0)
+        return Status::invalid_argument(str_cat("engine mover: partition ", id, " has size 0"));
+    if (id >= offsets_.size()) offsets_.resize(static_cast<std::size_t>(id) + 1, kNoOffset);
+    if (offsets_[id] != kNoOffset) {
+        return Status::invalid_argument(str_cat("engine mover: partition ", id, " reserved twice"));
+    }
+    const std::uint64_t length = align_up(size_bytes, alignment_bytes_);
+    if (next_offset_bytes_ + length > options_.capacity_bytes) {
+        return Status::no_space(str_cat("engine mover: ", options_.path, ": partition ", id, " (",
+                                        size_bytes, " bytes) does not fit: ", next_offset_bytes_,
+                                        " of ", options_.capacity_bytes, " bytes reserved"));
+    }
+    offsets_[id] = next_offset_bytes_;
+    next_offset_bytes_ += length;
+    return Status::ok();
+}
+
+std::uint64_t EngineMover::offset_of(PartitionId id) const {
+    ZINF_ASSERT_LT(id, offsets_.size());
+    ZINF_ASSERT_NE(offsets_[id], kNoOffset);
+    return offsets_[id];
+}
+
+EngineMover::Slot& EngineMover::slot(MoveToken token) {
+    ZINF_ASSERT_LT(token, options_.max_in_flight);
+    Slot& s = slots_[token];
+    ZINF_ASSERT(s.busy);
+    return s;
+}
+
+void EngineMover::free_slot(MoveToken token) noexcept {
+    Slot& s = slots_[token];
+    ZINF_ASSERT(s.busy);
+    s.busy = false;
+    ZINF_ASSERT_LT(free_slots_.size(), free_slots_.capacity());  // reserved: never reallocates
+    free_slots_.push_back(token);
+}
+
+Status EngineMover::failed(const Slot& s, const Status& status) const {
+    return status.with_context(
+        str_cat("partition ", s.id, ": ", move_kind_name(s.kind), " (", s.size_bytes, " bytes)"));
+}
+
+Result<MoveToken> EngineMover::start(const Move& move) noexcept {
+    ZINF_ASSERT(move.host != nullptr);
+    ZINF_ASSERT_GT(move.size_bytes, 0u);
+    const std::size_t length = align_up(move.size_bytes, alignment_bytes_);
+    // The host buffer lies inside the region and is aligned (asserted here and, for NVMe
+    // moves, again by the engine at submission).
+    ZINF_ASSERT(move.host >= host_region_.data());
+    ZINF_ASSERT_LE(move.host + length, host_region_.data() + host_region_.size());
+    ZINF_ASSERT(is_aligned(move.host, alignment_bytes_));
+    if (free_slots_.empty()) return Status::busy("engine mover: every move slot is in flight");
+    const MoveToken token = free_slots_.back();
+    free_slots_.pop_back();
+    Slot& s = slots_[token];
+    ZINF_ASSERT(!s.busy);
+    s.busy = true;
+    s.kind = move.kind;
+    s.id = move.id;
+    s.size_bytes = move.size_bytes;
+    Status started;
+    switch (move.kind) {
+        case MoveKind::kSwapIn:
+            started = engine_.submit_read(s.io, file_, offset_of(move.id),
+                                          std::span<std::byte>(move.host, length));
+            break;
+        case MoveKind::kSwapOut:
+            started = engine_.submit_write(s.io, file_, offset_of(move.id),
+                                           std::span<const std::byte>(move.host, length));
+            break;
+        case MoveKind::kToDevice:
+        case MoveKind::kToHost: {
+            ZINF_ASSERT(device_ != nullptr);
+            ZINF_ASSERT(move.device != nullptr);
+            started =
+                move.kind == MoveKind::kToDevice
+                    ? device_->copy_to_device(move.device, move.host, move.size_bytes, stream_)
+                    : device_->copy_to_host(move.host, move.device, move.size_bytes, stream_);
+            if (started.is_ok()) {
+                Result<EventId> event = device_->record_event(stream_);
+                if (event.has_value()) {
+                    s.event = *event;
+                } else {
+                    // The copy is queued but cannot be tracked: wait for it here rather than
+                    // hand back a buffer the device may still read or write.
+                    (void)device_->synchronize(stream_);
+                    started = event.error();
+                }
+            }
+            break;
+        }
+    }
+    if (!started.is_ok()) {
+        free_slot(token);
+        return failed(s, started);
+    }
+    return token;
+}
+
+Result<bool> EngineMover::poll(MoveToken token) noexcept {
+    Slot& s = slot(token);
+    Status status;
+    if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
+        if (!s.io.done()) return false;
+        status = s.io.wait();  // done: returns at once
+    } else {
+        Result<bool> done = device_->event_done(s.event);
+        if (done.has_value() && !*done) return false;
+        status = done.status();
+        device_->release_event(s.event);
+    }
+    free_slot(token);
+    if (!status.is_ok()) return failed(s, status);
+    return true;
+}
+
+Status EngineMover::wait(MoveToken token) noexcept {
+    Slot& s = slot(token);
+    Status status;
+    if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
+        status = s.io.wait();
+    } else {
+        status = device_->synchronize_event(s.event);
+        device_->release_event(s.event);
+    }
+    free_slot(token);
+    if (!status.is_ok()) return failed(s, status);
+    return status;
+}
+
+}  // namespace zinf::tier
