@@ -21,6 +21,11 @@ if(NOT _zinf_cuda_mode STREQUAL "OFF")
       # sm_90 is the H200 the GPU check runs on; override with -DCMAKE_CUDA_ARCHITECTURES.
       set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures")
     endif()
+    # One CUDA runtime per process, the shared libcudart that CUDA::cudart names: CMake's default
+    # would also link the static copy into every executable that links a CUDA object.
+    if(NOT DEFINED CMAKE_CUDA_RUNTIME_LIBRARY)
+      set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(ZINF_CUDA_ENABLED ON)

@@ -1,0 +1,35 @@
+// The Adam / AdamW step on the GPU, for partitions whose optimizer states stay in device memory.
+// The math is PyTorch's (torch.optim.Adam / AdamW) and DeepSpeed's: bias-corrected moments,
+// decoupled weight decay in AdamW mode, L2 added to the gradient otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/stream.h"
+#include "src/base/dtype.h"
+#include "src/base/status.h"
+
+namespace zinf::kernels::cuda {
+
+struct AdamStepParams {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0.0f;
+    bool adam_w_mode = true;  // decoupled weight decay (AdamW); false: L2 added to the gradient
+    std::int64_t step = 1;    // 1-based count of this step, for bias correction
+    float grad_scale = 1.0f;  // multiplies each gradient first (1 / loss scale, clipping factor)
+};
+
+// One step over `numel` elements, in place on device memory: fp32 `params`, `exp_avg` and
+// `exp_avg_sq`; `grads` of dtype `grad_dtype`. When `param_copy` is not null, the updated
+// parameters are also written there as `param_copy_dtype` (the bf16/fp16 working copy the model
+// reads). All buffers have numel elements and do not overlap. Asynchronous on `stream`; numel 0
+// launches nothing; does not block or allocate. Returns kCuda when the launch fails.
+Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
+                 float* exp_avg_sq, std::size_t numel, const AdamStepParams& step_params,
+                 void* param_copy, DType param_copy_dtype, Stream stream);
+
+}  // namespace zinf::kernels::cuda
