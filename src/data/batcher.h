@@ -1,0 +1,55 @@
+// Batcher: cuts a DataSource into batches, in a seeded per-epoch shuffled order (or in file
+// order), and gathers each batch into caller-provided host buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/data/dataset.h"
+
+namespace zinf::data {
+
+struct BatcherOptions {
+    std::size_t batch_rows = 128;
+    bool shuffle = true;
+    // Drop the last batch of an epoch when it has fewer than batch_rows samples.
+    bool drop_last = true;
+    std::uint64_t seed = 1234;
+};
+
+// The permutation of epoch e is a Fisher-Yates shuffle (i from count-1 down to 1, swap i with
+// j = (r * (i + 1)) >> 64) whose 64-bit words r are
+//   r_i = v0 | v1 << 32 of philox4x32_10({i, 0, e low, e high}, key(mix64(seed ^ 'SHUFFLE')))
+// so it depends only on (seed, e, count), on every platform and standard library.
+class Batcher {
+public:
+    // Borrows `source` (it outlives the Batcher). Allocates the permutation (count indices)
+    // once and starts epoch 0. Errors: kInvalidArgument for batch_rows 0, or a source with no
+    // sample or too few for one batch under drop_last.
+    static Result<Batcher> create(const DataSource& source, const BatcherOptions& options);
+
+    // Computes the order of `epoch` (in place: allocates nothing).
+    void start_epoch(std::uint64_t epoch);
+    std::uint64_t epoch() const noexcept { return epoch_; }
+    std::size_t batches_per_epoch() const noexcept;
+    // The sample indices of batch `batch_index` of the current epoch.
+    std::span<const std::uint32_t> batch_indices(std::size_t batch_index) const;
+    // Gathers batch `batch_index` into inputs (at least batch_rows x features) and labels (at
+    // least batch_rows); returns the rows written (batch_rows, or fewer for a last partial
+    // batch). Allocates nothing.
+    std::size_t fill(std::size_t batch_index, std::span<float> inputs,
+                     std::span<std::int32_t> labels) const;
+
+private:
+    Batcher(const DataSource& source, const BatcherOptions& options) noexcept
+        : source_(&source), options_(options) {}
+    const DataSource* source_;
+    BatcherOptions options_;
+    std::vector<std::uint32_t> order_;
+    std::uint64_t epoch_ = 0;
+};
+
+}  // namespace zinf::data
