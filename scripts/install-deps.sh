@@ -10,6 +10,8 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   fio util-linux procps
   dataset-fashion-mnist
+  # MPI: the NCCL bootstrap for several ranks (zero/nccl_mpi_bootstrap) and, later, CPU ranks.
+  libopenmpi-dev
 )
 
 missing=()

@@ -432,6 +432,75 @@ Status read_scheduler(const Json& object, const std::string& path,
     return Status::ok();
 }
 
+Status read_model(const Json& object, const std::string& path, std::vector<std::string>& warnings,
+                  ModelConfig& m) {
+    ObjectReader r(object, path, warnings, {});
+    std::string type = "mlp";
+    ZINF_TRY(r.get_enum("type", type, {"mlp"}));
+    m.type = ModelType::kMlp;
+    if (const Json* layers = r.find("layers")) {
+        bool ok = layers->is_array() && layers->size() >= 2;
+        std::vector<std::uint64_t> sizes;
+        if (ok) {
+            for (const auto& item : *layers) {
+                if (!item.is_number_integer() && !item.is_number_unsigned()) {
+                    ok = false;
+                    break;
+                }
+                const auto v = item.get<std::int64_t>();
+                if (v < 1 || v > (std::int64_t{1} << 31)) {
+                    ok = false;
+                    break;
+                }
+                sizes.push_back(static_cast<std::uint64_t>(v));
+            }
+        }
+        if (!ok) {
+            return Status::invalid_argument(str_cat(
+                r.path_of("layers"),
+                ": expected a list of at least two integers in [1, 2^31] (input, hidden..., "
+                "classes), got ",
+                layers->dump()));
+        }
+        m.layers = std::move(sizes);
+    }
+    ZINF_TRY(r.get_enum("activation", m.activation, {"relu", "gelu"}));
+    ZINF_TRY(r.get_double("dropout", m.dropout, 0.0, 0.999));
+    ZINF_TRY(r.get_bool("layernorm", m.layernorm));
+    return r.finish();
+}
+
+Status read_data(const Json& object, const std::string& path, std::vector<std::string>& warnings,
+                 DataConfig& d) {
+    ObjectReader r(object, path, warnings, {});
+    ZINF_TRY(r.get_enum("dataset", d.dataset, {"fashion-mnist", "synthetic"}));
+    if (const Json* p = r.find("path")) {
+        if (!p->is_string() || p->get<std::string>().empty()) {
+            return Status::invalid_argument(
+                str_cat(r.path_of("path"), ": expected a non-empty path string, got ", p->dump()));
+        }
+        d.path = p->get<std::string>();
+    }
+    ZINF_TRY(r.get_int(std::string_view("epochs"), d.epochs, 1, 1'000'000));
+    ZINF_TRY(r.get_int(std::string_view("max_steps"), d.max_steps, 0, kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("synthetic_samples"), d.synthetic_samples, 1,
+                       std::int64_t{1} << 32));
+    ZINF_TRY(r.get_bool("shuffle", d.shuffle));
+    return r.finish();
+}
+
+Status read_device(const Json& object, const std::string& path, std::vector<std::string>& warnings,
+                   DeviceConfig& d) {
+    ObjectReader r(object, path, warnings, {});
+    ZINF_TRY(r.get_enum("type", d.type, {"cpu", "cuda"}));
+    ZINF_TRY(r.get_int(std::string_view("memory_budget"), d.memory_budget_bytes, 1 << 20,
+                       kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("local_rank"), d.local_rank, 0, 1023));
+    ZINF_TRY(r.get_int(std::string_view("host_memory_budget"), d.host_memory_budget_bytes, 0,
+                       kMaxCount));
+    return r.finish();
+}
+
 Status resolve_batch(const Json& root, int world_size, BatchConfig& b) {
     auto read = [&](const char* key, std::uint64_t& out, bool& present) -> Status {
         present = false;
@@ -589,6 +658,12 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
         ZINF_TRY(s.get_bool("verify_checksums", c.swap.verify_checksums));
         ZINF_TRY(s.finish());
     }
+    ZINF_TRY(r.get_object("model", sub));
+    if (sub != nullptr) ZINF_TRY(read_model(*sub, "model", c.warnings, c.model));
+    ZINF_TRY(r.get_object("data", sub));
+    if (sub != nullptr) ZINF_TRY(read_data(*sub, "data", c.warnings, c.data));
+    ZINF_TRY(r.get_object("device", sub));
+    if (sub != nullptr) ZINF_TRY(read_device(*sub, "device", c.warnings, c.device));
     ZINF_TRY(r.get_object("cpu_optimizer", sub));
     if (sub != nullptr) {
         ObjectReader s(*sub, "cpu_optimizer", c.warnings, {});
@@ -609,6 +684,7 @@ Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
     EngineConfig config;
     Status status = read_root(root, options, config);
     if (!status.is_ok()) return status.with_context(source_name);
+    config.canonical_json = root.dump();  // nlohmann's object keeps keys sorted
     if (options.log_warnings) {
         for (const auto& w : config.warnings) log::warn_once(w, str_cat(source_name, ": ", w));
     }

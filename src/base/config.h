@@ -119,6 +119,35 @@ struct CpuOptimizerConfig {
     int threads = 0;           // 0: all cores
 };
 
+// zinfinity's `model` block: the model zinfinity-train builds (the module library, src/model).
+enum class ModelType : std::uint8_t { kMlp };
+struct ModelConfig {
+    ModelType type = ModelType::kMlp;
+    std::vector<std::uint64_t> layers = {784, 1024, 1024, 10};  // input, hidden..., classes
+    std::string activation = "relu";                             // relu | gelu
+    double dropout = 0.0;                                        // in [0, 1)
+    bool layernorm = false;
+};
+
+// zinfinity's `data` block: what zinfinity-train trains on.
+struct DataConfig {
+    std::string dataset = "fashion-mnist";  // fashion-mnist | synthetic
+    std::string path = "/usr/share/datasets/fashion-mnist";
+    std::uint64_t epochs = 1;
+    std::uint64_t max_steps = 0;  // optimizer steps; 0: no limit (epochs decide)
+    std::uint64_t synthetic_samples = 10000;
+    bool shuffle = true;
+};
+
+// zinfinity's `device` block: where compute runs and how much device memory it may hold.
+struct DeviceConfig {
+    std::string type = "cpu";                     // cpu | cuda
+    std::uint64_t memory_budget_bytes = 4ULL << 30;  // `memory_budget`, bytes
+    int local_rank = 0;
+    // `host_memory_budget`, bytes: pinned/host budget for offloaded states (0: unlimited).
+    std::uint64_t host_memory_budget_bytes = 0;
+};
+
 // Batch arithmetic, resolved: all three set and consistent after load.
 struct BatchConfig {
     std::uint64_t train_batch_size = 0;
@@ -136,9 +165,15 @@ struct EngineConfig {
     SwapConfig swap;
     CpuOptimizerConfig cpu_optimizer;
     BatchConfig batch;
+    ModelConfig model;
+    DataConfig data;
+    DeviceConfig device;
     double gradient_clipping = 0.0;  // 0: off
     std::uint64_t steps_per_print = 10;
     std::uint64_t seed = 1234;
+    // The configuration as loaded (after --set overrides), compact JSON with sorted keys: what a
+    // checkpoint's config digest is computed over.
+    std::string canonical_json;
     // Warnings met while loading (DeepSpeed keys that zinfinity does not implement), already logged.
     std::vector<std::string> warnings;
 };

@@ -190,3 +190,59 @@ TEST(ConfigTest, EditDistance) {
 
 }  // namespace
 }  // namespace zinf::config
+
+namespace zinf::config {
+namespace {
+
+TEST(ConfigTest, ModelDataDeviceDefaultsAndValues) {
+    auto d = load_text("{}");
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(d->model.layers, (std::vector<std::uint64_t>{784, 1024, 1024, 10}));
+    EXPECT_EQ(d->data.dataset, "fashion-mnist");
+    EXPECT_EQ(d->device.type, "cpu");
+    EXPECT_FALSE(d->canonical_json.empty());
+    auto c = load_text(R"({"model": {"type": "mlp", "layers": [4, 8, 2], "activation": "gelu",
+                                      "dropout": 0.1, "layernorm": true},
+                           "data": {"dataset": "synthetic", "epochs": 3, "max_steps": 7,
+                                    "synthetic_samples": 99},
+                           "device": {"type": "cpu", "memory_budget": 1073741824,
+                                      "local_rank": 1}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->model.layers, (std::vector<std::uint64_t>{4, 8, 2}));
+    EXPECT_EQ(c->model.activation, "gelu");
+    EXPECT_DOUBLE_EQ(c->model.dropout, 0.1);
+    EXPECT_TRUE(c->model.layernorm);
+    EXPECT_EQ(c->data.dataset, "synthetic");
+    EXPECT_EQ(c->data.epochs, 3u);
+    EXPECT_EQ(c->data.max_steps, 7u);
+    EXPECT_EQ(c->data.synthetic_samples, 99u);
+    EXPECT_EQ(c->device.memory_budget_bytes, 1u << 30);
+    EXPECT_EQ(c->device.local_rank, 1);
+}
+
+TEST(ConfigTest, ModelDataDeviceErrorsNameTheKey) {
+    const auto names = [](const std::string& text, const std::string& key) {
+        return error_of(text).find(key) != std::string::npos;
+    };
+    EXPECT_TRUE(names(R"({"model": {"layers": [4]}})", "model.layers"));
+    EXPECT_TRUE(names(R"({"model": {"layers": "784"}})", "model.layers"));
+    EXPECT_TRUE(names(R"({"model": {"activation": "tanh"}})", "model.activation"));
+    EXPECT_TRUE(names(R"({"model": {"dropout": 1.5}})", "model.dropout"));
+    EXPECT_TRUE(names(R"({"data": {"dataset": "mnist"}})", "data.dataset"));
+    EXPECT_TRUE(names(R"({"data": {"epoch": 2}})", "did you mean 'data.epochs'"));
+    EXPECT_TRUE(names(R"({"device": {"memory_budget": 10}})", "device.memory_budget"));
+    EXPECT_TRUE(names(R"({"device": {"type": "tpu"}})", "device.type"));
+}
+
+TEST(ConfigTest, CanonicalJsonReflectsOverrides) {
+    LoadOptions o = quiet();
+    o.overrides = {"seed=5"};
+    auto a = load_text(R"({"seed": 1})", o);
+    auto b = load_text(R"({"seed": 5})");
+    ASSERT_TRUE(a.has_value());
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(a->canonical_json, b->canonical_json);
+}
+
+}  // namespace
+}  // namespace zinf::config

@@ -11,8 +11,11 @@ struct Command {
 };
 
 int run_io(int argc, char** argv);
+int run_swap(int argc, char** argv);
 int run_sweep(int argc, char** argv);
 int run_tune(int argc, char** argv);
 int run_adam(int argc, char** argv);
+int run_h2d(int argc, char** argv);
+int run_optimizer(int argc, char** argv);
 
 }  // namespace zinf::bench

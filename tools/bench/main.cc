@@ -20,6 +20,15 @@ const Command kCommands[] = {
     {"sweep", "grid over backends x block sizes x queue depths x threads; prints a table", zinf::bench::run_sweep},
     {"tune", "find the best aio settings and write them as a config snippet", zinf::bench::run_tune},
 #endif
+#ifdef ZINF_BENCH_HAVE_SWAP
+    {"swap", "stream a partitioned model NVMe -> pinned -> device through the residency manager", zinf::bench::run_swap},
+#endif
+#ifdef ZINF_BENCH_HAVE_OPTIMIZER
+    {"optimizer", "NVMe-offloaded optimizer step against its I/O-bound limit", zinf::bench::run_optimizer},
+#endif
+#ifdef ZINF_BENCH_HAVE_CUDA
+    {"h2d", "host<->device GB/s from the pinned pool against cudaMemcpy from cudaHostAlloc", zinf::bench::run_h2d},
+#endif
 #ifdef ZINF_BENCH_HAVE_ADAM
     {"adam", "CPU optimizer step throughput against the memory-bandwidth bound", zinf::bench::run_adam},
 #endif

@@ -1,0 +1,72 @@
+// The on-disk form of a checkpoint: a directory `<dir>/<tag>` of binary files and a text
+// manifest (`manifest.txt`: one "key value" per line, and one "file <name> <bytes> <xxh3>" per
+// file). The directory is written under a temporary name and renamed into place, so a crash
+// leaves either the previous checkpoint of that tag or the new one, never half of one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+
+namespace zinf::engine {
+
+// XXH3-64 of `bytes`.
+std::uint64_t checksum(std::span<const std::byte> bytes) noexcept;
+
+class CheckpointWriter {
+public:
+    // Creates `dir` if needed and a fresh temporary directory inside it. Errors: kIo naming the
+    // path (unwritable, missing parent), kInvalidArgument for an empty or path-like tag.
+    static Result<CheckpointWriter> create(const std::string& dir, const std::string& tag);
+    CheckpointWriter(CheckpointWriter&&) noexcept = default;
+    CheckpointWriter& operator=(CheckpointWriter&&) noexcept = default;
+    // Removes the temporary directory unless commit() succeeded.
+    ~CheckpointWriter();
+
+    // Writes one file (fsynced) and records its size and checksum. Errors: kIo, kNoSpace.
+    Status write_file(const std::string& name, std::span<const std::byte> bytes);
+    void set(const std::string& key, const std::string& value) { values_[key] = value; }
+    // Writes the manifest, fsyncs, renames the directory to <dir>/<tag> (replacing an older one
+    // of that tag) and points <dir>/latest at the tag. Errors: kIo.
+    Status commit();
+
+private:
+    CheckpointWriter() = default;
+    std::string dir_;
+    std::string tag_;
+    std::string temp_path_;
+    std::map<std::string, std::string> values_;
+    std::vector<std::string> files_;  // "file <name> <bytes> <checksum>" lines
+    bool committed_ = true;           // nothing to clean up until create() succeeds
+};
+
+class CheckpointReader {
+public:
+    // Reads <dir>/<tag>/manifest.txt. Errors: kNotFound (no such checkpoint), kCorruption (bad
+    // manifest).
+    static Result<CheckpointReader> open(const std::string& dir, const std::string& tag);
+    const std::string& path() const noexcept { return path_; }
+    // The value of `key`; kCorruption naming the key when absent.
+    Result<std::string> get(const std::string& key) const;
+    Result<std::uint64_t> get_u64(const std::string& key) const;
+    Result<double> get_double(const std::string& key) const;
+    // Reads file `name` into `out`, which must be exactly its size; verifies the checksum.
+    // Errors: kCorruption (size or checksum mismatch, unknown file), kIo.
+    Status read_file(const std::string& name, std::span<std::byte> out) const;
+
+private:
+    struct FileEntry {
+        std::uint64_t size_bytes = 0;
+        std::uint64_t checksum = 0;
+    };
+    std::string path_;
+    std::map<std::string, std::string> values_;
+    std::map<std::string, FileEntry> files_;
+};
+
+}  // namespace zinf::engine

@@ -1,0 +1,53 @@
+// Building the device, compute, communicator, model and engine from a config.
+#include "src/engine/stack.h"
+
+#include "src/device/cpu_compute.h"
+#include "src/device/cpu_device.h"
+#include "zero/single_rank_communicator.h"
+
+namespace zinf {
+
+TrainingStack::~TrainingStack() {
+    // Teardown order: the engine uses the model, both use the device.
+    engine.reset();
+    model.reset();
+    communicator.reset();
+    compute.reset();
+    device.reset();
+}
+
+model::MlpConfig mlp_config(const config::EngineConfig& config) {
+    model::MlpConfig m;
+    m.layer_sizes.assign(config.model.layers.begin(), config.model.layers.end());
+    m.activation =
+        config.model.activation == "gelu" ? model::Activation::kGelu : model::Activation::kRelu;
+    m.dropout_prob = static_cast<float>(config.model.dropout);
+    m.layer_norm = config.model.layernorm;
+    m.batch_rows_max = config.batch.train_micro_batch_size_per_gpu;
+    m.seed = config.seed;
+    return m;
+}
+
+Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) {
+    if (config.device.type != "cpu") {
+        // TODO(engine): build CudaDevice/CudaCompute here once the CUDA path is tested end to end.
+        return Status::not_supported("device.type: \"" + config.device.type +
+                                     "\" is not wired into the engine yet; use \"cpu\"");
+    }
+    TrainingStack s;
+    device::CpuDeviceOptions device_options;
+    device_options.budget_bytes = config.device.memory_budget_bytes;
+    ZINF_ASSIGN_OR_RETURN(auto device, device::CpuDevice::create(device_options));
+    ZINF_ASSIGN_OR_RETURN(
+        auto compute, device::CpuCompute::create(
+                          device.get(), device::CpuComputeOptions{config.cpu_optimizer.threads}));
+    s.device = std::move(device);
+    s.compute = std::move(compute);
+    s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
+    ZINF_ASSIGN_OR_RETURN(s.model, model::Mlp::create(mlp_config(config), *s.device));
+    ZINF_ASSIGN_OR_RETURN(s.engine,
+                          Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator));
+    return s;
+}
+
+}  // namespace zinf

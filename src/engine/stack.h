@@ -1,0 +1,38 @@
+// TrainingStack: everything an Engine runs on, built from the config alone: the device (the
+// `device` block), its Compute, the single-rank communicator, the model (the `model` block) and
+// the Engine. What zinfinity-train and the tests use; an embedding program may build the pieces
+// itself and call Engine::create.
+#pragma once
+
+#include <memory>
+
+#include "src/base/compute.h"
+#include "src/base/config.h"
+#include "src/base/device.h"
+#include "src/engine/engine.h"
+#include "src/model/mlp.h"
+#include "zero/communicator.h"
+
+namespace zinf {
+
+struct TrainingStack {
+    std::unique_ptr<Device> device;
+    std::unique_ptr<Compute> compute;
+    std::unique_ptr<zero::Communicator> communicator;
+    std::unique_ptr<model::Mlp> model;
+    std::unique_ptr<Engine> engine;  // declared last: destroyed first
+
+    // Errors: kNotSupported for device.type "cuda" in this build path (not yet wired), and
+    // those of each part's create (kInvalidArgument naming the key, kNoSpace).
+    static Result<TrainingStack> create(const config::EngineConfig& config);
+
+    TrainingStack() = default;
+    TrainingStack(TrainingStack&&) noexcept = default;
+    TrainingStack& operator=(TrainingStack&&) noexcept = default;
+    ~TrainingStack();
+};
+
+// The model the `model` block describes, for `rows_max` rows per batch.
+model::MlpConfig mlp_config(const config::EngineConfig& config);
+
+}  // namespace zinf

@@ -1,0 +1,231 @@
+// zinf::Engine: training lowers the loss; every ZeRO stage and optimizer placement gives bitwise
+// the same losses and parameters; fp16 overflow skips steps and lowers the scale; resuming from
+// a checkpoint is exact; corrupted checkpoints are refused; bad configs fail before allocation.
+#include "src/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "src/engine/schedule.h"
+#include "tests/engine/engine_test_support.h"
+#include "tests/support/test_seed.h"
+
+namespace zinf {
+namespace {
+
+using test_support::bits;
+using test_support::load_config;
+using test_support::small_config;
+using test_support::Trainer;
+
+TEST(EngineTest, LossFalls) {
+    Trainer t(load_config(small_config()));
+    const auto losses = t.run(40);
+    ASSERT_EQ(losses.size(), 40u);
+    double first = 0, last = 0;
+    for (int i = 0; i < 5; ++i) first += losses[i];
+    for (int i = 35; i < 40; ++i) last += losses[i];
+    EXPECT_LT(last, 0.6 * first) << "first " << first / 5 << " last " << last / 5;
+    EXPECT_EQ(t.engine().global_steps(), 40u);
+    EXPECT_EQ(t.engine().global_samples(), 640u);
+    EXPECT_FALSE(t.engine().summary().empty());
+}
+
+struct Placement {
+    const char* name;
+    const char* zero;
+};
+
+const Placement kPlacements[] = {
+    {"stage0", R"("zero_optimization": {"stage": 0},)"},
+    {"stage1", R"("zero_optimization": {"stage": 1},)"},
+    {"stage2", R"("zero_optimization": {"stage": 2, "sub_group_size": 100},)"},
+    {"stage3",
+     R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20},)"},
+    {"stage2-cpu",
+     R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"},
+    {"stage3-cpu", R"("zero_optimization": {"stage": 3, "sub_group_size": 64,)"
+                   R"( "offload_optimizer": {"device": "cpu"}},)"},
+};
+
+void expect_identical_across_placements(const std::string& dtype_block) {
+    std::vector<std::uint32_t> ref_losses, ref_params;
+    for (const auto& p : kPlacements) {
+        Trainer t(load_config(
+            small_config(std::string(p.zero) + dtype_block + R"("gradient_clipping": 0.5,)")));
+        const auto losses = bits(t.run(12));
+        const auto params = bits(t.engine().master_parameters());
+        if (ref_losses.empty()) {
+            ref_losses = losses;
+            ref_params = params;
+            continue;
+        }
+        EXPECT_EQ(losses, ref_losses) << p.name;
+        EXPECT_EQ(params, ref_params) << p.name;
+    }
+}
+
+TEST(EngineTest, Fp32BitwiseIdenticalAcrossStagesAndOffload) {
+    expect_identical_across_placements("");
+}
+
+TEST(EngineTest, Bf16BitwiseIdenticalAcrossStagesAndOffload) {
+    expect_identical_across_placements(R"("bf16": {"enabled": true},)");
+}
+
+TEST(EngineTest, Fp16OverflowSkipsStepAndLowersScale) {
+    Trainer t(load_config(small_config(
+        R"("fp16": {"enabled": true, "initial_scale_power": 32, "hysteresis": 1,)"
+        R"( "loss_scale_window": 4},
+           "zero_optimization": {"stage": 2},)")));
+    const double initial = t.engine().loss_scale();
+    EXPECT_EQ(initial, std::ldexp(1.0, 32));
+    const auto losses = t.run(30);
+    EXPECT_GT(t.engine().skipped_steps(), 0u);
+    EXPECT_LT(t.engine().loss_scale(), initial);
+    for (float l : losses) EXPECT_TRUE(std::isfinite(l));
+    double first = 0, last = 0;
+    for (int i = 0; i < 5; ++i) first += losses[i];
+    for (int i = 25; i < 30; ++i) last += losses[i];
+    EXPECT_LT(last, first);
+}
+
+TEST(EngineTest, GradientAccumulationCountsMicroSteps) {
+    Trainer t(load_config(small_config(), {"gradient_accumulation_steps=3"}));
+    EXPECT_EQ(t.engine().train_batch_size(), 48u);
+    t.run(4);
+    EXPECT_EQ(t.engine().micro_steps(), 12u);
+    EXPECT_EQ(t.engine().global_steps(), 4u);
+    EXPECT_EQ(t.engine().global_samples(), 192u);
+}
+
+struct ResumeCase {
+    const char* extra;
+    std::vector<std::string> overrides;
+};
+
+class ResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeTest, ResumeIsBitwiseExact) {
+    const auto config = load_config(small_config(GetParam().extra), GetParam().overrides);
+    const std::uint64_t n = 10, k = 4;
+    Trainer full(config);
+    const auto full_losses = bits(full.run(n));
+    const auto full_params = bits(full.engine().master_parameters());
+
+    test::TempDir dir("ckpt");
+    std::vector<std::uint32_t> resumed;
+    {
+        Trainer first(config);
+        resumed = bits(first.run(k));
+        ASSERT_TRUE(first.engine().save_checkpoint(dir.path(), "step4"));
+    }
+    Trainer second(config);
+    const Status s = second.engine().load_checkpoint(dir.path(), "step4");
+    ASSERT_TRUE(s) << s.to_string();
+    EXPECT_EQ(second.engine().global_steps(), k);
+    const auto rest = bits(second.run(n - k));
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    EXPECT_EQ(resumed, full_losses);
+    EXPECT_EQ(bits(second.engine().master_parameters()), full_params);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ResumeTest,
+    ::testing::Values(
+        ResumeCase{R"("zero_optimization": {"stage": 0},)", {}},
+        ResumeCase{
+            R"("zero_optimization": {"stage": 3}, "bf16": {"enabled": true},)"
+            R"( "scheduler": {"type": "WarmupDecayLR",)"
+            R"( "params": {"warmup_num_steps": 3, "total_num_steps": 20}},)",
+            {}},
+        ResumeCase{
+            R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"
+            R"( "fp16": {"enabled": true, "initial_scale_power": 30, "hysteresis": 1},)",
+            {}},
+        ResumeCase{
+            R"("zero_optimization": {"stage": 1},)",
+            {"optimizer.type=Lion", "optimizer.params.lr=0.001", "model.layers=[24,32,4]",
+             "model.dropout=0.2", "model.layernorm=true", "gradient_accumulation_steps=2"}}));
+
+TEST(CheckpointTest, CorruptionIsDetected) {
+    const auto config = load_config(small_config());
+    test::TempDir dir("ckpt");
+    {
+        Trainer t(config);
+        t.run(2);
+        ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "a"));
+        ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "a"));  // replaces atomically
+    }
+    {
+        std::fstream f(dir.file("a/master.fp32"), std::ios::in | std::ios::out | std::ios::binary);
+        ASSERT_TRUE(f.good());
+        f.seekp(100);
+        char c = 0x55;
+        f.write(&c, 1);
+    }
+    Trainer t(config);
+    const Status s = t.engine().load_checkpoint(dir.path(), "a");
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.to_string();
+    EXPECT_EQ(t.engine().load_checkpoint(dir.path(), "missing").code(), StatusCode::kNotFound);
+    std::ifstream latest(dir.file("latest"));
+    std::string tag;
+    latest >> tag;
+    EXPECT_EQ(tag, "a");
+}
+
+TEST(EngineConfigTest, NotYetImplementedOffloadFailsBeforeAllocation) {
+    auto c = load_config(
+        small_config(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},)"));
+    auto s = TrainingStack::create(c);
+    ASSERT_FALSE(s.has_value());
+    EXPECT_NE(s.error().message().find("offload_param.device"), std::string::npos)
+        << s.error().to_string();
+}
+
+TEST(ScheduleTest, WarmupAndDecayFollowDeepSpeed) {
+    config::SchedulerConfig s;
+    s.type = config::SchedulerType::kWarmupLR;
+    s.warmup_min_lr = 0.0;
+    s.warmup_max_lr = 1.0;
+    s.warmup_num_steps = 10;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 0), 0.0);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 4), std::log(5.0) / std::log(10.0));
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 10), 1.0);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 1000), 1.0);
+    s.warmup_linear = true;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 4), 0.4);
+    s.type = config::SchedulerType::kWarmupDecayLR;
+    s.total_num_steps = 20;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 15), 0.5);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 25), 0.0);
+    s.type = config::SchedulerType::kNone;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 3), 5.0);
+}
+
+TEST(ScheduleTest, LossScalerHysteresisAndWindow) {
+    config::Fp16Config f;
+    f.enabled = true;
+    f.initial_scale_power = 4;
+    f.hysteresis = 2;
+    f.loss_scale_window = 3;
+    f.min_loss_scale = 2;
+    engine::LossScaler s(f);
+    EXPECT_EQ(s.scale(), 16.0);
+    s.update(true);  // hysteresis absorbs the first
+    EXPECT_EQ(s.scale(), 16.0);
+    s.update(true);
+    EXPECT_EQ(s.scale(), 8.0);
+    s.update(false);
+    s.update(false);
+    EXPECT_EQ(s.scale(), 8.0);
+    s.update(false);  // 3 clean steps since the overflow
+    EXPECT_EQ(s.scale(), 16.0);
+    for (int i = 0; i < 10; ++i) s.update(true);
+    EXPECT_EQ(s.scale(), 2.0);  // min_loss_scale
+}
+
+}  // namespace
+}  // namespace zinf

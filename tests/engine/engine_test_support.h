@@ -1,0 +1,105 @@
+// Helpers of the engine tests: a small config, a TrainingStack from it, and a few steps of
+// training on synthetic data whose losses are returned for bitwise comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "src/base/config.h"
+#include "src/data/batcher.h"
+#include "src/data/dataset.h"
+#include "src/engine/stack.h"
+
+namespace zinf::test_support {
+
+// A 24-32-16-4 MLP on synthetic data, micro-batch 16, AdamW; `extra` is spliced into the
+// top-level object (e.g. R"("zero_optimization": {"stage": 2},)").
+inline std::string small_config(const std::string& extra = "") {
+    return R"({
+  )" + extra +
+           R"(
+  "train_micro_batch_size_per_gpu": 16,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 1000,
+  "seed": 7,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "model": {"type": "mlp", "layers": [24, 32, 16, 4]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 256},
+  "device": {"type": "cpu", "memory_budget": 67108864},
+  "cpu_optimizer": {"threads": 1}
+})";
+}
+
+inline config::EngineConfig load_config(const std::string& text,
+                                        std::vector<std::string> overrides = {}) {
+    config::LoadOptions o;
+    o.log_warnings = false;
+    o.overrides = std::move(overrides);
+    auto c = config::load_from_string(text, o, "test.json");
+    ZINF_ASSERT_MSG(c.has_value(), c.error().to_string());
+    return std::move(c).value();
+}
+
+// Trains `steps` optimizer steps from the engine's current step; batch b of the run is batch
+// (global micro-step) of a seeded shuffle, so a resumed run sees the same data.
+struct Trainer {
+    config::EngineConfig config;
+    TrainingStack stack;
+    std::unique_ptr<data::SyntheticDataset> dataset;
+    std::unique_ptr<data::Batcher> batcher;
+
+    explicit Trainer(const config::EngineConfig& c) : config(c) {
+        auto s = TrainingStack::create(c);
+        ZINF_ASSERT_MSG(s.has_value(), s.error().to_string());
+        stack = std::move(s).value();
+        data::SyntheticOptions so;
+        so.count = c.data.synthetic_samples;
+        so.features = c.model.layers.front();
+        so.classes = c.model.layers.back();
+        so.seed = c.seed;
+        dataset = std::move(data::SyntheticDataset::create(so)).value();
+        data::BatcherOptions bo;
+        bo.batch_rows = c.batch.train_micro_batch_size_per_gpu;
+        bo.seed = c.seed;
+        batcher =
+            std::make_unique<data::Batcher>(std::move(data::Batcher::create(*dataset, bo)).value());
+    }
+
+    Engine& engine() { return *stack.engine; }
+
+    std::vector<float> run(std::uint64_t steps) {
+        std::vector<float> losses;
+        const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
+        std::vector<float> x(rows * dataset->features());
+        std::vector<std::int32_t> y(rows);
+        const std::uint64_t gas = config.batch.gradient_accumulation_steps;
+        for (std::uint64_t s = 0; s < steps * gas; ++s) {
+            const std::uint64_t micro = engine().micro_steps();
+            const std::uint64_t per_epoch = batcher->batches_per_epoch();
+            if (batcher->epoch() != micro / per_epoch) batcher->start_epoch(micro / per_epoch);
+            const std::size_t n = batcher->fill(micro % per_epoch, x, y);
+            Batch b{std::span<const float>(x.data(), n * dataset->features()),
+                    std::span<const std::int32_t>(y.data(), n), n};
+            auto loss = engine().forward(b);
+            ZINF_ASSERT_MSG(loss.has_value(), loss.error().to_string());
+            losses.push_back(*loss);
+            ZINF_ASSERT(engine().backward());
+            ZINF_ASSERT(engine().step());
+        }
+        return losses;
+    }
+};
+
+inline std::vector<std::uint32_t> bits(const std::vector<float>& v) {
+    std::vector<std::uint32_t> out(v.size());
+    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    return out;
+}
+inline std::vector<std::uint32_t> bits(std::span<const float> v) {
+    return bits(std::vector<float>(v.begin(), v.end()));
+}
+
+}  // namespace zinf::test_support

@@ -1,0 +1,129 @@
+// zinfinity-train end to end: the shipped Fashion-MNIST configs give bitwise the same loss at
+// every step with and without optimizer offload; a run resumed from a checkpoint continues
+// bitwise; bad configs fail with the key named; --help works.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/data/dataset.h"
+#include "tests/support/test_seed.h"
+
+namespace zinf {
+namespace {
+
+struct RunResult {
+    int exit_code = -1;
+    std::string out;
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+RunResult train(const test::TempDir& dir, const std::string& args) {
+    const std::string out = dir.file("out.txt");
+    const std::string cmd = std::string(ZINF_TRAIN_BINARY) + " " + args + " > " + out + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    return r;
+}
+
+std::vector<std::string> lines(const std::string& path) {
+    std::vector<std::string> v;
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+}
+
+bool have_fashion_mnist() {
+    return std::filesystem::exists(std::string(data::kFashionMnistDirectory) +
+                                   "/train-images-idx3-ubyte.gz");
+}
+
+TEST(TrainCliTest, OffloadDoesNotChangeTheLoss) {
+    if (!have_fashion_mnist())
+        GTEST_SKIP() << "no Fashion-MNIST: " << data::kFashionMnistPackageHint;
+    test::TempDir dir("train");
+    std::vector<std::vector<std::string>> logs;
+    for (const char* config : {"fashion-mnist.json", "fashion-mnist-cpu.json"}) {
+        const std::string log = dir.file(std::string(config) + ".losses");
+        const RunResult r = train(dir, std::string("--config ") + ZINF_CONFIG_DIR + "/" + config +
+                                           " --max-steps 6 --no-eval --loss-log " + log);
+        ASSERT_EQ(r.exit_code, 0) << r.out;
+        logs.push_back(lines(log));
+        ASSERT_EQ(logs.back().size(), 6u) << r.out;
+    }
+    EXPECT_EQ(logs[0], logs[1]);
+}
+
+const char* kSmallConfig = R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "steps_per_print": 2,
+  "seed": 3,
+  "optimizer": {"type": "Adam", "params": {"lr": 0.005}},
+  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+  "bf16": {"enabled": true},
+  "model": {"type": "mlp", "layers": [16, 32, 5], "dropout": 0.1},
+  "data": {"dataset": "synthetic", "synthetic_samples": 320, "epochs": 2},
+  "device": {"type": "cpu", "memory_budget": 16777216},
+  "cpu_optimizer": {"threads": 1}
+})";
+
+TEST(TrainCliTest, ResumeThroughTheToolIsBitwiseExact) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const RunResult full =
+        train(dir, "--config " + config + " --loss-log " + dir.file("full.losses"));
+    ASSERT_EQ(full.exit_code, 0) << full.out;
+    EXPECT_NE(full.out.find("train accuracy"), std::string::npos) << full.out;
+    EXPECT_NE(full.out.find("summary:"), std::string::npos) << full.out;
+    const RunResult first =
+        train(dir, "--config " + config + " --max-steps 7 --no-eval --save-dir " +
+                       dir.file("ckpt") + " --loss-log " + dir.file("a.losses"));
+    ASSERT_EQ(first.exit_code, 0) << first.out;
+    const RunResult second =
+        train(dir, "--config " + config + " --no-eval --resume " + dir.file("ckpt") + " --trace " +
+                       dir.file("trace.json") + " --loss-log " + dir.file("b.losses"));
+    ASSERT_EQ(second.exit_code, 0) << second.out;
+    auto resumed = lines(dir.file("a.losses"));
+    const auto rest = lines(dir.file("b.losses"));
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    EXPECT_EQ(resumed, lines(dir.file("full.losses")));
+    const std::string trace = slurp(dir.file("trace.json"));
+    EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
+    EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
+}
+
+TEST(TrainCliTest, BadConfigNamesTheKey) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    RunResult r = train(dir, "--config " + config + " --set zero_optimization.stag=2");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("did you mean 'zero_optimization.stage'"), std::string::npos) << r.out;
+    r = train(dir, "--config " + config +
+                       " --set zero_optimization.stage=2 "
+                       "--set zero_optimization.offload_param.device=cpu");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("offload_param.device"), std::string::npos) << r.out;
+    r = train(dir, "--config " + config + " --set train_batch_size=33");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("train_batch_size"), std::string::npos) << r.out;
+    r = train(dir, "--help");
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--save-dir"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace zinf

@@ -1,0 +1,108 @@
+// NcclCommunicator with a world of one rank on one GPU (no MPI), and the single-rank
+// communicator on the CUDA device: the results every collective must give with one rank.
+// Label gpu: skips itself without a GPU.
+#include "zero/nccl_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "src/device/cuda_device.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
+#include "zero/single_rank_communicator.h"
+
+namespace zinf::zero {
+namespace {
+
+class OneRankTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ZINF_SKIP_WITHOUT_CUDA();
+        device::CudaDeviceOptions options;
+        options.budget_bytes = std::size_t{64} << 20;
+        auto made = device::CudaDevice::create(options);
+        ASSERT_TRUE(made.has_value()) << made.error().to_string();
+        device_ = std::move(made).value();
+    }
+
+    // Runs every collective of `comm` over fp32 and bf16 data and checks the one-rank results.
+    void check_collectives(Communicator& comm) {
+        ASSERT_EQ(comm.world_size(), 1);
+        ASSERT_EQ(comm.rank(), 0);
+        auto stream = device_->create_stream();
+        ASSERT_TRUE(stream.has_value());
+        for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+            SCOPED_TRACE(dtype_name(dtype));
+            const std::size_t n = (std::size_t{1} << 20) + 3;
+            const std::size_t bytes = n * dtype_size_bytes(dtype);
+            std::vector<std::uint8_t> host(bytes);
+            // Small integers are exact in bf16 and fp32 alike, so sums of one rank are exact.
+            for (std::size_t i = 0; i < n; ++i) {
+                const float value = static_cast<float>(i % 251);
+                if (dtype == DType::kFloat32) {
+                    std::memcpy(host.data() + i * 4, &value, 4);
+                } else {
+                    const std::uint16_t b = test::ref_float_to_bf16(value);
+                    std::memcpy(host.data() + i * 2, &b, 2);
+                }
+            }
+            auto send = device_->allocate(bytes);
+            auto recv = device_->allocate(bytes);
+            ASSERT_TRUE(send.has_value());
+            ASSERT_TRUE(recv.has_value());
+            ASSERT_TRUE(device_->copy_to_device(*send, host.data(), bytes, *stream).is_ok());
+            std::vector<std::uint8_t> back(bytes);
+            auto expect_equal = [&](void* buffer, const char* what) {
+                ASSERT_TRUE(device_->copy_to_host(back.data(), buffer, bytes, *stream).is_ok());
+                ASSERT_TRUE(device_->synchronize(*stream).is_ok());
+                EXPECT_EQ(back, host) << what;
+            };
+            ASSERT_TRUE(device_->fill_zero(*recv, bytes, *stream).is_ok());
+            ASSERT_TRUE(comm.all_gather(*send, *recv, n, dtype, *stream).is_ok());
+            expect_equal(*recv, "all_gather");
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+                ASSERT_TRUE(device_->fill_zero(*recv, bytes, *stream).is_ok());
+                ASSERT_TRUE(comm.reduce_scatter(*send, *recv, n, dtype, op, *stream).is_ok());
+                expect_equal(*recv, "reduce_scatter");
+                ASSERT_TRUE(device_->fill_zero(*recv, bytes, *stream).is_ok());
+                ASSERT_TRUE(comm.all_reduce(*send, *recv, n, dtype, op, *stream).is_ok());
+                expect_equal(*recv, "all_reduce");
+                ASSERT_TRUE(comm.all_reduce(*send, *send, n, dtype, op, *stream).is_ok());
+                expect_equal(*send, "all_reduce in place");
+            }
+            ASSERT_TRUE(comm.broadcast(*send, n, dtype, 0, *stream).is_ok());
+            expect_equal(*send, "broadcast");
+            ASSERT_TRUE(comm.barrier().is_ok());
+            device_->free(*send);
+            device_->free(*recv);
+        }
+    }
+
+    std::unique_ptr<device::CudaDevice> device_;
+};
+
+TEST_F(OneRankTest, NcclWorldOfOneWithoutMpi) {
+    auto comm = NcclCommunicator::create_single_rank(*device_);
+    ASSERT_TRUE(comm.has_value()) << comm.error().to_string();
+    EXPECT_EQ((*comm)->name(), "nccl");
+    check_collectives(**comm);
+    EXPECT_TRUE((*comm)->check_async_error().is_ok());
+}
+
+TEST_F(OneRankTest, SingleRankCommunicatorOnTheCudaDevice) {
+    SingleRankCommunicator comm(*device_);
+    check_collectives(comm);
+}
+
+TEST(NcclCommunicatorTest, RejectsARankOutsideTheWorld) {
+    ZINF_SKIP_WITHOUT_CUDA();
+    auto device = device::CudaDevice::create({});
+    ASSERT_TRUE(device.has_value()) << device.error().to_string();
+    auto comm = NcclCommunicator::create(**device, NcclUniqueId{}, 2, 2);
+    ASSERT_FALSE(comm.has_value());
+    EXPECT_EQ(comm.error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zinf::zero

@@ -1,0 +1,122 @@
+// ParameterCoordinator over the single-rank communicator: every stage serves the initial values,
+// accumulates gradients into the optimizer domain, publishes new values, and stage 3 frees what
+// it gathered.
+#include "zero/parameter_coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "src/device/cpu_compute.h"
+#include "src/device/cpu_device.h"
+#include "zero/single_rank_communicator.h"
+
+namespace zinf::zero {
+namespace {
+
+struct Fixture {
+    std::unique_ptr<device::CpuDevice> device;
+    std::unique_ptr<device::CpuCompute> compute;
+    std::unique_ptr<SingleRankCommunicator> comm;
+    Fixture() {
+        device::CpuDeviceOptions o;
+        o.budget_bytes = 64 << 20;
+        device = std::move(device::CpuDevice::create(o)).value();
+        compute = std::move(device::CpuCompute::create(device.get(), {1})).value();
+        comm = std::make_unique<SingleRankCommunicator>(*device);
+    }
+};
+
+float value_of(std::size_t index, std::size_t element) {
+    return static_cast<float>(index) + static_cast<float>(element) * 0.25f;
+}
+
+class CoordinatorTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(CoordinatorTest, FetchAccumulateReducePublish) {
+    const auto [stage, dtype] = GetParam();
+    Fixture f;
+    const std::vector<std::size_t> numels = {3, 40, 17};
+    CoordinatorOptions options;
+    options.stage = stage;
+    options.dtype = dtype;
+    options.persistence_threshold_numel = 5;  // parameter 0 persists under stage 3
+    auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    auto& coord = **c;
+    ASSERT_TRUE(coord.initialize(
+        [](std::size_t index, std::size_t offset, std::span<float> out) {
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = value_of(index, offset + i);
+        },
+        0));
+    coord.begin_accumulation();
+    std::vector<float> grad(40);
+    for (std::size_t p = 0; p < numels.size(); ++p) {
+        auto v = coord.fetch(p, 0);
+        ASSERT_TRUE(v.has_value()) << v.error().to_string();
+        ASSERT_TRUE(f.device->synchronize(0));
+        for (std::size_t i = 0; i < numels[p]; ++i) EXPECT_EQ((*v)[i], value_of(p, i));
+        for (std::size_t i = 0; i < numels[p]; ++i) grad[i] = static_cast<float>(i + 1);
+        ASSERT_TRUE(coord.accumulate_gradient(p, grad.data(), 0));
+        if (p != 1) {
+            ASSERT_TRUE(coord.accumulate_gradient(p, grad.data(), 0));  // twice: sums
+        }
+        ASSERT_TRUE(coord.release(p, 0));
+    }
+    if (stage == 3) {
+        EXPECT_EQ(coord.live_numel(), 16u);  // only the persistent one (padded to 16)
+        EXPECT_GE(coord.peak_live_numel(), 48u);
+    }
+    ASSERT_TRUE(coord.reduce_gradients(0));
+    ASSERT_TRUE(f.device->synchronize(0));
+    const auto& d = coord.domain();
+    // Read the domain gradients back as fp32.
+    std::vector<float> g(d.numel);
+    ASSERT_TRUE(f.compute->cast(d.gradients, d.dtype, g.data(), DType::kFloat32, d.numel, 0));
+    for (std::size_t p = 0; p < numels.size(); ++p) {
+        const std::size_t off = coord.domain_offset_numel(p);
+        for (std::size_t i = 0; i < numels[p]; ++i) {
+            EXPECT_EQ(g[off + i], static_cast<float>((i + 1) * (p != 1 ? 2 : 1))) << p << " " << i;
+        }
+        for (std::size_t i = numels[p]; i < coord.partitioning().slot(p).slice_numel; ++i) {
+            EXPECT_EQ(g[off + i], 0.0f);  // padding
+        }
+    }
+    // The optimizer writes new values; the next fetch sees them.
+    std::vector<float> fresh(d.numel, 2.5f);
+    ASSERT_TRUE(f.compute->cast(fresh.data(), DType::kFloat32, d.parameters, d.dtype, d.numel, 0));
+    ASSERT_TRUE(coord.publish_parameters(0));
+    for (std::size_t p = 0; p < numels.size(); ++p) {
+        auto v = coord.fetch(p, 0);
+        ASSERT_TRUE(v.has_value());
+        ASSERT_TRUE(f.device->synchronize(0));  // gathers are copies on the stream
+        for (std::size_t i = 0; i < numels[p]; ++i) EXPECT_EQ((*v)[i], 2.5f);
+        ASSERT_TRUE(coord.release(p, 0));
+    }
+    coord.begin_accumulation();
+    coord.begin_accumulation();
+    EXPECT_TRUE(coord.trace_complete());
+    ASSERT_GE(coord.trace().size(), 3u);
+    EXPECT_EQ(coord.trace()[0], 0u);
+    EXPECT_EQ(coord.trace()[2], 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CoordinatorTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
+                                            ::testing::Values(DType::kFloat32, DType::kBFloat16)));
+
+TEST(CoordinatorErrors, BudgetTooSmallIsNoSpace) {
+    device::CpuDeviceOptions o;
+    o.budget_bytes = 1024;
+    auto device = std::move(device::CpuDevice::create(o)).value();
+    auto compute = std::move(device::CpuCompute::create(device.get(), {1})).value();
+    SingleRankCommunicator comm(*device);
+    const std::vector<std::size_t> numels = {100000};
+    auto c = ParameterCoordinator::create(numels, {}, *device, *compute, comm);
+    ASSERT_FALSE(c.has_value());
+    EXPECT_EQ(c.error().code(), StatusCode::kNoSpace);
+    EXPECT_EQ(device->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace zinf::zero

@@ -1,0 +1,337 @@
+// ParameterCoordinator: the stage 0-3 paths over one Communicator.
+#include "zero/parameter_coordinator.h"
+
+#include <algorithm>
+#include <string>
+
+#include "src/base/log.h"
+
+namespace zinf::zero {
+
+ParameterCoordinator::ParameterCoordinator(const Partitioning& partitioning,
+                                           const CoordinatorOptions& options, Device& device,
+                                           Compute& compute, Communicator& communicator)
+    : partitioning_(partitioning),
+      plan_(StagePlan::for_stage(options.stage)),
+      options_(options),
+      device_(device),
+      compute_(compute),
+      communicator_(communicator),
+      params_(partitioning.parameter_count()) {}
+
+ParameterCoordinator::~ParameterCoordinator() {
+    for (const auto& p : params_) {
+        if (p.working != nullptr) device_.free(p.working);
+    }
+    for (const auto& b : owned_) device_.free(b.data);
+}
+
+Result<void*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
+    if (size_bytes == 0) size_bytes = 64;
+    auto ptr = device_.allocate(size_bytes);
+    if (!ptr.has_value()) return ptr.error().with_context(std::string("zero: ") + what);
+    owned_.push_back({*ptr, size_bytes});
+    persistent_bytes_ += size_bytes;
+    ZINF_TRY(device_.fill_zero(*ptr, size_bytes, 0));
+    return *ptr;
+}
+
+Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
+    std::span<const std::size_t> numels, const CoordinatorOptions& options, Device& device,
+    Compute& compute, Communicator& communicator) {
+    if (options.stage < 0 || options.stage > 3) {
+        return Status::invalid_argument("zero_optimization.stage: expected 0..3, got " +
+                                        std::to_string(options.stage));
+    }
+    ZINF_ASSIGN_OR_RETURN(auto partitioning, Partitioning::create(numels, communicator.world_size(),
+                                                                  communicator.rank()));
+    std::unique_ptr<ParameterCoordinator> c(
+        new ParameterCoordinator(partitioning, options, device, compute, communicator));
+    const std::size_t eb = c->elem_bytes();
+    std::size_t max_padded = 0;
+    std::size_t max_slice = 0;
+    for (std::size_t i = 0; i < partitioning.parameter_count(); ++i) {
+        max_padded = std::max(max_padded, partitioning.slot(i).padded_numel);
+        max_slice = std::max(max_slice, partitioning.slot(i).slice_numel);
+        c->params_[i].persistent =
+            options.stage == 3 && partitioning.slot(i).numel <= options.persistence_threshold_numel;
+    }
+    const auto& plan = c->plan_;
+    const bool narrow = options.dtype != DType::kFloat32;
+    if (!plan.parameters_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(c->full_params_,
+                              c->allocate(partitioning.full_numel() * eb, "parameters"));
+        if (narrow) {
+            ZINF_ASSIGN_OR_RETURN(void* w,
+                                  c->allocate(partitioning.full_numel() * 4, "fp32 parameters"));
+            c->full_working_ = static_cast<float*>(w);
+        }
+    }
+    if (plan.optimizer_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(c->partition_params_, c->allocate(partitioning.partition_numel() * eb,
+                                                                "parameter partition"));
+        ZINF_ASSIGN_OR_RETURN(c->partition_grads_, c->allocate(partitioning.partition_numel() * eb,
+                                                               "gradient partition"));
+    }
+    if (!plan.gradients_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(c->full_grads_,
+                              c->allocate(partitioning.full_numel() * eb, "gradients"));
+    }
+    ZINF_ASSIGN_OR_RETURN(c->stage_scratch_, c->allocate(max_padded * eb, "gradient staging"));
+    if (plan.gradients_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(c->slice_scratch_, c->allocate(max_slice * eb, "gradient slice"));
+    }
+    ZINF_ASSIGN_OR_RETURN(void* a, c->allocate(max_padded * 4, "fp32 scratch"));
+    c->fp32_scratch_a_ = static_cast<float*>(a);
+    if (narrow) {
+        ZINF_ASSIGN_OR_RETURN(void* b, c->allocate(max_padded * 4, "fp32 scratch"));
+        c->fp32_scratch_b_ = static_cast<float*>(b);
+    }
+    ZINF_TRY(device.synchronize(0));
+    auto& d = c->domain_;
+    d.dtype = options.dtype;
+    if (plan.optimizer_partitioned) {
+        d.numel = partitioning.partition_numel();
+        d.gradients = c->partition_grads_;
+        d.parameters = c->partition_params_;
+    } else {
+        d.numel = partitioning.full_numel();
+        d.gradients = c->full_grads_;
+        d.parameters = c->full_params_;
+    }
+    return c;
+}
+
+std::size_t ParameterCoordinator::domain_offset_numel(std::size_t index) const {
+    const auto& s = partitioning_.slot(index);
+    return plan_.optimizer_partitioned ? s.partition_offset_numel : s.full_offset_numel;
+}
+
+std::size_t ParameterCoordinator::domain_valid_numel(std::size_t index) const {
+    const auto& s = partitioning_.slot(index);
+    return plan_.optimizer_partitioned ? s.valid_numel(partitioning_.rank()) : s.numel;
+}
+
+Status ParameterCoordinator::initialize(const InitialValues& values, StreamId stream) {
+    std::size_t max_padded = 0;
+    for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
+        max_padded = std::max(max_padded, partitioning_.slot(i).padded_numel);
+    }
+    std::vector<float> staging(max_padded);
+    const int rank = partitioning_.rank();
+    for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
+        const auto& s = partitioning_.slot(i);
+        std::fill(staging.begin(), staging.end(), 0.0f);
+        void* dst = nullptr;
+        std::size_t n = 0;
+        if (plan_.parameters_partitioned) {
+            const std::size_t valid = s.valid_numel(rank);
+            if (valid > 0) {
+                values(i, static_cast<std::size_t>(rank) * s.slice_numel,
+                       std::span<float>(staging.data(), valid));
+            }
+            dst = at(partition_params_, s.partition_offset_numel);
+            n = s.slice_numel;
+        } else {
+            values(i, 0, std::span<float>(staging.data(), s.numel));
+            dst = at(full_params_, s.full_offset_numel);
+            n = s.padded_numel;
+        }
+        ZINF_TRY(device_.copy_to_device(fp32_scratch_a_, staging.data(), n * 4, stream));
+        ZINF_TRY(compute_.cast(fp32_scratch_a_, DType::kFloat32, dst, options_.dtype, n, stream));
+        // The staging vector is reused: wait before overwriting it.
+        ZINF_TRY(device_.synchronize(stream));
+    }
+    if (plan_.optimizer_partitioned && !plan_.parameters_partitioned) {
+        // The optimizer domain must hold the current values too: a checkpoint taken before the
+        // first applied step (all skipped under fp16) reads them from there.
+        const std::size_t eb = elem_bytes();
+        for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
+            const auto& s = partitioning_.slot(i);
+            ZINF_TRY(device_.copy_on_device(
+                at(partition_params_, s.partition_offset_numel),
+                at(full_params_,
+                   s.full_offset_numel + static_cast<std::size_t>(rank) * s.slice_numel),
+                s.slice_numel * eb, stream));
+        }
+    }
+    if (full_working_ != nullptr) {
+        ZINF_TRY(compute_.cast(full_params_, options_.dtype, full_working_, DType::kFloat32,
+                               partitioning_.full_numel(), stream));
+    }
+    return device_.synchronize(stream);
+}
+
+Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
+    const auto& s = partitioning_.slot(index);
+    auto& p = params_[index];
+    ZINF_ASSERT(!p.gathered);
+    ZINF_ASSERT(p.working == nullptr);
+    auto ptr = device_.allocate(s.padded_numel * 4);
+    if (!ptr.has_value()) {
+        return ptr.error().with_context("zero stage 3: gathering parameter " +
+                                        std::to_string(index));
+    }
+    p.working = static_cast<float*>(*ptr);
+    const void* slice = at(partition_params_, s.partition_offset_numel);
+    if (options_.dtype == DType::kFloat32) {
+        ZINF_TRY(
+            communicator_.all_gather(slice, p.working, s.slice_numel, DType::kFloat32, stream));
+    } else {
+        ZINF_TRY(
+            communicator_.all_gather(slice, stage_scratch_, s.slice_numel, options_.dtype, stream));
+        ZINF_TRY(compute_.cast(stage_scratch_, options_.dtype, p.working, DType::kFloat32,
+                               s.padded_numel, stream));
+    }
+    p.gathered = true;
+    gathered_bytes_ += s.padded_numel * elem_bytes();
+    live_numel_ += s.padded_numel;
+    peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
+    if (live_numel_ > options_.max_live_parameters_numel && !warned_live_) {
+        warned_live_ = true;
+        log::warning("zero stage 3: ", live_numel_,
+                     " parameter elements gathered at once, above stage3_max_live_parameters ",
+                     options_.max_live_parameters_numel);
+    }
+    return Status::ok();
+}
+
+Result<const float*> ParameterCoordinator::fetch(std::size_t index, StreamId stream) {
+    ZINF_ASSERT_LT(index, params_.size());
+    auto& p = params_[index];
+    const auto& s = partitioning_.slot(index);
+    if (!trace_complete_) trace_.push_back(static_cast<std::uint32_t>(index));
+    ++fetch_count_;
+    if (!plan_.parameters_partitioned) {
+        ++p.fetches;
+        if (options_.dtype == DType::kFloat32) {
+            return reinterpret_cast<const float*>(at(full_params_, s.full_offset_numel));
+        }
+        return full_working_ + s.full_offset_numel;
+    }
+    if (!p.gathered) ZINF_TRY(gather(index, stream));
+    ++p.fetches;
+    return static_cast<const float*>(p.working);
+}
+
+Status ParameterCoordinator::release(std::size_t index, StreamId stream) {
+    ZINF_ASSERT_LT(index, params_.size());
+    auto& p = params_[index];
+    ZINF_ASSERT_GT(p.fetches, 0u);
+    --p.fetches;
+    if (!plan_.parameters_partitioned || p.fetches > 0 || p.persistent) return Status::ok();
+    // TODO(engine): free behind an event instead of waiting, once a CUDA device runs stage 3.
+    ZINF_TRY(device_.synchronize(stream));
+    device_.free(p.working);
+    p.working = nullptr;
+    p.gathered = false;
+    live_numel_ -= partitioning_.slot(index).padded_numel;
+    return Status::ok();
+}
+
+void ParameterCoordinator::begin_accumulation() noexcept {
+    for (auto& p : params_) p.grad_written = false;
+    ++windows_;
+    if (windows_ >= 2) trace_complete_ = true;
+}
+
+Status ParameterCoordinator::accumulate_gradient(std::size_t index, const float* grad,
+                                                 StreamId stream) {
+    ZINF_ASSERT_LT(index, params_.size());
+    const auto& s = partitioning_.slot(index);
+    auto& p = params_[index];
+    const DType dt = options_.dtype;
+    const std::size_t eb = elem_bytes();
+    ZINF_TRY(compute_.cast(grad, DType::kFloat32, stage_scratch_, dt, s.numel, stream));
+    if (s.padded_numel > s.numel) {
+        ZINF_TRY(device_.fill_zero(at(stage_scratch_, s.numel), (s.padded_numel - s.numel) * eb,
+                                   stream));
+    }
+    const void* src = stage_scratch_;
+    void* dst = nullptr;
+    std::size_t n = 0;
+    if (plan_.gradients_partitioned) {
+        ZINF_TRY(communicator_.reduce_scatter(stage_scratch_, slice_scratch_, s.slice_numel, dt,
+                                              ReduceOp::kSum, stream));
+        src = slice_scratch_;
+        dst = at(partition_grads_, s.partition_offset_numel);
+        n = s.slice_numel;
+    } else {
+        dst = at(full_grads_, s.full_offset_numel);
+        n = s.padded_numel;
+    }
+    if (!p.grad_written) {
+        p.grad_written = true;
+        return device_.copy_on_device(dst, src, n * eb, stream);
+    }
+    if (dt == DType::kFloat32) {
+        return compute_.axpy(1.0f, static_cast<const float*>(src), static_cast<float*>(dst), n,
+                             stream);
+    }
+    ZINF_TRY(compute_.cast(dst, dt, fp32_scratch_a_, DType::kFloat32, n, stream));
+    ZINF_TRY(compute_.cast(src, dt, fp32_scratch_b_, DType::kFloat32, n, stream));
+    ZINF_TRY(compute_.axpy(1.0f, fp32_scratch_b_, fp32_scratch_a_, n, stream));
+    return compute_.cast(fp32_scratch_a_, DType::kFloat32, dst, dt, n, stream);
+}
+
+Status ParameterCoordinator::reduce_gradients(StreamId stream) {
+    const std::size_t eb = elem_bytes();
+    const int rank = partitioning_.rank();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (params_[i].grad_written) continue;
+        const auto& s = partitioning_.slot(i);
+        if (plan_.gradients_partitioned) {
+            ZINF_TRY(device_.fill_zero(at(partition_grads_, s.partition_offset_numel),
+                                       s.slice_numel * eb, stream));
+        } else {
+            ZINF_TRY(device_.fill_zero(at(full_grads_, s.full_offset_numel), s.padded_numel * eb,
+                                       stream));
+        }
+    }
+    if (!plan_.gradients_partitioned) {
+        ZINF_TRY(communicator_.all_reduce(full_grads_, full_grads_, partitioning_.full_numel(),
+                                          options_.dtype, ReduceOp::kSum, stream));
+        if (plan_.optimizer_partitioned) {
+            for (std::size_t i = 0; i < params_.size(); ++i) {
+                const auto& s = partitioning_.slot(i);
+                ZINF_TRY(device_.copy_on_device(
+                    at(partition_grads_, s.partition_offset_numel),
+                    at(full_grads_,
+                       s.full_offset_numel + static_cast<std::size_t>(rank) * s.slice_numel),
+                    s.slice_numel * eb, stream));
+            }
+        }
+    }
+    return Status::ok();
+}
+
+Status ParameterCoordinator::publish_parameters(StreamId stream) {
+    if (plan_.optimizer_partitioned && !plan_.parameters_partitioned) {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            const auto& s = partitioning_.slot(i);
+            ZINF_TRY(communicator_.all_gather(at(partition_params_, s.partition_offset_numel),
+                                              at(full_params_, s.full_offset_numel), s.slice_numel,
+                                              options_.dtype, stream));
+        }
+    }
+    if (full_working_ != nullptr) {
+        ZINF_TRY(compute_.cast(full_params_, options_.dtype, full_working_, DType::kFloat32,
+                               partitioning_.full_numel(), stream));
+    }
+    if (plan_.parameters_partitioned) {
+        // Persistent parameters hold stale values now: drop them; the next fetch gathers again.
+        ZINF_TRY(device_.synchronize(stream));
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            auto& p = params_[i];
+            ZINF_ASSERT_EQ(p.fetches, 0u);
+            if (!p.gathered) continue;
+            device_.free(p.working);
+            p.working = nullptr;
+            p.gathered = false;
+            live_numel_ -= partitioning_.slot(i).padded_numel;
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace zinf::zero

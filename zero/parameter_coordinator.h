@@ -1,0 +1,164 @@
+// ParameterCoordinator: owns a rank's parameters and gradients on the device under ZeRO stage 0-3
+// and serves them to the model one parameter at a time. fetch() makes a parameter readable in
+// fp32 (a lookup for stages 0-2, an all-gather of the partitions for stage 3), release() ends the
+// use (stage 3 frees the gathered copy unless the parameter is persistent), accumulate_gradient()
+// reduces a gradient into the rank's share (reduce-scatter for stages 2-3). At the gradient
+// accumulation boundary the optimizer reads and writes the "optimizer domain" (stage 0: every
+// element; stages 1-3: the rank's flat partition) and publish_parameters() makes the new values
+// visible to the next forward (all-gather for stages 1-2).
+//
+// Every collective goes through the Communicator, so several ranks need a communicator backend,
+// not a new path; today's single-rank communicator turns each collective into a copy or nothing.
+// The first training step records the order of fetches (trace()), for prefetching by a tiered
+// store underneath (not yet: with parameters on the device, a fetch is a device copy).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "src/base/compute.h"
+#include "src/base/device.h"
+#include "src/base/dtype.h"
+#include "src/base/status.h"
+#include "zero/communicator.h"
+#include "zero/partition.h"
+
+namespace zinf::zero {
+
+struct CoordinatorOptions {
+    int stage = 0;
+    // Storage of parameters and gradients on the device: fp32, or bf16/fp16 (the model computes
+    // in fp32 on values rounded to this dtype).
+    DType dtype = DType::kFloat32;
+    // Stage 3: parameters of at most this many elements stay gathered between uses.
+    std::size_t persistence_threshold_numel = 100'000;
+    // Stage 3: more gathered elements than this at once is reported (peak_live_numel) and logged
+    // once; modules hold what they fetch, so the coordinator cannot refuse.
+    std::size_t max_live_parameters_numel = 1'000'000'000;
+};
+
+// The optimizer's view of the rank's share, in device memory, valid until the coordinator dies.
+struct OptimizerDomain {
+    std::size_t numel = 0;
+    DType dtype = DType::kFloat32;
+    void* gradients = nullptr;   // numel values of dtype (after reduce_gradients)
+    void* parameters = nullptr;  // numel values of dtype: the optimizer writes new values here
+};
+
+class ParameterCoordinator {
+public:
+    // `numels`: the parameters in model order. device, compute and communicator are borrowed and
+    // outlive the coordinator. Allocates every persistent buffer now (kNoSpace from the device
+    // budget, naming the buffer). Errors: kInvalidArgument for a bad stage or world.
+    static Result<std::unique_ptr<ParameterCoordinator>> create(std::span<const std::size_t> numels,
+                                                                const CoordinatorOptions& options,
+                                                                Device& device, Compute& compute,
+                                                                Communicator& communicator);
+    ~ParameterCoordinator();
+    ParameterCoordinator(const ParameterCoordinator&) = delete;
+    ParameterCoordinator& operator=(const ParameterCoordinator&) = delete;
+
+    const Partitioning& partitioning() const noexcept { return partitioning_; }
+    const StagePlan& plan() const noexcept { return plan_; }
+    DType dtype() const noexcept { return options_.dtype; }
+
+    // Fills parameters from fp32 values: `values(index, offset, out)` writes elements [offset,
+    // offset + out.size()) of parameter `index` (host memory). Only the rank's elements are asked
+    // for under stage 3. Values are rounded to dtype(). Blocks; allocates a host staging buffer.
+    using InitialValues =
+        std::function<void(std::size_t index, std::size_t offset, std::span<float> out)>;
+    Status initialize(const InitialValues& values, StreamId stream);
+
+    // ---- the model's side ----------------------------------------------------------------------
+    // fp32 values of parameter `index` (numel of them) readable on `stream` until the matching
+    // release. Errors: kNoSpace (stage 3 gather buffer), the communicator's and device's errors.
+    Result<const float*> fetch(std::size_t index, StreamId stream);
+    Status release(std::size_t index, StreamId stream);
+    // Adds `grad` (numel fp32 values of parameter `index`, device memory) into the rank's share of
+    // its gradient, rounded to dtype(). Consumed on `stream` before returning.
+    Status accumulate_gradient(std::size_t index, const float* grad, StreamId stream);
+    // Starts a new accumulation window: the next gradient of each parameter overwrites.
+    void begin_accumulation() noexcept;
+
+    // ---- the optimizer's side ------------------------------------------------------------------
+    // Reduces gradients over the ranks (all-reduce for stages 0-1, done per gradient for 2-3) and
+    // lays the optimizer's share out contiguously in domain().gradients. Parameters that got no
+    // gradient in the window have zero gradient.
+    Status reduce_gradients(StreamId stream);
+    const OptimizerDomain& domain() const noexcept { return domain_; }
+    // After the optimizer wrote domain().parameters: all-gathers them (stages 1-2) and refreshes
+    // the fp32 copies the model reads.
+    Status publish_parameters(StreamId stream);
+    // Where parameter `index`'s slice sits in the domain (offset, numel of real elements).
+    std::size_t domain_offset_numel(std::size_t index) const;
+    std::size_t domain_valid_numel(std::size_t index) const;
+
+    // ---- figures -------------------------------------------------------------------------------
+    // Fetch order of the first window (parameter indices), complete once the second window began.
+    std::span<const std::uint32_t> trace() const noexcept { return trace_; }
+    bool trace_complete() const noexcept { return trace_complete_; }
+    std::size_t live_numel() const noexcept { return live_numel_; }
+    std::size_t peak_live_numel() const noexcept { return peak_live_numel_; }
+    std::uint64_t fetch_count() const noexcept { return fetch_count_; }
+    std::uint64_t gathered_bytes() const noexcept { return gathered_bytes_; }
+    // Device bytes held persistently (parameters, gradients, staging).
+    std::size_t persistent_bytes() const noexcept { return persistent_bytes_; }
+
+private:
+    struct Buffer {
+        void* data = nullptr;
+        std::size_t size_bytes = 0;
+    };
+    struct ParamState {
+        std::uint32_t fetches = 0;
+        bool persistent = false;
+        bool gathered = false;     // stage 3: working holds current values
+        float* working = nullptr;  // stage 3: fp32 gathered values (padded_numel)
+        bool grad_written = false;
+    };
+
+    ParameterCoordinator(const Partitioning& partitioning, const CoordinatorOptions& options,
+                         Device& device, Compute& compute, Communicator& communicator);
+    Result<void*> allocate(std::size_t size_bytes, const char* what);
+    Status gather(std::size_t index, StreamId stream);
+    std::size_t elem_bytes() const noexcept { return dtype_size_bytes(options_.dtype); }
+    std::byte* at(void* base, std::size_t offset_numel) const noexcept {
+        return static_cast<std::byte*>(base) + offset_numel * elem_bytes();
+    }
+
+    Partitioning partitioning_;
+    StagePlan plan_;
+    CoordinatorOptions options_;
+    Device& device_;
+    Compute& compute_;
+    Communicator& communicator_;
+    std::vector<Buffer> owned_;  // freed at destruction
+
+    void* full_params_ = nullptr;       // stages 0-2: full layout, dtype
+    float* full_working_ = nullptr;     // stages 0-2 with 16-bit dtype: fp32 copy of full_params_
+    void* partition_params_ = nullptr;  // stages 1-3: rank's partition, dtype
+    void* full_grads_ = nullptr;        // stages 0-1: full layout, dtype
+    void* partition_grads_ = nullptr;   // stages 1-3: rank's partition, dtype
+    void* stage_scratch_ = nullptr;     // max padded numel, dtype: a gradient before reduction
+    void* slice_scratch_ = nullptr;     // max slice numel, dtype
+    float* fp32_scratch_a_ = nullptr;   // max padded numel, fp32
+    float* fp32_scratch_b_ = nullptr;
+
+    OptimizerDomain domain_;
+    std::vector<ParamState> params_;
+    std::vector<std::uint32_t> trace_;
+    bool trace_complete_ = false;
+    std::uint64_t windows_ = 0;
+    std::size_t live_numel_ = 0;
+    std::size_t peak_live_numel_ = 0;
+    std::uint64_t fetch_count_ = 0;
+    std::uint64_t gathered_bytes_ = 0;
+    std::size_t persistent_bytes_ = 0;
+    bool warned_live_ = false;
+};
+
+}  // namespace zinf::zero
