@@ -75,7 +75,10 @@ do_build() {
 
   mapfile -t tests < <(gpu_test_names)
   [ ${#tests[@]} -gt 0 ] || die "ctest lists no test labelled gpu in $build_dir"
-  targets=("${tests[@]}" zinfinity-bench)
+  # The CPU optimizer tests travel too: the GPU machine's CPU has AVX-512, which the development
+  # machines may lack, so the AVX-512 variant is checked there.
+  cpu_tests=(kernels_cpu_features_test kernels_cast_test kernels_grad_stats_test kernels_optimizer_test)
+  targets=("${tests[@]}" "${cpu_tests[@]}" zinfinity-bench)
   if grep -q "zinfinity-train" "$build_dir/build.ninja" 2>/dev/null; then targets+=(zinfinity-train); fi
   log "building ${targets[*]}"
   cmake --build "$build_dir" -j "${ZINF_BUILD_JOBS:-$(nproc)}" --target "${targets[@]}" ||
@@ -89,6 +92,12 @@ do_build() {
     cp "$exe" "$stage/bin/"
   done
   printf '%s\n' "${tests[@]}" >"$stage/bin/gpu-tests.txt"
+  for t in "${cpu_tests[@]}"; do
+    exe=$(find "$build_dir" -type f -name "$t" -perm -u+x -print -quit)
+    [ -n "$exe" ] || die "built test $t not found under $build_dir"
+    cp "$exe" "$stage/bin/"
+  done
+  printf '%s\n' "${cpu_tests[@]}" >"$stage/bin/cpu-tests.txt"
   find "$build_dir" -type f -name zinfinity-bench -perm -u+x -exec cp {} "$stage/bin/" \; -quit
   find "$build_dir" -type f -name zinfinity-train -perm -u+x -exec cp {} "$stage/bin/" \; -quit
   for f in "$stage"/bin/*; do
@@ -290,6 +299,33 @@ do_run() {
       v() { printf '%s\n' "$line" | sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
       add "bench h2d (pool vs cudaMemcpy)" ok "h2d $(v h2d_pool_gbps) vs $(v h2d_baseline_gbps) GB/s; d2h $(v d2h_pool_gbps) vs $(v d2h_baseline_gbps) GB/s (medians)"
     else add "bench h2d (pool vs cudaMemcpy)" failed "exit $rc"; fi
+  fi
+
+  # 1b. CPU optimizer tests and the AdamW bench on this machine's CPU (AVX-512 where present).
+  log "== CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-); avx512f: $(grep -c -m1 avx512f /proc/cpuinfo)"
+  if [ -f "$bin/cpu-tests.txt" ]; then
+    while read -r t; do
+      limit=$(step_timeout 40)
+      if [ "$limit" -lt 10 ]; then add "cpu test $t" skipped "no time left"; continue; fi
+      out=$(run_bin timeout "$limit" "$bin/$t" 2>&1); rc=$?
+      printf '%s\n' "$out" | grep -E '^\[  (FAILED|SKIPPED|PASSED) |^\[==========\]|Failure' | head -20
+      passed=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+      skipped=$(printf '%s\n' "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' | tail -1)
+      if [ $rc -eq 0 ]; then add "cpu test $t" ok "${passed:-0} passed, ${skipped:-0} skipped"
+      else add "cpu test $t" failed "exit $rc"; fi
+    done <"$bin/cpu-tests.txt"
+    for vg in avx512:fp32 avx512:bf16 avx2:fp32; do
+      variant=${vg%%:*}; g=${vg##*:}; {
+        limit=$(step_timeout 45)
+        if [ "$limit" -lt 15 ]; then add "bench adam $variant $g" skipped "no time left"; continue; fi
+        out=$(run_bin timeout "$limit" "$bin/zinfinity-bench" adam --params 256M --grad-dtype $g \
+                --variant $variant --threads 2 --pairs 5 --no-scalar 2>&1); rc=$?
+        printf '%s\n' "$out" | tail -8
+        ratio=$(printf '%s\n' "$out" | grep -iE 'ratio|median' | tail -1 | sed 's/^ *//' | cut -c1-90)
+        if [ $rc -eq 0 ]; then add "bench adam $variant $g 2 thr" ok "$ratio"
+        else add "bench adam $variant $g 2 thr" failed "exit $rc"; fi
+      }
+    done
   fi
 
   # 3. zinfinity-bench swap with the device tier on the GPU.
