@@ -4,8 +4,8 @@
 // (page-locking on a GPU); host ↔ device copies run on one device stream and complete through
 // device events. It does no I/O syscalls of its own.
 //
-// TODO(tier): when swap/ is used for parameters, a SwapStoreMover (checksums, per-run directory)
-// replaces this behind the same interface; this one stays for benches and tests on the engine.
+// Training moves parameters through StoreMover (the swap store: checksums, validity, per-run
+// directory); this one stays for benches and tests that time the engine alone.
 #pragma once
 
 #include <cstddef>

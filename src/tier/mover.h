@@ -3,8 +3,8 @@
 // store, host ↔ device through the Device) and reports completion when polled. The manager owns no
 // file descriptors, no I/O handles and no device streams.
 //
-// Kept small on purpose: EngineMover implements it over io::Engine + Device today; the swap/
-// store (checksums, pinned pool) plugs in behind the same five calls.
+// Kept small on purpose: StoreMover implements it over the swap/ store (checksums, validity,
+// per-run directory) + Device, EngineMover over io::Engine + Device.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,210 @@
+// StoreMover: NVMe moves through the swap store (checksummed, validity-tracked); host ↔ device
+// through one device stream, as EngineMover does.
+#include "src/tier/store_mover.h"
+
+#include "src/base/aligned.h"
+#include "src/base/log.h"
+
+namespace zinf::tier {
+
+Result<std::unique_ptr<StoreMover>> StoreMover::create(swap::SwapStore& store, Device* device,
+                                                       std::span<std::byte> host_region,
+                                                       const StoreMoverOptions& options) {
+    if (options.max_in_flight == 0)
+        return Status::invalid_argument("store mover: max_in_flight must be > 0");
+    // O_DIRECT transfers need the buffer aligned to the file's logical block size; the store
+    // lays its extents out at kExtentAlignmentBytes, the largest block size it expects.
+    if (!is_aligned(host_region.data(), kAlignmentBytes)) {
+        return Status::invalid_argument(
+            str_cat("store mover: the host region is not ", kAlignmentBytes, "-byte aligned"));
+    }
+    std::unique_ptr<StoreMover> mover(new StoreMover(store, device, host_region, options));
+    if (!host_region.empty()) {
+        const Status registered = store.engine().register_buffers(host_region);
+        if (!registered.is_ok()) {
+            log::warning(
+                "store mover: host region not registered with the I/O engine (plain opcodes): ",
+                registered.to_string());
+        }
+    }
+    if (device != nullptr) {
+        ZINF_ASSIGN_OR_RETURN(mover->stream_, device->create_stream());
+        if (!host_region.empty()) {
+            ZINF_TRY(device->register_host_memory(host_region)
+                         .with_context("store mover: registering the host region"));
+            mover->device_registered_ = true;
+        }
+    }
+    return mover;
+}
+
+StoreMover::StoreMover(swap::SwapStore& store, Device* device, std::span<std::byte> host_region,
+                       const StoreMoverOptions& options)
+    : store_(store),
+      device_(device),
+      host_region_(host_region),
+      options_(options),
+      slots_(new Slot[options.max_in_flight]) {
+    free_slots_.reserve(options.max_in_flight);
+    for (std::size_t i = options.max_in_flight; i > 0; --i)
+        free_slots_.push_back(static_cast<MoveToken>(i - 1));
+}
+
+StoreMover::~StoreMover() {
+    // Every swap handle must have been waited for: the store asserts the same when it goes.
+    ZINF_ASSERT_EQ(free_slots_.size(), options_.max_in_flight);
+    if (device_registered_) {
+        const Status s = device_->unregister_host_memory(host_region_.data());
+        if (!s.is_ok()) log::warning("store mover: ", s.to_string());
+    }
+}
+
+Status StoreMover::reserve(PartitionId id, std::size_t size_bytes) {
+    if (size_bytes == 0)
+        return Status::invalid_argument(str_cat("store mover: partition ", id, " has size 0"));
+    if (id < reserved_.size() && reserved_[id]) {
+        return Status::invalid_argument(str_cat("store mover: partition ", id, " reserved twice"));
+    }
+    if (store_.contains(id)) {
+        // Reserved in the store by the caller, who writes its initial contents there directly.
+        const std::uint64_t stored_bytes = store_.extent(id).size_bytes;
+        if (stored_bytes != size_bytes) {
+            return Status::invalid_argument(str_cat("store mover: partition ", id, " has ",
+                                                    size_bytes, " bytes, but swap '", store_.name(),
+                                                    "' holds it with ", stored_bytes));
+        }
+    } else if (store_.committed()) {
+        return Status::invalid_argument(str_cat("store mover: partition ", id,
+                                                " reserved after swap '", store_.name(),
+                                                "' was committed (reserve every partition first)"));
+    } else {
+        const Status reserved = store_.reserve(id, size_bytes);
+        if (!reserved.is_ok()) return reserved.with_context(str_cat("store mover: partition ", id));
+    }
+    if (id >= reserved_.size()) reserved_.resize(static_cast<std::size_t>(id) + 1, false);
+    reserved_[id] = true;
+    return Status::ok();
+}
+
+StoreMover::Slot& StoreMover::slot(MoveToken token) {
+    ZINF_ASSERT_LT(token, options_.max_in_flight);
+    Slot& s = slots_[token];
+    ZINF_ASSERT(s.busy);
+    return s;
+}
+
+void StoreMover::free_slot(MoveToken token) noexcept {
+    Slot& s = slots_[token];
+    ZINF_ASSERT(s.busy);
+    // The store's operation is complete (waited for) or was never started.
+    ZINF_ASSERT(!s.swap.in_use());
+    s.busy = false;
+    ZINF_ASSERT_LT(free_slots_.size(), free_slots_.capacity());  // reserved: never reallocates
+    free_slots_.push_back(token);
+}
+
+Status StoreMover::failed(const Slot& s, const Status& status) const {
+    return status.with_context(
+        str_cat("partition ", s.id, ": ", move_kind_name(s.kind), " (", s.size_bytes, " bytes)"));
+}
+
+Result<MoveToken> StoreMover::start(const Move& move) noexcept {
+    ZINF_ASSERT(move.host != nullptr);
+    ZINF_ASSERT_GT(move.size_bytes, 0u);
+    const std::size_t length = align_up(move.size_bytes, kAlignmentBytes);
+    // The host buffer lies inside the region and is aligned (asserted here and, for O_DIRECT,
+    // again by the engine at submission).
+    ZINF_ASSERT(move.host >= host_region_.data());
+    ZINF_ASSERT_LE(move.host + length, host_region_.data() + host_region_.size());
+    ZINF_ASSERT(is_aligned(move.host, kAlignmentBytes));
+    const bool nvme = move.kind == MoveKind::kSwapIn || move.kind == MoveKind::kSwapOut;
+    if (nvme && !store_.committed()) {
+        // E.g. partitions registered straight into the host tier overflow it and one must be
+        // written back before the caller has committed the store.
+        return Status::invalid_argument(str_cat("store mover: partition ", move.id, ": ",
+                                                move_kind_name(move.kind), " before swap '",
+                                                store_.name(), "' was committed"));
+    }
+    if (free_slots_.empty()) return Status::busy("store mover: every move slot is in flight");
+    const MoveToken token = free_slots_.back();
+    free_slots_.pop_back();
+    Slot& s = slots_[token];
+    ZINF_ASSERT(!s.busy);
+    ZINF_ASSERT(!s.swap.in_use());
+    s.busy = true;
+    s.kind = move.kind;
+    s.id = move.id;
+    s.size_bytes = move.size_bytes;
+    Status started;
+    switch (move.kind) {
+        case MoveKind::kSwapIn:
+            // The store reads size_bytes; the buffer's aligned tail is padding.
+            started = store_.swap_in(move.id, std::span<std::byte>(move.host, length), s.swap);
+            break;
+        case MoveKind::kSwapOut:
+            // Only the partition's bytes: the checksums cover exactly them.
+            started = store_.swap_out(
+                move.id, std::span<const std::byte>(move.host, move.size_bytes), s.swap);
+            break;
+        case MoveKind::kToDevice:
+        case MoveKind::kToHost: {
+            ZINF_ASSERT(device_ != nullptr);
+            ZINF_ASSERT(move.device != nullptr);
+            started =
+                move.kind == MoveKind::kToDevice
+                    ? device_->copy_to_device(move.device, move.host, move.size_bytes, stream_)
+                    : device_->copy_to_host(move.host, move.device, move.size_bytes, stream_);
+            if (started.is_ok()) {
+                Result<EventId> event = device_->record_event(stream_);
+                if (event.has_value()) {
+                    s.event = *event;
+                } else {
+                    // The copy is queued but cannot be tracked: wait for it here rather than
+                    // hand back a buffer the device may still read or write.
+                    (void)device_->synchronize(stream_);
+                    started = event.error();
+                }
+            }
+            break;
+        }
+    }
+    if (!started.is_ok()) {
+        free_slot(token);
+        return failed(s, started);
+    }
+    return token;
+}
+
+Result<bool> StoreMover::poll(MoveToken token) noexcept {
+    Slot& s = slot(token);
+    Status status;
+    if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
+        if (!s.swap.done()) return false;
+        // Done: completes at once, marking the copy valid or verifying the bytes read.
+        status = s.swap.wait();
+    } else {
+        Result<bool> done = device_->event_done(s.event);
+        if (done.has_value() && !*done) return false;
+        status = done.status();
+        device_->release_event(s.event);
+    }
+    free_slot(token);
+    if (!status.is_ok()) return failed(s, status);
+    return true;
+}
+
+Status StoreMover::wait(MoveToken token) noexcept {
+    Slot& s = slot(token);
+    Status status;
+    if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
+        status = s.swap.wait();
+    } else {
+        status = device_->synchronize_event(s.event);
+        device_->release_event(s.event);
+    }
+    free_slot(token);
+    if (!status.is_ok()) return failed(s, status);
+    return status;
+}
+
+}  // namespace zinf::tier
