@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "io/engine.h"
@@ -34,6 +35,15 @@ struct PinnedPool::Memory {
 namespace {
 
 // The NUMA node of the CPU the calling thread last ran on; -1 when hwloc cannot tell.
+// The NUMA node of the first non-I/O ancestor of the PCI device `bus_id`; -1 if unknown.
+int pci_device_node(hwloc_topology_t topology, const std::string& bus_id) {
+    hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topology, bus_id.c_str());
+    if (pci == nullptr) return -1;
+    hwloc_obj_t ancestor = hwloc_get_non_io_ancestor_obj(topology, pci);
+    if (ancestor == nullptr || ancestor->nodeset == nullptr) return -1;
+    return hwloc_bitmap_first(ancestor->nodeset);
+}
+
 int calling_thread_node(hwloc_topology_t topology) {
     hwloc_bitmap_t cpuset = hwloc_bitmap_alloc();
     hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
@@ -72,12 +82,26 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
     const std::size_t total = pool->buffer_count_ * pool->buffer_size_bytes_;
 
     auto memory = std::make_unique<Memory>();
-    if (hwloc_topology_init(&memory->topology) != 0 || hwloc_topology_load(memory->topology) != 0) {
+    // PCI objects are kept so that a GPU's bus id can be found in the topology.
+    if (hwloc_topology_init(&memory->topology) != 0 ||
+        hwloc_topology_set_io_types_filter(memory->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) !=
+            0 ||
+        hwloc_topology_load(memory->topology) != 0) {
         return Status::internal(
             str_cat("pinned pool '", options.name, "': hwloc topology: ", std::strerror(errno)));
     }
-    // TODO(swap): for a CUDA device, the node closest to its PCI bus (needs a bus id on Device).
-    const int node = calling_thread_node(memory->topology);
+    // The node closest to the device's PCI bus where it has one (a GPU), else the node the
+    // calling thread runs on.
+    const std::string bus_id =
+        options.near_device != nullptr ? options.near_device->pci_bus_id() : std::string();
+    int node = bus_id.empty() ? -1 : pci_device_node(memory->topology, bus_id);
+    if (node < 0) {
+        if (!bus_id.empty()) {
+            log::debug("pinned pool '", options.name, "': no NUMA node known for PCI device ",
+                       bus_id, "; using the calling thread's");
+        }
+        node = calling_thread_node(memory->topology);
+    }
     hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
     if (node >= 0 && nodeset != nullptr) {
         hwloc_bitmap_only(nodeset, static_cast<unsigned>(node));

@@ -29,10 +29,9 @@ struct PinnedPoolOptions {
     std::string name = "pinned";        // named in every error message
     std::size_t buffer_count = 4;       // `buffer_count` of the offload section
     std::size_t buffer_size_bytes = 0;  // a multiple of 4096 (rounded up if not)
-    // Place the region on the NUMA node closest to this device; nullptr or a CPU device: the
-    // node of the calling thread. (The Device interface does not expose a PCI address yet, so a
-    // CUDA device also uses the calling thread's node. TODO(swap): use hwloc's PCI objects once
-    // Device reports its bus id.)
+    // Place the region on the NUMA node hwloc reports closest to this device's PCI bus
+    // (Device::pci_bus_id: a GPU); nullptr, a CPU device or an unknown bus: the node of the
+    // calling thread.
     const Device* near_device = nullptr;
     // mlock failing (RLIMIT_MEMLOCK for non-root users) is an error unless this is set, in which
     // case the pool logs a warning and works unlocked (slower copies to a GPU, same results).

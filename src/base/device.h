@@ -66,6 +66,10 @@ public:
     // the CPU device accepts and records it. Unregister before freeing the memory.
     virtual Status register_host_memory(std::span<std::byte> region) = 0;
     virtual Status unregister_host_memory(void* base) = 0;
+
+    // The device's PCI address ("0000:3b:00.0"), for placing host memory on the NUMA node
+    // closest to it; empty when it has none (the CPU device).
+    virtual std::string pci_bus_id() const { return {}; }
 };
 
 }  // namespace zinf

@@ -158,9 +158,17 @@ Status CpuDevice::synchronize(StreamId stream) {
 bool CpuDevice::owns_range_locked(const void* ptr, std::size_t size_bytes) const {
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
     auto it = allocations_.upper_bound(address);
-    if (it == allocations_.begin()) return false;
-    --it;
-    return address >= it->first && address + size_bytes <= it->first + it->second.size();
+    if (it != allocations_.begin()) {
+        --it;
+        if (address >= it->first && address + size_bytes <= it->first + it->second.size())
+            return true;
+    }
+    // Registered host memory is device memory to the CPU device (outside its budget): host
+    // copies of offloaded states are used in place.
+    auto h = host_regions_.upper_bound(address);
+    if (h == host_regions_.begin()) return false;
+    --h;
+    return address >= h->first && address + size_bytes <= h->first + h->second;
 }
 
 void CpuDevice::run_op(const Op& op) noexcept {

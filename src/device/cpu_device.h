@@ -78,6 +78,8 @@ public:
                           StreamId stream) override;
     Status fill_zero(void* device_dst, std::size_t size_bytes, StreamId stream) override;
 
+    // Registered host memory is accepted by the copies and fills as device memory (it is host
+    // memory either way), outside the budget: offloaded states are used in place.
     Status register_host_memory(std::span<std::byte> region) override;
     Status unregister_host_memory(void* base) override;
 
@@ -97,7 +99,8 @@ private:
     // Queues (or runs inline) one operation; waits while the ring is full.
     Status enqueue(const Op& op, StreamId stream);
     static void run_op(const Op& op) noexcept;
-    // True when [ptr, ptr + size) lies inside one allocation. Caller holds mutex_.
+    // True when [ptr, ptr + size) lies inside one allocation or one registered host region.
+    // Caller holds mutex_.
     bool owns_range_locked(const void* ptr, std::size_t size_bytes) const;
     bool event_done_locked(EventId event) const;
 

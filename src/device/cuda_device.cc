@@ -340,6 +340,14 @@ Status CudaDevice::fill_zero(void* device_dst, std::size_t size_bytes, StreamId 
     return Status::ok();
 }
 
+std::string CudaDevice::pci_bus_id() const {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof id), ordinal_) != cudaSuccess) {
+        return {};
+    }
+    return id;
+}
+
 Status CudaDevice::register_host_memory(std::span<std::byte> region) {
     ZINF_ASSERT(region.data() != nullptr);
     ZINF_ASSERT_GT(region.size(), std::size_t{0});

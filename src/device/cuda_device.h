@@ -101,6 +101,8 @@ public:
     // cudaHostUnregister. Registering a region twice is kInvalidArgument.
     Status register_host_memory(std::span<std::byte> region) override;
     Status unregister_host_memory(void* base) override;
+    // cudaDeviceGetPCIBusId; empty if the runtime cannot say.
+    std::string pci_bus_id() const override;
 
     // CUDA-specific, for the kernels, cuBLAS and NCCL.
     int ordinal() const noexcept { return ordinal_; }
