@@ -300,4 +300,37 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
     return status;
 }
 
+Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const float> params,
+                                         std::span<const float> exp_avg,
+                                         std::span<const float> exp_avg_sq) {
+    ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    const std::uint64_t numel = sub_group_numel(sub_group);
+    ZINF_ASSERT_EQ(params.size(), numel);
+    SwapTicket& ticket = tickets_[0];
+    PartitionId ids[3];
+    for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(sub_group, k);
+    auto n = swapper_->prepare(std::span<const PartitionId>(ids, state_count_), ticket);
+    Status status = n.has_value() ? Status::ok() : n.error();
+    if (status.is_ok()) {
+        ZINF_ASSERT_EQ(*n, state_count_);
+        auto put = [&](std::size_t k, std::span<const float> from) {
+            std::span<std::byte> to = ticket.data(k);
+            if (from.empty()) {
+                std::memset(to.data(), 0, to.size());
+                return;
+            }
+            ZINF_ASSERT_EQ(from.size(), numel);
+            std::memcpy(to.data(), from.data(), numel * sizeof(float));
+        };
+        put(0, params);
+        std::size_t k = 1;
+        if (options_.kind != kernels::OptimizerKind::kAdagrad) put(k++, exp_avg);
+        if (k < state_count_) put(k, exp_avg_sq);
+        status = swapper_->write_back(ticket);
+        if (status.is_ok()) status = ticket.wait();
+    }
+    drain();
+    return status;
+}
+
 }  // namespace zinf::swap

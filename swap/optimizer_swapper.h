@@ -113,6 +113,11 @@ public:
     Status read_sub_group(std::size_t sub_group, std::span<float> params, std::span<float> exp_avg,
                           std::span<float> exp_avg_sq);
 
+    // Writes one sub-group's master parameters and states (checkpoint load); the same shapes
+    // as read_sub_group (an empty state span writes zeros). Blocks until it is on disk.
+    Status write_sub_group(std::size_t sub_group, std::span<const float> params,
+                           std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+
     std::size_t sub_group_count() const noexcept { return sub_group_count_; }
     std::uint64_t sub_group_numel(std::size_t sub_group) const noexcept;
     std::uint64_t sub_group_offset_numel(std::size_t sub_group) const noexcept {

@@ -2,6 +2,7 @@
 #include "zero/parameter_coordinator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "src/base/log.h"
@@ -24,6 +25,9 @@ ParameterCoordinator::~ParameterCoordinator() {
         if (p.working != nullptr) device_.free(p.working);
     }
     for (const auto& b : owned_) device_.free(b.data);
+    if (partition_grads_ != nullptr && partition_grads_ == host_grads_.data()) {
+        (void)device_.unregister_host_memory(host_grads_.data());
+    }
 }
 
 Result<void*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
@@ -42,6 +46,16 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     if (options.stage < 0 || options.stage > 3) {
         return Status::invalid_argument("zero_optimization.stage: expected 0..3, got " +
                                         std::to_string(options.stage));
+    }
+    if (options.offloaded_parameters != nullptr && options.stage != 3) {
+        return Status::invalid_argument(
+            "zero_optimization.offload_param: parameters are offloaded only under stage 3, got "
+            "stage " +
+            std::to_string(options.stage));
+    }
+    if (options.host_gradients && device.kind() != DeviceKind::kCpu) {
+        return Status::not_supported(
+            "zero: host-resident gradient partitions are implemented for the CPU device only");
     }
     ZINF_ASSIGN_OR_RETURN(auto partitioning, Partitioning::create(numels, communicator.world_size(),
                                                                   communicator.rank()));
@@ -68,10 +82,29 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
         }
     }
     if (plan.optimizer_partitioned) {
-        ZINF_ASSIGN_OR_RETURN(c->partition_params_, c->allocate(partitioning.partition_numel() * eb,
-                                                                "parameter partition"));
-        ZINF_ASSIGN_OR_RETURN(c->partition_grads_, c->allocate(partitioning.partition_numel() * eb,
-                                                               "gradient partition"));
+        if (options.offloaded_parameters == nullptr) {
+            ZINF_ASSIGN_OR_RETURN(
+                c->partition_params_,
+                c->allocate(partitioning.partition_numel() * eb, "parameter partition"));
+        }
+        if (options.host_gradients) {
+            const std::size_t bytes = std::max<std::size_t>(partitioning.partition_numel() * eb, 64);
+            auto host = AlignedBuffer::allocate(bytes);
+            if (!host.has_value()) return host.error().with_context("zero: host gradient partition");
+            c->host_grads_ = std::move(*host);
+            std::memset(c->host_grads_.data(), 0, bytes);
+            // The CPU device then treats it as its own memory, outside the budget.
+            ZINF_TRY(device.register_host_memory(std::span<std::byte>(c->host_grads_.data(), bytes))
+                         .with_context("zero: host gradient partition"));
+            c->partition_grads_ = c->host_grads_.data();
+        } else {
+            ZINF_ASSIGN_OR_RETURN(
+                c->partition_grads_,
+                c->allocate(partitioning.partition_numel() * eb, "gradient partition"));
+        }
+    } else if (options.host_gradients) {
+        return Status::invalid_argument(
+            "zero: host-resident gradients need a partitioned optimizer (stage 1-3)");
     }
     if (!plan.gradients_partitioned) {
         ZINF_ASSIGN_OR_RETURN(c->full_grads_,
@@ -102,6 +135,61 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     return c;
 }
 
+template <typename Fn>
+Status ParameterCoordinator::for_each_slice(std::size_t offset_numel, std::size_t numel,
+                                            Fn fn) const {
+    const std::size_t end = offset_numel + numel;
+    for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
+        const auto& s = partitioning_.slot(i);
+        const std::size_t lo = std::max(offset_numel, s.partition_offset_numel);
+        const std::size_t hi = std::min(end, s.partition_offset_numel + s.slice_numel);
+        if (lo >= hi) continue;
+        ZINF_TRY(fn(i, lo - s.partition_offset_numel, lo - offset_numel, hi - lo));
+    }
+    return Status::ok();
+}
+
+Status ParameterCoordinator::write_domain_parameters(std::size_t offset_numel,
+                                                     std::span<const std::byte> bytes,
+                                                     StreamId stream) {
+    const std::size_t eb = elem_bytes();
+    ZINF_ASSERT_EQ(bytes.size() % eb, 0u);
+    const std::size_t numel = bytes.size() / eb;
+    ZINF_ASSERT_LE(offset_numel + numel, domain_.numel);
+    PartitionStorage* storage = options_.offloaded_parameters;
+    if (storage == nullptr) {
+        ZINF_TRY(device_.copy_to_device(at(domain_.parameters, offset_numel), bytes.data(),
+                                        bytes.size(), stream));
+        return device_.synchronize(stream);
+    }
+    return for_each_slice(offset_numel, numel,
+                          [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
+                              std::size_t n) {
+                              return storage->write(index, in_slice * eb,
+                                                    bytes.subspan(in_range * eb, n * eb));
+                          });
+}
+
+Status ParameterCoordinator::read_domain_parameters(std::size_t offset_numel,
+                                                    std::span<std::byte> bytes, StreamId stream) {
+    const std::size_t eb = elem_bytes();
+    ZINF_ASSERT_EQ(bytes.size() % eb, 0u);
+    const std::size_t numel = bytes.size() / eb;
+    ZINF_ASSERT_LE(offset_numel + numel, domain_.numel);
+    PartitionStorage* storage = options_.offloaded_parameters;
+    if (storage == nullptr) {
+        ZINF_TRY(device_.copy_to_host(bytes.data(), at(domain_.parameters, offset_numel),
+                                      bytes.size(), stream));
+        return device_.synchronize(stream);
+    }
+    return for_each_slice(offset_numel, numel,
+                          [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
+                              std::size_t n) {
+                              return storage->read(index, in_slice * eb,
+                                                   bytes.subspan(in_range * eb, n * eb));
+                          });
+}
+
 std::size_t ParameterCoordinator::domain_offset_numel(std::size_t index) const {
     const auto& s = partitioning_.slot(index);
     return plan_.optimizer_partitioned ? s.partition_offset_numel : s.full_offset_numel;
@@ -118,6 +206,9 @@ Status ParameterCoordinator::initialize(const InitialValues& values, StreamId st
         max_padded = std::max(max_padded, partitioning_.slot(i).padded_numel);
     }
     std::vector<float> staging(max_padded);
+    std::vector<std::byte> narrow_staging;
+    PartitionStorage* storage = options_.offloaded_parameters;
+    if (storage != nullptr) narrow_staging.resize(max_padded * elem_bytes());
     const int rank = partitioning_.rank();
     for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
         const auto& s = partitioning_.slot(i);
@@ -130,7 +221,7 @@ Status ParameterCoordinator::initialize(const InitialValues& values, StreamId st
                 values(i, static_cast<std::size_t>(rank) * s.slice_numel,
                        std::span<float>(staging.data(), valid));
             }
-            dst = at(partition_params_, s.partition_offset_numel);
+            dst = storage != nullptr ? stage_scratch_ : at(partition_params_, s.partition_offset_numel);
             n = s.slice_numel;
         } else {
             values(i, 0, std::span<float>(staging.data(), s.numel));
@@ -139,6 +230,13 @@ Status ParameterCoordinator::initialize(const InitialValues& values, StreamId st
         }
         ZINF_TRY(device_.copy_to_device(fp32_scratch_a_, staging.data(), n * 4, stream));
         ZINF_TRY(compute_.cast(fp32_scratch_a_, DType::kFloat32, dst, options_.dtype, n, stream));
+        if (storage != nullptr) {
+            const std::size_t bytes = n * elem_bytes();
+            ZINF_TRY(device_.copy_to_host(narrow_staging.data(), dst, bytes, stream));
+            ZINF_TRY(device_.synchronize(stream));
+            ZINF_TRY(storage->write(i, 0, std::span<const std::byte>(narrow_staging.data(), bytes))
+                         .with_context("initial values of parameter " + std::to_string(i)));
+        }
         // The staging vector is reused: wait before overwriting it.
         ZINF_TRY(device_.synchronize(stream));
     }
@@ -173,15 +271,40 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
                                         std::to_string(index));
     }
     p.working = static_cast<float*>(*ptr);
-    const void* slice = at(partition_params_, s.partition_offset_numel);
-    if (options_.dtype == DType::kFloat32) {
-        ZINF_TRY(
-            communicator_.all_gather(slice, p.working, s.slice_numel, DType::kFloat32, stream));
+    PartitionStorage* storage = options_.offloaded_parameters;
+    const void* slice = nullptr;
+    if (storage != nullptr) {
+        auto got = storage->begin_read(index, stream);
+        if (!got.has_value()) {
+            device_.free(p.working);
+            p.working = nullptr;
+            return got.error().with_context("zero stage 3: reading parameter " +
+                                            std::to_string(index));
+        }
+        slice = *got;
     } else {
-        ZINF_TRY(
-            communicator_.all_gather(slice, stage_scratch_, s.slice_numel, options_.dtype, stream));
-        ZINF_TRY(compute_.cast(stage_scratch_, options_.dtype, p.working, DType::kFloat32,
-                               s.padded_numel, stream));
+        slice = at(partition_params_, s.partition_offset_numel);
+    }
+    Status status;
+    if (options_.dtype == DType::kFloat32) {
+        status = communicator_.all_gather(slice, p.working, s.slice_numel, DType::kFloat32, stream);
+    } else {
+        status =
+            communicator_.all_gather(slice, stage_scratch_, s.slice_numel, options_.dtype, stream);
+        if (status.is_ok()) {
+            status = compute_.cast(stage_scratch_, options_.dtype, p.working, DType::kFloat32,
+                                   s.padded_numel, stream);
+        }
+    }
+    if (storage != nullptr) {
+        const Status ended = storage->end_read(index, stream);
+        if (status.is_ok()) status = ended;
+    }
+    if (!status.is_ok()) {
+        (void)device_.synchronize(stream);
+        device_.free(p.working);
+        p.working = nullptr;
+        return status;
     }
     p.gathered = true;
     gathered_bytes_ += s.padded_numel * elem_bytes();
@@ -318,18 +441,21 @@ Status ParameterCoordinator::publish_parameters(StreamId stream) {
         ZINF_TRY(compute_.cast(full_params_, options_.dtype, full_working_, DType::kFloat32,
                                partitioning_.full_numel(), stream));
     }
-    if (plan_.parameters_partitioned) {
-        // Persistent parameters hold stale values now: drop them; the next fetch gathers again.
-        ZINF_TRY(device_.synchronize(stream));
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-            auto& p = params_[i];
-            ZINF_ASSERT_EQ(p.fetches, 0u);
-            if (!p.gathered) continue;
-            device_.free(p.working);
-            p.working = nullptr;
-            p.gathered = false;
-            live_numel_ -= partitioning_.slot(i).padded_numel;
-        }
+    // Persistent parameters hold stale values now: drop them; the next fetch gathers again.
+    return drop_gathered(stream);
+}
+
+Status ParameterCoordinator::drop_gathered(StreamId stream) {
+    if (!plan_.parameters_partitioned) return Status::ok();
+    ZINF_TRY(device_.synchronize(stream));
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+        auto& p = params_[i];
+        ZINF_ASSERT_EQ(p.fetches, 0u);
+        if (!p.gathered) continue;
+        device_.free(p.working);
+        p.working = nullptr;
+        p.gathered = false;
+        live_numel_ -= partitioning_.slot(i).padded_numel;
     }
     return Status::ok();
 }

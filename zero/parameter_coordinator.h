@@ -20,12 +20,14 @@
 #include <span>
 #include <vector>
 
+#include "src/base/aligned.h"
 #include "src/base/compute.h"
 #include "src/base/device.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
 #include "zero/communicator.h"
 #include "zero/partition.h"
+#include "zero/partition_storage.h"
 
 namespace zinf::zero {
 
@@ -39,6 +41,13 @@ struct CoordinatorOptions {
     // Stage 3: more gathered elements than this at once is reported (peak_live_numel) and logged
     // once; modules hold what they fetch, so the coordinator cannot refuse.
     std::size_t max_live_parameters_numel = 1'000'000'000;
+    // Stage 3 with `offload_param`: the rank's parameter partition lives in this storage
+    // (borrowed, outlives the coordinator) instead of device memory; null: on the device.
+    PartitionStorage* offloaded_parameters = nullptr;
+    // The rank's gradient partition (the optimizer domain's gradients) in host memory outside
+    // the device budget, as DeepSpeed keeps it under optimizer offload. CPU device only (its
+    // memory is host memory, so the device's compute reads it in place).
+    bool host_gradients = false;
 };
 
 // The optimizer's view of the rank's share, in device memory, valid until the coordinator dies.
@@ -46,7 +55,9 @@ struct OptimizerDomain {
     std::size_t numel = 0;
     DType dtype = DType::kFloat32;
     void* gradients = nullptr;   // numel values of dtype (after reduce_gradients)
-    void* parameters = nullptr;  // numel values of dtype: the optimizer writes new values here
+    // numel values of dtype: the optimizer writes new values here; null when the parameters are
+    // offloaded (write_domain_parameters reaches them wherever they are).
+    void* parameters = nullptr;
 };
 
 class ParameterCoordinator {
@@ -93,6 +104,18 @@ public:
     // After the optimizer wrote domain().parameters: all-gathers them (stages 1-2) and refreshes
     // the fp32 copies the model reads.
     Status publish_parameters(StreamId stream);
+    // Host-side access to the domain's parameters (values of dtype()), wherever they live:
+    // elements [offset_numel, offset_numel + bytes / dtype size). Blocks until done.
+    Status write_domain_parameters(std::size_t offset_numel, std::span<const std::byte> bytes,
+                                   StreamId stream);
+    Status read_domain_parameters(std::size_t offset_numel, std::span<std::byte> bytes,
+                                  StreamId stream);
+    bool parameters_offloaded() const noexcept { return options_.offloaded_parameters != nullptr; }
+    bool gradients_on_host() const noexcept { return options_.host_gradients; }
+    // Stage 3: frees every gathered copy (persistent ones included), so that the next window
+    // fetches every parameter in its usual order (the engine calls it after an evaluation).
+    // Precondition: nothing fetched.
+    Status drop_gathered(StreamId stream);
     // Where parameter `index`'s slice sits in the domain (offset, numel of real elements).
     std::size_t domain_offset_numel(std::size_t index) const;
     std::size_t domain_valid_numel(std::size_t index) const;
@@ -125,6 +148,10 @@ private:
                          Device& device, Compute& compute, Communicator& communicator);
     Result<void*> allocate(std::size_t size_bytes, const char* what);
     Status gather(std::size_t index, StreamId stream);
+    // Calls fn(index, offset_in_slice_numel, offset_in_range_numel, numel) for every parameter
+    // slice overlapping domain elements [offset_numel, offset_numel + numel) (stage 3 layout).
+    template <typename Fn>
+    Status for_each_slice(std::size_t offset_numel, std::size_t numel, Fn fn) const;
     std::size_t elem_bytes() const noexcept { return dtype_size_bytes(options_.dtype); }
     std::byte* at(void* base, std::size_t offset_numel) const noexcept {
         return static_cast<std::byte*>(base) + offset_numel * elem_bytes();
@@ -137,6 +164,7 @@ private:
     Compute& compute_;
     Communicator& communicator_;
     std::vector<Buffer> owned_;  // freed at destruction
+    AlignedBuffer host_grads_;   // host_gradients: the gradient partition
 
     void* full_params_ = nullptr;       // stages 0-2: full layout, dtype
     float* full_working_ = nullptr;     // stages 0-2 with 16-bit dtype: fp32 copy of full_params_
