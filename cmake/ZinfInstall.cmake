@@ -8,15 +8,15 @@ add_library(zinfinity INTERFACE)
 target_link_libraries(zinfinity INTERFACE zinf_engine zinf_data)
 add_library(zinfinity::zinfinity ALIAS zinfinity)
 
-set(ZINF_EXPORTED_TARGETS zinfinity zinf_engine zinf_data zinf_model zinf_zero zinf_device
-    zinf_device_compute zinf_kernels zinf_base)
+set(ZINF_EXPORTED_TARGETS zinfinity zinf_engine zinf_data zinf_model zinf_zero zinf_tier zinf_swap
+    zinf_io zinf_device zinf_device_compute zinf_kernels zinf_base)
 install(TARGETS ${ZINF_EXPORTED_TARGETS}
   EXPORT zinfinityTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zinfinity)
 # Headers keep their repository paths: #include "src/engine/engine.h".
-foreach(dir src/base src/device src/model src/data src/engine zero kernels)
+foreach(dir src/base src/device src/model src/data src/engine src/tier zero swap io kernels)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zinfinity/${dir}
     FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
@@ -33,4 +33,7 @@ install(FILES
   ${PROJECT_BINARY_DIR}/zinfinityConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/FindOpenBLAS.cmake
   ${PROJECT_SOURCE_DIR}/cmake/FindXxhash.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/FindHwloc.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/FindLibUring.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/FindLibAio.cmake
   DESTINATION ${ZINF_CMAKE_DIR})

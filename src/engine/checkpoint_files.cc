@@ -94,6 +94,79 @@ Status CheckpointWriter::write_file(const std::string& name, std::span<const std
     return Status::ok();
 }
 
+namespace {
+
+std::shared_ptr<void> new_hash_state() {
+    XXH3_state_t* st = XXH3_createState();
+    ZINF_ASSERT(st != nullptr);
+    XXH3_64bits_reset(st);
+    return std::shared_ptr<void>(st, [](void* p) { XXH3_freeState(static_cast<XXH3_state_t*>(p)); });
+}
+
+}  // namespace
+
+Status CheckpointFile::append(std::span<const std::byte> bytes) {
+    ZINF_ASSERT(fd_.valid());
+    std::size_t done = 0;
+    // Bounded: every iteration writes at least one byte or returns an error.
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd_.get(), bytes.data() + done, bytes.size() - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return Status::from_errno(errno, "checkpoint: write " + path_);
+        }
+        if (n == 0) return Status::io_error("checkpoint: write " + path_ + " wrote nothing", EIO);
+        done += static_cast<std::size_t>(n);
+    }
+    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_.get()), bytes.data(), bytes.size());
+    bytes_ += bytes.size();
+    return Status::ok();
+}
+
+Status CheckpointFile::read(std::span<std::byte> bytes) {
+    ZINF_ASSERT(fd_.valid());
+    if (bytes_ + bytes.size() > expected_bytes_) {
+        return Status::corruption("checkpoint: " + path_ + ": reading past the " +
+                                  std::to_string(expected_bytes_) + " bytes the manifest states");
+    }
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::read(fd_.get(), bytes.data() + done, bytes.size() - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return Status::from_errno(errno, "checkpoint: read " + path_);
+        }
+        if (n == 0)
+            return Status::corruption("checkpoint: " + path_ + " is shorter than its manifest says");
+        done += static_cast<std::size_t>(n);
+    }
+    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_.get()), bytes.data(), bytes.size());
+    bytes_ += bytes.size();
+    return Status::ok();
+}
+
+Result<CheckpointFile> CheckpointWriter::begin_file(const std::string& name) {
+    ZINF_ASSERT(!committed_);
+    CheckpointFile f;
+    f.name_ = name;
+    f.path_ = temp_path_ + "/" + name;
+    f.fd_ = FileDescriptor(::open(f.path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!f.fd_.valid()) return Status::from_errno(errno, "checkpoint: open " + f.path_);
+    f.state_ = new_hash_state();
+    return f;
+}
+
+Status CheckpointWriter::end_file(CheckpointFile& file) {
+    ZINF_ASSERT(file.fd_.valid());
+    if (::fsync(file.fd_.get()) != 0) {
+        return Status::from_errno(errno, "checkpoint: fsync " + file.path_);
+    }
+    files_.push_back("file " + file.name_ + " " + std::to_string(file.bytes_) + " " +
+                     hex(XXH3_64bits_digest(static_cast<XXH3_state_t*>(file.state_.get()))));
+    file.fd_ = FileDescriptor();
+    return Status::ok();
+}
+
 Status CheckpointWriter::commit() {
     ZINF_ASSERT(!committed_);
     std::string manifest = "zinfinity-checkpoint 1\n";
@@ -215,6 +288,43 @@ Status CheckpointReader::read_file(const std::string& name, std::span<std::byte>
     }
     if (checksum(out) != it->second.checksum) {
         return Status::corruption("checkpoint: " + path + ": checksum mismatch");
+    }
+    return Status::ok();
+}
+
+Result<CheckpointFile> CheckpointReader::open_file(const std::string& name,
+                                                  std::uint64_t size_bytes) const {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+        return Status::corruption("checkpoint " + path_ + ": manifest lists no file '" + name +
+                                  "'");
+    }
+    if (it->second.size_bytes != size_bytes) {
+        return Status::corruption("checkpoint " + path_ + "/" + name + ": " +
+                                  std::to_string(it->second.size_bytes) + " bytes, expected " +
+                                  std::to_string(size_bytes));
+    }
+    CheckpointFile f;
+    f.name_ = name;
+    f.path_ = path_ + "/" + name;
+    f.fd_ = FileDescriptor(::open(f.path_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f.fd_.valid()) return Status::from_errno(errno, "checkpoint: open " + f.path_);
+    f.expected_bytes_ = size_bytes;
+    f.expected_sum_ = it->second.checksum;
+    f.state_ = new_hash_state();
+    return f;
+}
+
+Status CheckpointReader::end_file(CheckpointFile& file) const {
+    ZINF_ASSERT(file.fd_.valid());
+    file.fd_ = FileDescriptor();
+    if (file.bytes_ != file.expected_bytes_) {
+        return Status::corruption("checkpoint: " + file.path_ + ": read " +
+                                  std::to_string(file.bytes_) + " of " +
+                                  std::to_string(file.expected_bytes_) + " bytes");
+    }
+    if (XXH3_64bits_digest(static_cast<XXH3_state_t*>(file.state_.get())) != file.expected_sum_) {
+        return Status::corruption("checkpoint: " + file.path_ + ": checksum mismatch");
     }
     return Status::ok();
 }

@@ -7,13 +7,39 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "src/base/file.h"
 #include "src/base/status.h"
 
 namespace zinf::engine {
+
+// One checkpoint file written or read piece by piece, for states too large to hold in memory at
+// once (optimizer states on NVMe). Move-only; the checksum runs over the pieces in order.
+class CheckpointFile {
+public:
+    CheckpointFile() = default;
+    CheckpointFile(CheckpointFile&&) noexcept = default;
+    CheckpointFile& operator=(CheckpointFile&&) noexcept = default;
+    // Appends (writer) or reads the next bytes (reader). Errors: kIo, kNoSpace; reading past
+    // the end the manifest states is kCorruption.
+    Status append(std::span<const std::byte> bytes);
+    Status read(std::span<std::byte> bytes);
+
+private:
+    friend class CheckpointWriter;
+    friend class CheckpointReader;
+    FileDescriptor fd_;
+    std::string name_;
+    std::string path_;
+    std::uint64_t bytes_ = 0;           // appended or read so far
+    std::uint64_t expected_bytes_ = 0;  // reader: the manifest's size
+    std::uint64_t expected_sum_ = 0;    // reader: the manifest's checksum
+    std::shared_ptr<void> state_;       // XXH3 streaming state
+};
 
 // XXH3-64 of `bytes`.
 std::uint64_t checksum(std::span<const std::byte> bytes) noexcept;
@@ -30,6 +56,9 @@ public:
 
     // Writes one file (fsynced) and records its size and checksum. Errors: kIo, kNoSpace.
     Status write_file(const std::string& name, std::span<const std::byte> bytes);
+    // The streaming form: begin, append the bytes in order, end (fsync; recorded in the manifest).
+    Result<CheckpointFile> begin_file(const std::string& name);
+    Status end_file(CheckpointFile& file);
     void set(const std::string& key, const std::string& value) { values_[key] = value; }
     // Writes the manifest, fsyncs, renames the directory to <dir>/<tag> (replacing an older one
     // of that tag) and points <dir>/latest at the tag. Errors: kIo.
@@ -58,6 +87,12 @@ public:
     // Reads file `name` into `out`, which must be exactly its size; verifies the checksum.
     // Errors: kCorruption (size or checksum mismatch, unknown file), kIo.
     Status read_file(const std::string& name, std::span<std::byte> out) const;
+    // The streaming form: open (kCorruption unless the manifest lists `name` with exactly
+    // `size_bytes`), read the bytes in order, end (kCorruption unless all were read and the
+    // checksum matches). Bytes read before end() are unverified: after an error the caller
+    // must discard what it restored.
+    Result<CheckpointFile> open_file(const std::string& name, std::uint64_t size_bytes) const;
+    Status end_file(CheckpointFile& file) const;
 
 private:
     struct FileEntry {

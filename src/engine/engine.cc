@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "src/base/log.h"
@@ -81,6 +82,58 @@ private:
     const model::ParameterRegistry& registry_;
 };
 
+// The NVMe optimizer's gradient source: the domain's gradients (host-readable on the CPU device),
+// and the new parameters handed to the coordinator after each sub-group.
+class Engine::SwapGradients final : public swap::GradientSource {
+public:
+    SwapGradients(Engine& e, const std::byte* grads) : e_(e), grads_(grads) {}
+    Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset,
+                                        std::uint64_t numel) override {
+        const auto& d = e_.coordinator_->domain();
+        return kernels::GradView{grads_ + offset * dtype_size_bytes(d.dtype),
+                                 static_cast<std::size_t>(numel), kernel_dtype(d.dtype)};
+    }
+    kernels::ParamCopy param_copy(std::size_t, std::uint64_t, std::uint64_t numel) override {
+        const auto& d = e_.coordinator_->domain();
+        if (d.dtype == DType::kFloat32) return kernels::ParamCopy::none();
+        return kernels::ParamCopy{reinterpret_cast<std::uint16_t*>(e_.host_params_.data()),
+                                  static_cast<std::size_t>(numel), kernel_dtype(d.dtype)};
+    }
+    void updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
+        if (!status_.is_ok()) return;
+        const auto& d = e_.coordinator_->domain();
+        std::span<const std::byte> bytes =
+            d.dtype == DType::kFloat32
+                ? std::as_bytes(params)
+                : std::span<const std::byte>(e_.host_params_.data(),
+                                             params.size() * dtype_size_bytes(d.dtype));
+        status_ = e_.coordinator_->write_domain_parameters(offset, bytes, e_.stream());
+    }
+    const Status& status() const noexcept { return status_; }
+
+private:
+    Engine& e_;
+    const std::byte* grads_;
+    Status status_;
+};
+
+namespace {
+
+class FnParamSource final : public swap::ParamSource {
+public:
+    explicit FnParamSource(std::function<void(std::uint64_t, std::span<float>)> fn)
+        : fn_(std::move(fn)) {}
+    Status fill(std::size_t, std::uint64_t offset, std::span<float> params) override {
+        fn_(offset, params);
+        return Status::ok();
+    }
+
+private:
+    std::function<void(std::uint64_t, std::span<float>)> fn_;
+};
+
+}  // namespace
+
 std::byte* Engine::StateBuffer::data() const noexcept {
     if (device != nullptr) return static_cast<std::byte*>(device);
     return const_cast<std::byte*>(host.data());
@@ -112,20 +165,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
                                                model::Mlp& model, Device& device, Compute& compute,
                                                zero::Communicator& communicator) {
     const auto& zc = config.zero;
-    // Checks first, before anything is allocated.
-    if (zc.offload_param.device != config::OffloadDevice::kNone) {
-        // TODO(engine): parameters on cpu/nvme through src/tier's ResidencyManager.
-        return Status::not_supported(
-            std::string("zero_optimization.offload_param.device: \"") +
-            std::string(config::offload_device_name(zc.offload_param.device)) +
-            "\" is not implemented by the engine yet; use \"none\"");
-    }
-    if (zc.offload_optimizer.device == config::OffloadDevice::kNvme) {
-        // TODO(engine): optimizer states on NVMe through swap::OptimizerSwapper.
-        return Status::not_supported(
-            "zero_optimization.offload_optimizer.device: \"nvme\" is not implemented by the engine "
-            "yet; use \"cpu\" or \"none\"");
-    }
+    // Checks first, before anything is allocated (Offload::create checks its keys likewise).
     if (device.kind() != DeviceKind::kCpu &&
         zc.offload_optimizer.device == config::OffloadDevice::kNone) {
         return Status::not_supported(
@@ -152,6 +192,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
     co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
     std::vector<std::size_t> numels;
     for (const auto& info : model.parameters().all()) numels.push_back(info.numel);
+    const bool offloading = zc.offload_param.device != config::OffloadDevice::kNone ||
+                            zc.offload_optimizer.device == config::OffloadDevice::kNvme;
+    if (offloading) {
+        ZINF_ASSIGN_OR_RETURN(auto part, zero::Partitioning::create(
+                                             numels, communicator.world_size(), communicator.rank()));
+        const auto plan = zero::StagePlan::for_stage(zc.stage);
+        const std::size_t domain_numel =
+            plan.optimizer_partitioned ? part.partition_numel() : part.full_numel();
+        ZINF_ASSIGN_OR_RETURN(e->offload_, engine::Offload::create(config, part, co.dtype,
+                                                                   domain_numel, e->kernel_,
+                                                                   device));
+        co.offloaded_parameters = e->offload_->parameters();
+        co.host_gradients = plan.optimizer_partitioned && device.kind() == DeviceKind::kCpu &&
+                            (zc.offload_param.device != config::OffloadDevice::kNone ||
+                             zc.offload_optimizer.device == config::OffloadDevice::kNvme);
+    }
     ZINF_ASSIGN_OR_RETURN(e->coordinator_, zero::ParameterCoordinator::create(
                                                numels, co, device, compute, communicator));
     e->adapter_ = std::make_unique<Adapter>(*e->coordinator_, model.parameters());
@@ -164,6 +220,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
         },
         e->stream()));
     e->host_states_ = zc.offload_optimizer.device == config::OffloadDevice::kCpu;
+    e->nvme_states_ = zc.offload_optimizer.device == config::OffloadDevice::kNvme;
     ZINF_TRY(e->init_states());
 
     const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
@@ -192,38 +249,61 @@ Status Engine::allocate_state(StateBuffer& buffer, std::size_t size_bytes, const
     return device_.fill_zero(buffer.device, size_bytes, stream());
 }
 
-Status Engine::init_states() {
-    const auto& d = coordinator_->domain();
-    const auto kind = optimizer_params_.kind;
-    ZINF_TRY(allocate_state(master_, d.numel * 4, "fp32 master parameters"));
-    if (uses_exp_avg(kind)) ZINF_TRY(allocate_state(exp_avg_, d.numel * 4, "exp_avg"));
-    if (uses_exp_avg_sq(kind)) ZINF_TRY(allocate_state(exp_avg_sq_, d.numel * 4, "exp_avg_sq"));
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    sub_group_numel_ = std::min<std::size_t>(
-        d.numel, std::max<std::size_t>(16, config_.zero.sub_group_size_numel / 16 * 16));
-    if (host_states_) {
-        // DeepSpeed's CPU offload keeps the gradient partition in host memory for the step.
-        ZINF_TRY(allocate_state(host_grads_, d.numel * eb, "gradients"));
-        if (d.dtype != DType::kFloat32) {
-            ZINF_TRY(allocate_state(host_params_, sub_group_numel_ * eb, "16-bit parameters"));
-        }
-    }
-    ZINF_TRY(device_.synchronize(stream()));
-    // The master copy starts from the same fp32 initial values the parameters were rounded from.
-    auto* master = reinterpret_cast<float*>(master_.data());
+void Engine::initial_master(std::size_t offset, std::span<float> out) const {
+    std::fill(out.begin(), out.end(), 0.0f);
     const auto& part = coordinator_->partitioning();
     const auto& registry = model_.parameters();
+    const std::size_t end = offset + out.size();
     for (std::size_t i = 0; i < part.parameter_count(); ++i) {
         const std::size_t valid = coordinator_->domain_valid_numel(i);
         if (valid == 0) continue;
-        const std::size_t first =
-            coordinator_->plan().optimizer_partitioned
-                ? static_cast<std::size_t>(part.rank()) * part.slot(i).slice_numel
-                : 0;
-        model::initial_values(
-            registry.info(static_cast<model::ParamId>(i)), config_.seed, first,
-            std::span<float>(master + coordinator_->domain_offset_numel(i), valid));
+        const std::size_t at = coordinator_->domain_offset_numel(i);
+        const std::size_t lo = std::max(offset, at);
+        const std::size_t hi = std::min(end, at + valid);
+        if (lo >= hi) continue;
+        const std::size_t first = coordinator_->plan().optimizer_partitioned
+                                      ? static_cast<std::size_t>(part.rank()) * part.slot(i).slice_numel
+                                      : 0;
+        model::initial_values(registry.info(static_cast<model::ParamId>(i)), config_.seed,
+                              first + (lo - at), out.subspan(lo - offset, hi - lo));
     }
+}
+
+Status Engine::init_states() {
+    const auto& d = coordinator_->domain();
+    const auto kind = optimizer_params_.kind;
+    const std::size_t eb = dtype_size_bytes(d.dtype);
+    sub_group_numel_ = std::min<std::size_t>(
+        d.numel, std::max<std::size_t>(16, config_.zero.sub_group_size_numel / 16 * 16));
+    if (nvme_states_) {
+        swap::OptimizerSwapper* sw = offload_->optimizer();
+        sub_group_numel_ = static_cast<std::size_t>(sw->options().sub_group_numel);
+        if (d.dtype != DType::kFloat32) {
+            ZINF_ASSIGN_OR_RETURN(host_params_.host,
+                                  AlignedBuffer::allocate(std::max<std::size_t>(
+                                      sub_group_numel_ * eb, 64)));
+            host_params_.size_bytes = sub_group_numel_ * eb;
+        }
+        FnParamSource source(
+            [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
+        return sw->initialize(source).with_context("offload_optimizer nvme: writing initial states");
+    }
+    ZINF_TRY(allocate_state(master_, d.numel * 4, "fp32 master parameters"));
+    if (uses_exp_avg(kind)) ZINF_TRY(allocate_state(exp_avg_, d.numel * 4, "exp_avg"));
+    if (uses_exp_avg_sq(kind)) ZINF_TRY(allocate_state(exp_avg_sq_, d.numel * 4, "exp_avg_sq"));
+    if (host_states_) {
+        // DeepSpeed's CPU offload keeps the gradient partition in host memory for the step.
+        ZINF_TRY(allocate_state(host_grads_, d.numel * eb, "gradients"));
+    }
+    if (d.dtype != DType::kFloat32 && (host_states_ || coordinator_->parameters_offloaded())) {
+        auto b = AlignedBuffer::allocate(std::max<std::size_t>(sub_group_numel_ * eb, 64));
+        if (!b.has_value()) return b.error().with_context("host 16-bit parameters");
+        host_params_.host = std::move(*b);
+        host_params_.size_bytes = sub_group_numel_ * eb;
+    }
+    ZINF_TRY(device_.synchronize(stream()));
+    // The master copy starts from the same fp32 initial values the parameters were rounded from.
+    initial_master(0, std::span<float>(reinterpret_cast<float*>(master_.data()), d.numel));
     return Status::ok();
 }
 
@@ -231,8 +311,39 @@ double Engine::current_lr() const noexcept {
     return engine::learning_rate(config_.scheduler, config_.optimizer.lr, optimizer_updates_);
 }
 
-std::span<const float> Engine::master_parameters() const noexcept {
-    return {reinterpret_cast<const float*>(master_.data()), coordinator_->domain().numel};
+Result<std::vector<float>> Engine::master_parameters() {
+    const std::size_t n = coordinator_->domain().numel;
+    std::vector<float> out(n);
+    if (!nvme_states_) {
+        std::memcpy(out.data(), master_.data(), n * sizeof(float));
+        return out;
+    }
+    swap::OptimizerSwapper* sw = offload_->optimizer();
+    for (std::size_t g = 0; g < sw->sub_group_count(); ++g) {
+        const std::size_t at = static_cast<std::size_t>(sw->sub_group_offset_numel(g));
+        const std::size_t len = static_cast<std::size_t>(sw->sub_group_numel(g));
+        ZINF_TRY(sw->read_sub_group(g, std::span<float>(out.data() + at, len), {}, {}));
+    }
+    return out;
+}
+
+IoFigures Engine::io_figures() const {
+    IoFigures f;
+    if (!offload_) return f;
+    const auto o = offload_->figures();
+    f.bytes_read = o.bytes_read;
+    f.bytes_written = o.bytes_written;
+    f.stall_seconds = o.stall_seconds + optimizer_read_wait_seconds_;
+    return f;
+}
+
+std::size_t Engine::pinned_bytes() const noexcept {
+    return offload_ ? offload_->pinned_bytes() : 0;
+}
+
+std::string Engine::residency_summary() const {
+    if (!offload_ || offload_->residency() == nullptr) return {};
+    return offload_->residency()->stats_summary();
 }
 
 void Engine::build_summary() {
@@ -255,18 +366,33 @@ void Engine::build_summary() {
              (scaler_.dynamic() ? ", dynamic)" : ", static)");
     s += "\n  model: " + std::to_string(part.model_numel()) + " parameters in " +
          std::to_string(part.parameter_count()) + " tensors";
-    s += "\n  parameters: " + std::string(device_.name()) + " (" +
-         mib((coordinator_->plan().parameters_partitioned ? part.partition_numel()
-                                                          : part.full_numel()) *
-             eb) +
-         (coordinator_->plan().parameters_partitioned ? ", partitioned, gathered per use)" : ")");
-    s += "\n  gradients: " + std::string(device_.name()) + " (" +
+    const bool offloaded = coordinator_->parameters_offloaded();
+    const std::size_t param_bytes =
+        (coordinator_->plan().parameters_partitioned ? part.partition_numel() : part.full_numel()) *
+        eb;
+    if (offloaded) {
+        s += "\n  parameters: partitions (" + mib(param_bytes) + ") under offload_param " +
+             std::string(config::offload_device_name(zc.offload_param.device)) + ", gathered to " +
+             std::string(device_.name()) + " per use";
+    } else {
+        s += "\n  parameters: " + std::string(device_.name()) + " (" + mib(param_bytes) +
+             (coordinator_->plan().parameters_partitioned ? ", partitioned, gathered per use)"
+                                                          : ")");
+    }
+    s += "\n  gradients: " +
+         std::string(coordinator_->gradients_on_host() ? "host memory" : device_.name()) + " (" +
          mib((coordinator_->plan().gradients_partitioned ? part.partition_numel()
                                                          : part.full_numel()) *
              eb) +
          ")";
-    s += "\n  optimizer states (fp32 master + moments): " + std::string(states_at) + " (" +
-         mib(state_bytes) + ")";
+    if (nvme_states_) {
+        s += "\n  optimizer states (fp32 master + moments): nvme (" +
+             mib(d.numel * 4 * swap::OptimizerSwapper::state_count(optimizer_params_.kind)) + ")";
+    } else {
+        s += "\n  optimizer states (fp32 master + moments): " + std::string(states_at) + " (" +
+             mib(state_bytes) + ")";
+    }
+    if (offload_) s += offload_->summary();
     s += "\n  device budget " + mib(device_.budget_bytes()) + ", in use " +
          mib(device_.used_bytes());
     s += "\n  batch: train_batch_size " + std::to_string(train_batch_size()) + " = micro " +
@@ -292,6 +418,11 @@ Result<float> Engine::forward(const Batch& batch) {
                                     stream()));
     ZINF_TRY(device_.copy_to_device(labels_device_, batch.labels.data(), batch.labels.size_bytes(),
                                     stream()));
+    zero::PartitionStorage* storage = offload_ ? offload_->parameters() : nullptr;
+    if (storage != nullptr && !in_iteration_) {
+        storage->begin_iteration();
+        in_iteration_ = true;
+    }
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     ZINF_TRY(model_.forward(ctx, static_cast<const float*>(inputs_device_),
                             static_cast<const std::int32_t*>(labels_device_), batch.rows));
@@ -308,6 +439,10 @@ Status Engine::backward() {
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
     ZINF_TRY(model_.backward(ctx, static_cast<float>(scale)));
     ZINF_TRY(device_.synchronize(stream()));
+    if (in_iteration_) {
+        offload_->parameters()->end_iteration();
+        in_iteration_ = false;
+    }
     forward_done_ = false;
     backward_done_ = true;
     times_.backward_seconds += span.end();
@@ -342,11 +477,22 @@ Status Engine::optimizer_step(double grad_scale, double lr) {
     p.step = optimizer_updates_ + 1;
     p.lr = lr;
     p.grad_scale = grad_scale;
+    const std::byte* grads =
+        host_states_ ? host_grads_.data() : static_cast<const std::byte*>(d.gradients);
+    if (nvme_states_) {
+        // The CPU device's memory is host memory: the gradients are read in place.
+        SwapGradients source(*this, grads);
+        swap::OptimizerSwapper* sw = offload_->optimizer();
+        const Status s = sw->step(p, source);
+        optimizer_read_wait_seconds_ += sw->last_step_stats().read_wait_seconds;
+        ZINF_TRY(s);
+        ZINF_TRY(source.status());
+        return device_.synchronize(stream());
+    }
     auto* master = reinterpret_cast<float*>(master_.data());
     auto* m = reinterpret_cast<float*>(exp_avg_.data());
     auto* v = reinterpret_cast<float*>(exp_avg_sq_.data());
-    const std::byte* grads =
-        host_states_ ? host_grads_.data() : static_cast<const std::byte*>(d.gradients);
+    const bool via_host = host_states_ || coordinator_->parameters_offloaded();
     auto* params = static_cast<std::byte*>(d.parameters);
     for (std::size_t off = 0; off < d.numel; off += sub_group_numel_) {
         const std::size_t n = std::min(sub_group_numel_, d.numel - off);
@@ -357,16 +503,21 @@ Status Engine::optimizer_step(double grad_scale, double lr) {
         const kernels::GradView g{grads + off * eb, n, kernel_dtype(d.dtype)};
         if (d.dtype == DType::kFloat32) {
             ZINF_TRY(kernel_.step(p, state, g));
-            ZINF_TRY(device_.copy_to_device(params + off * 4, master + off, n * 4, stream()));
+            if (coordinator_->parameters_offloaded()) {
+                ZINF_TRY(coordinator_->write_domain_parameters(
+                    off, std::as_bytes(std::span<const float>(master + off, n)), stream()));
+            } else {
+                ZINF_TRY(device_.copy_to_device(params + off * 4, master + off, n * 4, stream()));
+            }
         } else {
-            auto* out = host_states_ ? reinterpret_cast<std::uint16_t*>(host_params_.data())
-                                     : reinterpret_cast<std::uint16_t*>(params + off * eb);
+            auto* out = via_host ? reinterpret_cast<std::uint16_t*>(host_params_.data())
+                                 : reinterpret_cast<std::uint16_t*>(params + off * eb);
             const kernels::ParamCopy copy{out, n, kernel_dtype(d.dtype)};
             ZINF_TRY(kernel_.step(p, state, g, copy));
-            if (host_states_) {
-                ZINF_TRY(device_.copy_to_device(params + off * eb, out, n * eb, stream()));
-                // host_params_ is reused by the next sub-group.
-                ZINF_TRY(device_.synchronize(stream()));
+            if (via_host) {
+                // Blocks until copied: host_params_ is reused by the next sub-group.
+                ZINF_TRY(coordinator_->write_domain_parameters(
+                    off, std::span<const std::byte>(host_params_.data(), n * eb), stream()));
             }
         }
     }
@@ -419,6 +570,39 @@ Status Engine::step() {
     return Status::ok();
 }
 
+Status Engine::io_only_step() {
+    if (!offload_) return Status::ok();
+    ZINF_ASSERT(!forward_done_);
+    ZINF_ASSERT(!backward_done_);
+    TraceScope span(trace_, "io-only step", "io", 1);
+    zero::PartitionStorage* storage = offload_->parameters();
+    if (storage != nullptr) {
+        const auto order = coordinator_->trace();
+        for (std::uint64_t micro = 0; micro < gradient_accumulation_steps(); ++micro) {
+            storage->begin_iteration();
+            for (const std::uint32_t index : order) {
+                ZINF_TRY(storage->begin_read(index, stream()).status());
+                ZINF_TRY(storage->end_read(index, stream()));
+            }
+            storage->end_iteration();
+        }
+    }
+    if (nvme_states_) ZINF_TRY(offload_->optimizer()->io_only_pass());
+    if (storage != nullptr) {
+        // The new parameters' write-back: the same values written back, sub-group by sub-group.
+        const auto& d = coordinator_->domain();
+        const std::size_t eb = dtype_size_bytes(d.dtype);
+        std::vector<std::byte> piece(sub_group_numel_ * eb);
+        for (std::size_t off = 0; off < d.numel; off += sub_group_numel_) {
+            const std::size_t n = std::min(sub_group_numel_, d.numel - off);
+            const auto bytes = std::span<std::byte>(piece.data(), n * eb);
+            ZINF_TRY(coordinator_->read_domain_parameters(off, bytes, stream()));
+            ZINF_TRY(coordinator_->write_domain_parameters(off, bytes, stream()));
+        }
+    }
+    return Status::ok();
+}
+
 Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
     ZINF_ASSERT_GE(batch.rows, 1u);
     ZINF_ASSERT_LE(batch.rows, batch_rows_max_);
@@ -434,7 +618,122 @@ Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
     std::uint64_t correct = 0;
     ZINF_TRY(device_.copy_to_host(&correct, correct_device_, sizeof correct, stream()));
     ZINF_TRY(device_.synchronize(stream()));
+    if (coordinator_->parameters_offloaded()) {
+        // Persistent parameters gathered here would stay and shorten the next training step's
+        // fetch sequence, which the tiered store would take for a change of access order.
+        ZINF_TRY(coordinator_->drop_gathered(stream()));
+    }
     return correct;
+}
+
+// Checkpoint files, written piece by piece so that states on NVMe never need to fit in memory:
+// master.fp32, exp_avg.fp32, exp_avg_sq.fp32 (those the optimizer keeps) and parameters.<dtype>
+// (the optimizer domain). The same files whatever the offload config, so a checkpoint resumes
+// under any placement.
+Status Engine::save_states(engine::CheckpointWriter& w) {
+    const auto& d = coordinator_->domain();
+    const std::size_t eb = dtype_size_bytes(d.dtype);
+    const auto kind = optimizer_params_.kind;
+    const std::size_t chunk = std::max<std::size_t>(1, std::min(sub_group_numel_, d.numel));
+    std::vector<float> pbuf(chunk), mbuf(uses_exp_avg(kind) ? chunk : 0),
+        vbuf(uses_exp_avg_sq(kind) ? chunk : 0);
+    ZINF_ASSIGN_OR_RETURN(auto fm, w.begin_file("master.fp32"));
+    engine::CheckpointFile fa, fv;
+    if (uses_exp_avg(kind)) {
+        ZINF_ASSIGN_OR_RETURN(fa, w.begin_file("exp_avg.fp32"));
+    }
+    if (uses_exp_avg_sq(kind)) {
+        ZINF_ASSIGN_OR_RETURN(fv, w.begin_file("exp_avg_sq.fp32"));
+    }
+    auto floats = [](const float* p, std::size_t n) {
+        return std::as_bytes(std::span<const float>(p, n));
+    };
+    swap::OptimizerSwapper* sw = nvme_states_ ? offload_->optimizer() : nullptr;
+    for (std::size_t off = 0; off < d.numel; off += chunk) {
+        const std::size_t n = std::min(chunk, d.numel - off);
+        const float* pm = reinterpret_cast<const float*>(master_.data()) + off;
+        const float* pa = uses_exp_avg(kind) ? reinterpret_cast<const float*>(exp_avg_.data()) + off
+                                             : nullptr;
+        const float* pv = uses_exp_avg_sq(kind)
+                              ? reinterpret_cast<const float*>(exp_avg_sq_.data()) + off
+                              : nullptr;
+        if (sw != nullptr) {
+            // chunk == the swapper's sub-group size: chunk k is sub-group k.
+            ZINF_TRY(sw->read_sub_group(off / chunk, std::span<float>(pbuf.data(), n),
+                                        std::span<float>(mbuf.data(), mbuf.empty() ? 0 : n),
+                                        std::span<float>(vbuf.data(), vbuf.empty() ? 0 : n)));
+            pm = pbuf.data();
+            pa = mbuf.data();
+            pv = vbuf.data();
+        }
+        ZINF_TRY(fm.append(floats(pm, n)));
+        if (uses_exp_avg(kind)) ZINF_TRY(fa.append(floats(pa, n)));
+        if (uses_exp_avg_sq(kind)) ZINF_TRY(fv.append(floats(pv, n)));
+    }
+    ZINF_TRY(w.end_file(fm));
+    if (uses_exp_avg(kind)) ZINF_TRY(w.end_file(fa));
+    if (uses_exp_avg_sq(kind)) ZINF_TRY(w.end_file(fv));
+    // The parameters (the optimizer domain), in their dtype.
+    std::vector<std::byte> params(chunk * eb);
+    ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(d.dtype))));
+    for (std::size_t off = 0; off < d.numel; off += chunk) {
+        const std::size_t n = std::min(chunk, d.numel - off);
+        const auto piece = std::span<std::byte>(params.data(), n * eb);
+        ZINF_TRY(coordinator_->read_domain_parameters(off, piece, stream()));
+        ZINF_TRY(fp.append(piece));
+    }
+    return w.end_file(fp);
+}
+
+Status Engine::load_states(const engine::CheckpointReader& r) {
+    const auto& d = coordinator_->domain();
+    const std::size_t eb = dtype_size_bytes(d.dtype);
+    const auto kind = optimizer_params_.kind;
+    const std::size_t chunk = std::max<std::size_t>(1, std::min(sub_group_numel_, d.numel));
+    const std::uint64_t state_bytes = static_cast<std::uint64_t>(d.numel) * 4;
+    std::vector<float> pbuf(chunk), mbuf(uses_exp_avg(kind) ? chunk : 0),
+        vbuf(uses_exp_avg_sq(kind) ? chunk : 0);
+    ZINF_ASSIGN_OR_RETURN(auto fm, r.open_file("master.fp32", state_bytes));
+    engine::CheckpointFile fa, fv;
+    if (uses_exp_avg(kind)) {
+        ZINF_ASSIGN_OR_RETURN(fa, r.open_file("exp_avg.fp32", state_bytes));
+    }
+    if (uses_exp_avg_sq(kind)) {
+        ZINF_ASSIGN_OR_RETURN(fv, r.open_file("exp_avg_sq.fp32", state_bytes));
+    }
+    auto floats = [](float* p, std::size_t n) { return std::as_writable_bytes(std::span<float>(p, n)); };
+    swap::OptimizerSwapper* sw = nvme_states_ ? offload_->optimizer() : nullptr;
+    for (std::size_t off = 0; off < d.numel; off += chunk) {
+        const std::size_t n = std::min(chunk, d.numel - off);
+        float* pm = sw ? pbuf.data() : reinterpret_cast<float*>(master_.data()) + off;
+        float* pa = sw ? mbuf.data()
+                       : (uses_exp_avg(kind) ? reinterpret_cast<float*>(exp_avg_.data()) + off
+                                             : nullptr);
+        float* pv = sw ? vbuf.data()
+                       : (uses_exp_avg_sq(kind) ? reinterpret_cast<float*>(exp_avg_sq_.data()) + off
+                                                : nullptr);
+        ZINF_TRY(fm.read(floats(pm, n)));
+        if (uses_exp_avg(kind)) ZINF_TRY(fa.read(floats(pa, n)));
+        if (uses_exp_avg_sq(kind)) ZINF_TRY(fv.read(floats(pv, n)));
+        if (sw != nullptr) {
+            ZINF_TRY(sw->write_sub_group(off / chunk, std::span<const float>(pm, n),
+                                         std::span<const float>(pa, pa ? n : 0),
+                                         std::span<const float>(pv, pv ? n : 0)));
+        }
+    }
+    ZINF_TRY(r.end_file(fm));
+    if (uses_exp_avg(kind)) ZINF_TRY(r.end_file(fa));
+    if (uses_exp_avg_sq(kind)) ZINF_TRY(r.end_file(fv));
+    std::vector<std::byte> params(chunk * eb);
+    ZINF_ASSIGN_OR_RETURN(auto fp, r.open_file("parameters." + std::string(dtype_name(d.dtype)),
+                                               static_cast<std::uint64_t>(d.numel) * eb));
+    for (std::size_t off = 0; off < d.numel; off += chunk) {
+        const std::size_t n = std::min(chunk, d.numel - off);
+        const auto piece = std::span<std::byte>(params.data(), n * eb);
+        ZINF_TRY(fp.read(piece));
+        ZINF_TRY(coordinator_->write_domain_parameters(off, piece, stream()));
+    }
+    return r.end_file(fp);
 }
 
 Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
@@ -445,19 +744,8 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     ZINF_TRY(device_.synchronize(stream()));
     const auto& d = coordinator_->domain();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
     ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(dir, tag));
-    auto bytes = [](const StateBuffer& b) {
-        return std::span<const std::byte>(b.data(), b.size_bytes);
-    };
-    ZINF_TRY(w.write_file("master.fp32", bytes(master_)));
-    if (exp_avg_.size_bytes > 0) ZINF_TRY(w.write_file("exp_avg.fp32", bytes(exp_avg_)));
-    if (exp_avg_sq_.size_bytes > 0) ZINF_TRY(w.write_file("exp_avg_sq.fp32", bytes(exp_avg_sq_)));
-    // The device's parameters (the optimizer domain), in their dtype.
-    std::vector<std::byte> params(d.numel * eb);
-    ZINF_TRY(device_.copy_to_host(params.data(), d.parameters, params.size(), stream()));
-    ZINF_TRY(device_.synchronize(stream()));
-    ZINF_TRY(w.write_file(std::string("parameters.") + std::string(dtype_name(d.dtype)), params));
+    ZINF_TRY(save_states(w));
     const auto& part = coordinator_->partitioning();
     w.set("step", std::to_string(global_steps_));
     w.set("micro_steps", std::to_string(micro_steps_));
@@ -492,7 +780,6 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(dir, tag));
     const auto& d = coordinator_->domain();
     const auto& part = coordinator_->partitioning();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
     auto expect = [&](const char* key, const std::string& want) -> Status {
         ZINF_ASSIGN_OR_RETURN(auto got, r.get(key));
         if (got != want) {
@@ -514,13 +801,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         log::warning("checkpoint ", r.path(), ": saved with a different config (digest ", digest,
                      ", now ", own, "); continuing");
     }
-    auto into = [](StateBuffer& b) { return std::span<std::byte>(b.data(), b.size_bytes); };
-    ZINF_TRY(r.read_file("master.fp32", into(master_)));
-    if (exp_avg_.size_bytes > 0) ZINF_TRY(r.read_file("exp_avg.fp32", into(exp_avg_)));
-    if (exp_avg_sq_.size_bytes > 0) ZINF_TRY(r.read_file("exp_avg_sq.fp32", into(exp_avg_sq_)));
-    std::vector<std::byte> params(d.numel * eb);
-    ZINF_TRY(r.read_file(std::string("parameters.") + std::string(dtype_name(d.dtype)), params));
-    ZINF_TRY(device_.copy_to_device(d.parameters, params.data(), params.size(), stream()));
+    ZINF_TRY(load_states(r));
     ZINF_TRY(coordinator_->publish_parameters(stream()));
     ZINF_TRY(device_.synchronize(stream()));
     ZINF_ASSIGN_OR_RETURN(global_steps_, r.get_u64("step"));

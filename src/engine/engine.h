@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/optimizer.h"
 #include "src/base/aligned.h"
@@ -18,6 +19,8 @@
 #include "src/base/config.h"
 #include "src/base/device.h"
 #include "src/base/status.h"
+#include "src/engine/checkpoint_files.h"
+#include "src/engine/offload.h"
 #include "src/engine/schedule.h"
 #include "src/engine/trace.h"
 #include "src/model/mlp.h"
@@ -49,6 +52,14 @@ struct EngineTimes {
     double backward_seconds = 0.0;
     double optimizer_seconds = 0.0;
     double checkpoint_seconds = 0.0;
+};
+
+// I/O of the offloaded states (parameters and optimizer on NVMe), cumulative since create.
+struct IoFigures {
+    std::uint64_t bytes_read = 0;
+    std::uint64_t bytes_written = 0;
+    // Compute blocked waiting for parameters plus the optimizer blocked waiting for reads.
+    double stall_seconds = 0.0;
 };
 
 class Engine {
@@ -110,17 +121,30 @@ public:
     const config::EngineConfig& config() const noexcept { return config_; }
     const zero::ParameterCoordinator& coordinator() const noexcept { return *coordinator_; }
 
+    // The I/O of one optimizer step without its compute (zinfinity-train --measure-overlap):
+    // every micro-step's parameter reads along the recorded fetch trace, the optimizer states'
+    // reads and writes, and the parameters' write-back, moving the same bytes in the same order
+    // and leaving every state unchanged. Nothing to do without NVMe offload.
+    Status io_only_step();
+
     // The start-up summary (also logged by create): optimizer and variant, stage, where each
     // state lives, budgets, bytes per tier.
     const std::string& summary() const noexcept { return summary_; }
     // Spans of forward, backward and optimizer steps go to `recorder` (borrowed; null: none).
     void set_trace(TraceRecorder* recorder) noexcept { trace_ = recorder; }
 
-    // fp32 values of the domain's master parameters (the optimizer's copy), for tests.
-    std::span<const float> master_parameters() const noexcept;
+    // fp32 values of the domain's master parameters (the optimizer's copy, read back from NVMe
+    // when it lives there), for tests and tools. Errors: the swap store's read errors.
+    Result<std::vector<float>> master_parameters();
+    // I/O figures (zero without NVMe offload), the pinned host bytes the offload holds, and the
+    // residency manager's one-line statistics (empty without parameters on NVMe).
+    IoFigures io_figures() const;
+    std::size_t pinned_bytes() const noexcept;
+    std::string residency_summary() const;
 
 private:
     class Adapter;
+    class SwapGradients;
     struct StateBuffer {
         // Exactly one is used: device memory (offload none) or host memory (offload cpu).
         void* device = nullptr;
@@ -132,6 +156,10 @@ private:
     Engine(const config::EngineConfig& config, model::Mlp& model, Device& device, Compute& compute,
            zero::Communicator& communicator, kernels::OptimizerKernel kernel);
     Status init_states();
+    // Initial master values of domain elements [offset, offset + out.size()) (padding: zero).
+    void initial_master(std::size_t offset, std::span<float> out) const;
+    Status save_states(engine::CheckpointWriter& w);
+    Status load_states(const engine::CheckpointReader& r);
     Status allocate_state(StateBuffer& buffer, std::size_t size_bytes, const char* what);
     Status optimizer_step(double grad_scale, double lr);
     Result<kernels::GradStats> gradient_stats();
@@ -145,16 +173,22 @@ private:
     zero::Communicator& communicator_;
     kernels::OptimizerKernel kernel_;
     kernels::OptimizerParams optimizer_params_;
+    // Declared before the coordinator, which reads parameters through it: destroyed after.
+    std::unique_ptr<engine::Offload> offload_;
     std::unique_ptr<zero::ParameterCoordinator> coordinator_;
     std::unique_ptr<Adapter> adapter_;
     engine::LossScaler scaler_;
     bool host_states_ = false;  // offload_optimizer: cpu
+    bool nvme_states_ = false;  // offload_optimizer: nvme (states in offload_->optimizer())
+    bool in_iteration_ = false;
+    double optimizer_read_wait_seconds_ = 0.0;
 
     StateBuffer master_;
     StateBuffer exp_avg_;
     StateBuffer exp_avg_sq_;
     StateBuffer host_grads_;   // offload cpu: the gradients of one sub-group, host copy
-    StateBuffer host_params_;  // offload cpu with 16-bit dtype: new 16-bit values of a sub-group
+    // 16-bit dtype with offloaded states or parameters: new 16-bit values of a sub-group.
+    StateBuffer host_params_;
     std::size_t sub_group_numel_ = 0;
 
     // Device staging of one micro-batch.

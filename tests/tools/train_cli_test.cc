@@ -55,15 +55,60 @@ TEST(TrainCliTest, OffloadDoesNotChangeTheLoss) {
         GTEST_SKIP() << "no Fashion-MNIST: " << data::kFashionMnistPackageHint;
     test::TempDir dir("train");
     std::vector<std::vector<std::string>> logs;
-    for (const char* config : {"fashion-mnist.json", "fashion-mnist-cpu.json"}) {
+    // The NVMe config's swap files go to this test's directory (one run per nvme_path).
+    const std::string nvme = " --set zero_optimization.offload_param.nvme_path=" +
+                             dir.file("swap") +
+                             " --set zero_optimization.offload_optimizer.nvme_path=" +
+                             dir.file("swap");
+    for (const char* config :
+         {"fashion-mnist.json", "fashion-mnist-cpu.json", "fashion-mnist-nvme.json"}) {
         const std::string log = dir.file(std::string(config) + ".losses");
+        const bool on_nvme = std::string(config).find("nvme") != std::string::npos;
         const RunResult r = train(dir, std::string("--config ") + ZINF_CONFIG_DIR + "/" + config +
-                                           " --max-steps 6 --no-eval --loss-log " + log);
+                                           " --max-steps 6 --no-eval --loss-log " + log +
+                                           (on_nvme ? nvme : ""));
         ASSERT_EQ(r.exit_code, 0) << r.out;
         logs.push_back(lines(log));
         ASSERT_EQ(logs.back().size(), 6u) << r.out;
     }
     EXPECT_EQ(logs[0], logs[1]);
+    EXPECT_EQ(logs[0], logs[2]);
+    // The swap files belong to the run: nothing is left in the swap directory but the lock.
+    for (const auto& e : std::filesystem::directory_iterator(dir.file("swap"))) {
+        EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << e.path();
+    }
+}
+
+// Parameters and optimizer on NVMe under budgets that force eviction, with --measure-overlap:
+// the three passes run and print, I/O figures appear on the step lines.
+TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("nvme.json");
+    std::ofstream(config) << R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "steps_per_print": 2,
+  "seed": 3,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.005}},
+  "zero_optimization": {"stage": 3, "sub_group_size": 300,
+    "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 600,
+    "offload_param": {"device": "nvme", "nvme_path": ")" + dir.file("swap") + R"(",
+                      "buffer_count": 2, "buffer_size": 640, "max_in_cpu": 1400},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.file("swap") + R"(",
+                          "pipeline_read": true, "pipeline_write": true}},
+  "bf16": {"enabled": true},
+  "model": {"type": "mlp", "layers": [16, 40, 16, 5]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 320, "epochs": 1},
+  "device": {"type": "cpu", "memory_budget": 16777216},
+  "cpu_optimizer": {"threads": 1}
+})";
+    const RunResult r = train(dir, "--config " + config + " --measure-overlap --overlap-steps 2");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("offload_param nvme"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("I/O read "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("I/O read 0 B"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("compute-only:"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("real / max(compute-only, I/O-only) = "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("write-backs"), std::string::npos) << r.out;
 }
 
 const char* kSmallConfig = R"({

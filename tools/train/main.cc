@@ -18,6 +18,7 @@
 #include "src/base/config.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
+#include "src/base/units.h"
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
 #include "src/engine/stack.h"
@@ -107,6 +108,70 @@ int fail(const std::string& what, const Status& s) {
     return 1;
 }
 
+// Trains `steps` optimizer steps on consecutive batches of `batcher` (wrapping epochs).
+Status train_steps(zinf::Engine& engine, zinf::data::Batcher& batcher,
+                   const zinf::data::DataSource& source, std::uint64_t steps) {
+    const std::size_t rows = engine.train_micro_batch_size_per_gpu();
+    std::vector<float> x(rows * source.features());
+    std::vector<std::int32_t> y(rows);
+    const std::uint64_t per_epoch = batcher.batches_per_epoch();
+    for (std::uint64_t s = 0; s < steps * engine.gradient_accumulation_steps(); ++s) {
+        const std::uint64_t micro = engine.micro_steps();
+        if (batcher.epoch() != micro / per_epoch) batcher.start_epoch(micro / per_epoch);
+        const std::size_t n = batcher.fill(micro % per_epoch, x, y);
+        zinf::Batch batch{std::span<const float>(x.data(), n * source.features()),
+                          std::span<const std::int32_t>(y.data(), n), n};
+        ZINF_TRY(engine.forward(batch).status());
+        ZINF_TRY(engine.backward());
+        ZINF_TRY(engine.step());
+    }
+    return Status::ok();
+}
+
+// --measure-overlap: real steps, I/O-only steps and compute-only steps, timed in one run.
+Status measure_overlap(const zinf::config::EngineConfig& config, zinf::Engine& engine,
+                       zinf::data::Batcher& batcher, const zinf::data::DataSource& source,
+                       std::uint64_t steps) {
+    std::printf("measure-overlap: %" PRIu64 " steps per pass\n", steps);
+    std::fflush(stdout);
+    auto t0 = Clock::now();
+    ZINF_TRY(train_steps(engine, batcher, source, steps));
+    const double real_s = seconds_since(t0) / static_cast<double>(steps);
+    std::printf("  real steps:   %.3f s/step\n", real_s);
+    std::fflush(stdout);
+    t0 = Clock::now();
+    for (std::uint64_t i = 0; i < steps; ++i) ZINF_TRY(engine.io_only_step());
+    const double io_s = seconds_since(t0) / static_cast<double>(steps);
+    std::printf("  I/O-only:     %.3f s/step (same reads and writes, no compute)\n", io_s);
+    std::fflush(stdout);
+    // Compute-only: the same model and arithmetic with every state in memory.
+    zinf::config::EngineConfig c = config;
+    c.zero.offload_param.device = zinf::config::OffloadDevice::kNone;
+    c.zero.offload_optimizer.device = zinf::config::OffloadDevice::kCpu;
+    c.device.memory_budget_bytes = std::uint64_t{1} << 40;  // a number: host memory is used as needed
+    c.device.host_memory_budget_bytes = 0;
+    const zinf::log::Level level = zinf::log::level();
+    zinf::log::set_level(zinf::log::Level::kWarning);
+    auto stack = zinf::TrainingStack::create(c);
+    zinf::log::set_level(level);
+    if (!stack.has_value()) return stack.error().with_context("compute-only engine");
+    zinf::data::BatcherOptions bo;
+    bo.batch_rows = c.batch.train_micro_batch_size_per_gpu;
+    bo.shuffle = c.data.shuffle;
+    bo.seed = c.seed;
+    ZINF_ASSIGN_OR_RETURN(auto compute_batcher, zinf::data::Batcher::create(source, bo));
+    ZINF_TRY(train_steps(*stack->engine, compute_batcher, source, 1));  // warm-up
+    t0 = Clock::now();
+    ZINF_TRY(train_steps(*stack->engine, compute_batcher, source, steps));
+    const double compute_s = seconds_since(t0) / static_cast<double>(steps);
+    std::printf("  compute-only: %.3f s/step (states in memory, offload off)\n", compute_s);
+    const double bound = std::max(io_s, compute_s);
+    std::printf("  real / max(compute-only, I/O-only) = %.3f (target <= 1.15: %s)\n",
+                real_s / bound, real_s / bound <= 1.15 ? "met" : "NOT met");
+    std::fflush(stdout);
+    return Status::ok();
+}
+
 int run(int argc, char** argv) {
     zinf::cli::Args args(
         "zinfinity-train --config FILE [flags]",
@@ -120,7 +185,10 @@ int run(int argc, char** argv) {
     args.add("max-steps", "0",
              "stop after this many optimizer steps in total (0: data.max_steps/epochs)");
     args.add_switch("measure-overlap",
-                    "run compute-only, I/O-only and real steps and print all three");
+                    "after training, time --overlap-steps real steps, as many I/O-only steps "
+                    "(the same reads and writes, no compute) and compute-only steps (a second "
+                    "engine with offload off), and print all three and real / max(compute, I/O)");
+    args.add("overlap-steps", "3", "steps per pass of --measure-overlap");
     args.add_switch("no-eval", "skip the evaluation after each epoch");
     args.add("loss-log", "",
              "write every micro-step's loss to FILE (step, loss, its fp32 bits in hex)");
@@ -138,10 +206,6 @@ int run(int argc, char** argv) {
     auto loaded = zinf::config::load(args.get("config"), lo);
     if (!loaded.has_value()) return fail("config", loaded.error());
     auto& config = *loaded;
-    if (args.get_switch("measure-overlap")) {
-        return fail("--measure-overlap",
-                    Status::not_supported("needs the NVMe offload path, not implemented yet"));
-    }
     auto max_steps_flag = args.get_count("max-steps");
     if (!max_steps_flag.has_value()) return fail("--max-steps", max_steps_flag.error());
     const std::uint64_t max_steps = *max_steps_flag != 0 ? *max_steps_flag : config.data.max_steps;
@@ -224,6 +288,8 @@ int run(int argc, char** argv) {
     const std::uint64_t start_step = engine.global_steps();
     const std::uint64_t start_samples = engine.global_samples();
     double data_seconds = 0;
+    zinf::IoFigures last_io = engine.io_figures();
+    auto last_print = Clock::now();
     double loss_sum = 0;
     std::uint64_t loss_count = 0;
     float last_loss = 0;
@@ -269,16 +335,24 @@ int run(int argc, char** argv) {
         progress.update(static_cast<double>(step), extra);
         if (step % config.steps_per_print == 0) {
             clear_progress_line();
-            std::printf("step %" PRIu64
-                        ": loss %.4f (mean %.4f), lr %.3g, grad norm %.3g%s, %.0f samples/s, "
-                        "I/O read 0.00 GB, written 0.00 GB, stalled on data %.2f s\n",
-                        step, *loss, loss_sum / static_cast<double>(loss_count),
-                        engine.last_step().lr, engine.last_step().grad_norm,
-                        config.fp16.enabled
-                            ? (", loss scale " + std::to_string(engine.loss_scale())).c_str()
-                            : "",
-                        samples_per_s, data_seconds);
+            const zinf::IoFigures io = engine.io_figures();
+            const double interval = std::max(1e-9, seconds_since(last_print));
+            std::printf(
+                "step %" PRIu64
+                ": loss %.4f (mean %.4f), lr %.3g, grad norm %.3g%s, %.0f samples/s, I/O read "
+                "%s (%.2f GB/s), written %s (%.2f GB/s), stalled on I/O %.2f s, on data %.2f s\n",
+                step, *loss, loss_sum / static_cast<double>(loss_count), engine.last_step().lr,
+                engine.last_step().grad_norm,
+                config.fp16.enabled ? (", loss scale " + std::to_string(engine.loss_scale())).c_str()
+                                    : "",
+                samples_per_s, zinf::format_bytes(io.bytes_read).c_str(),
+                static_cast<double>(io.bytes_read - last_io.bytes_read) / 1e9 / interval,
+                zinf::format_bytes(io.bytes_written).c_str(),
+                static_cast<double>(io.bytes_written - last_io.bytes_written) / 1e9 / interval,
+                io.stall_seconds, data_seconds);
             std::fflush(stdout);
+            last_io = io;
+            last_print = Clock::now();
             loss_sum = 0;
             loss_count = 0;
         }
@@ -331,11 +405,28 @@ int run(int argc, char** argv) {
         "%.1f s\n",
         t.forward_seconds, t.backward_seconds, t.optimizer_seconds, data_seconds,
         t.checkpoint_seconds);
+    const zinf::IoFigures io = engine.io_figures();
     std::printf(
-        "  memory: device peak %.1f MiB of %.1f MiB budget; host RSS peak %.1f MiB; I/O read 0.00 "
-        "GB, written 0.00 GB\n",
+        "  memory: device peak %.1f MiB of %.1f MiB budget; pinned host %.1f MiB; host RSS peak "
+        "%.1f MiB; I/O read %s, written %s, stalled on I/O %.2f s\n",
         static_cast<double>(stack->device->peak_bytes()) / (1 << 20),
-        static_cast<double>(stack->device->budget_bytes()) / (1 << 20), peak_rss_mib());
+        static_cast<double>(stack->device->budget_bytes()) / (1 << 20),
+        static_cast<double>(engine.pinned_bytes()) / (1 << 20), peak_rss_mib(),
+        zinf::format_bytes(io.bytes_read).c_str(), zinf::format_bytes(io.bytes_written).c_str(),
+        io.stall_seconds);
+    if (!engine.residency_summary().empty()) {
+        std::printf("  parameter tiers: %s\n", engine.residency_summary().c_str());
+    }
+    std::fflush(stdout);
+    if (args.get_switch("measure-overlap")) {
+        auto k = args.get_count("overlap-steps");
+        if (!k.has_value() || *k == 0) {
+            return fail("--overlap-steps",
+                        k.has_value() ? Status::invalid_argument("must be at least 1") : k.error());
+        }
+        if (Status s = measure_overlap(config, engine, batcher, *data->train, *k); !s.is_ok())
+            return fail("--measure-overlap", s);
+    }
     return 0;
 }
 
