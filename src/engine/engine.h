@@ -131,7 +131,11 @@ public:
     // state lives, budgets, bytes per tier.
     const std::string& summary() const noexcept { return summary_; }
     // Spans of forward, backward and optimizer steps go to `recorder` (borrowed; null: none).
-    void set_trace(TraceRecorder* recorder) noexcept { trace_ = recorder; }
+    // Offloaded parameters' moves (demand and prefetch) are drawn there too.
+    void set_trace(TraceRecorder* recorder) {
+        trace_ = recorder;
+        if (offload_) offload_->set_trace(recorder);
+    }
 
     // fp32 values of the domain's master parameters (the optimizer's copy, read back from NVMe
     // when it lives there), for tests and tools. Errors: the swap store's read errors.

@@ -149,8 +149,55 @@ Status TieredPartitionStorage::read(std::size_t index, std::size_t offset_bytes,
 
 // ---- Offload -----------------------------------------------------------------------------
 
+// Draws the residency manager's moves as trace spans: lane 1 for moves an access waited for,
+// lane 3 for prefetches (start to the moment the manager noticed completion).
+class Offload::MoveTrace final : public tier::MoveObserver {
+public:
+    MoveTrace(TraceRecorder& recorder, std::size_t partitions)
+        : recorder_(recorder), started_(partitions) {}
+    void move_started(tier::PartitionId id, tier::MoveKind, bool, std::size_t) override {
+        if (id < started_.size()) started_[id] = TraceRecorder::Clock::now();
+    }
+    void move_completed(tier::PartitionId id, tier::MoveKind kind, bool prefetch,
+                        bool ok) override {
+        if (id >= started_.size()) return;
+        const char* name = "?";
+        switch (kind) {
+            case tier::MoveKind::kSwapIn:
+                name = prefetch ? "prefetch: swap in" : "swap in";
+                break;
+            case tier::MoveKind::kSwapOut:
+                name = "write back";
+                break;
+            case tier::MoveKind::kToDevice:
+                name = prefetch ? "prefetch: to device" : "to device";
+                break;
+            case tier::MoveKind::kToHost:
+                name = "to host";
+                break;
+        }
+        recorder_.span(ok ? name : "failed move", prefetch ? "prefetch" : "io", started_[id],
+                       TraceRecorder::Clock::now(), prefetch ? 3 : 1);
+    }
+
+private:
+    TraceRecorder& recorder_;
+    std::vector<TraceRecorder::Clock::time_point> started_;
+};
+
+void Offload::set_trace(TraceRecorder* recorder) {
+    if (!residency_) return;
+    residency_->set_observer(nullptr);
+    move_trace_.reset();
+    if (recorder == nullptr) return;
+    move_trace_ = std::make_unique<MoveTrace>(*recorder, residency_->options().partition_capacity);
+    residency_->set_observer(move_trace_.get());
+}
+
 Offload::~Offload() {
     // Users before what they use (declaration order would do; explicit for clarity).
+    if (residency_) residency_->set_observer(nullptr);
+    move_trace_.reset();
     optimizer_.reset();
     parameters_.reset();
     residency_.reset();

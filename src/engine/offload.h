@@ -19,6 +19,7 @@
 #include "src/base/device.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
+#include "src/engine/trace.h"
 #include "src/tier/residency_manager.h"
 #include "src/tier/store_mover.h"
 #include "swap/optimizer_swapper.h"
@@ -117,11 +118,14 @@ public:
     tier::ResidencyManager* residency() noexcept { return residency_.get(); }
 
     OffloadFigures figures() const;
+    // Parameter moves (demand and prefetch) go to `recorder` as spans (borrowed; null: none).
+    void set_trace(TraceRecorder* recorder);
     // Lines for the engine's start-up summary.
     std::string summary() const;
     std::size_t pinned_bytes() const noexcept;
 
 private:
+    class MoveTrace;
     Offload() = default;
     Status open_stores(const config::EngineConfig& config);
 
@@ -137,6 +141,7 @@ private:
     std::unique_ptr<tier::ResidencyManager> residency_;
     std::unique_ptr<zero::PartitionStorage> parameters_;
     std::unique_ptr<swap::OptimizerSwapper> optimizer_;
+    std::unique_ptr<MoveTrace> move_trace_;
     std::string param_where_;
     std::string optimizer_where_;
 };

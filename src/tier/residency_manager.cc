@@ -423,6 +423,7 @@ Status ResidencyManager::start_move(PartitionId id, MoveKind kind, bool prefetch
     }
     log::debug("residency: ", ms_since_created(), " ms: start ", move_kind_name(kind), " of ", id,
                prefetch ? " (prefetch)" : "", "; ", in_flight_.size(), " in flight");
+    if (observer_ != nullptr) observer_->move_started(id, kind, prefetch, p.size_bytes);
     return Status::ok();
 }
 
@@ -435,6 +436,7 @@ void ResidencyManager::complete_move(PartitionId id, const Status& status) {
     p.in_flight = false;
     log::debug("residency: ", ms_since_created(), " ms: done ", move_kind_name(p.op), " of ", id,
                status.is_ok() ? "" : " (failed)");
+    if (observer_ != nullptr) observer_->move_completed(id, p.op, p.op_is_prefetch, status.is_ok());
     if (status.is_ok()) {
         switch (p.op) {
             case MoveKind::kSwapIn:

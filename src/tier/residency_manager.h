@@ -112,6 +112,17 @@ struct ResidencyStats {
     std::chrono::nanoseconds stall_time{0};  // time acquire() spent blocked
 };
 
+// Sees the moves the manager starts and completes (zinfinity-train draws them in its trace).
+// Called on the manager's thread; completion is when the manager notices it (poll, acquire,
+// wait). Must not call back into the manager.
+class MoveObserver {
+public:
+    virtual ~MoveObserver() = default;
+    virtual void move_started(PartitionId id, MoveKind kind, bool prefetch,
+                              std::size_t size_bytes) = 0;
+    virtual void move_completed(PartitionId id, MoveKind kind, bool prefetch, bool ok) = 0;
+};
+
 // Thread-compatible: one thread (the computing thread) calls it. Moves run asynchronously in the
 // mover; their completion is noticed in acquire(), release(), poll() and wait calls.
 class ResidencyManager {
@@ -169,6 +180,8 @@ public:
     // One line: peaks per tier, bytes per direction, hits/late/misses, stall time.
     std::string stats_summary() const;
     const ResidencyOptions& options() const noexcept { return options_; }
+    // Borrowed; null: none.
+    void set_observer(MoveObserver* observer) noexcept { observer_ = observer; }
 
 private:
     enum class Copy : std::uint8_t { kAbsent, kFilling, kValid };
@@ -254,6 +267,7 @@ private:
     std::size_t loop_bound() const noexcept { return 64 + 16 * registered_count_; }
 
     ResidencyOptions options_;
+    MoveObserver* observer_ = nullptr;
     Mover& mover_;
     Device* device_;
     std::span<std::byte> host_region_;

@@ -101,7 +101,9 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
   "device": {"type": "cpu", "memory_budget": 16777216},
   "cpu_optimizer": {"threads": 1}
 })";
-    const RunResult r = train(dir, "--config " + config + " --measure-overlap --overlap-steps 2");
+    const RunResult r = train(dir, "--config " + config +
+                                       " --measure-overlap --overlap-steps 2 --trace " +
+                                       dir.file("trace.json"));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("offload_param nvme"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("I/O read "), std::string::npos) << r.out;
@@ -109,6 +111,11 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
     EXPECT_NE(r.out.find("compute-only:"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("real / max(compute-only, I/O-only) = "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("write-backs"), std::string::npos) << r.out;
+    // The trace shows the parameters' reads from NVMe next to compute and optimizer spans.
+    const std::string trace = slurp(dir.file("trace.json"));
+    EXPECT_NE(trace.find("swap in\""), std::string::npos);
+    EXPECT_NE(trace.find("\"forward\""), std::string::npos);
+    EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
 }
 
 const char* kSmallConfig = R"({
