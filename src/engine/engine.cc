@@ -221,6 +221,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
         e->stream()));
     e->host_states_ = zc.offload_optimizer.device == config::OffloadDevice::kCpu;
     e->nvme_states_ = zc.offload_optimizer.device == config::OffloadDevice::kNvme;
+    // The CPU optimizer reads gradients in host memory: a GPU's are copied there for the step.
+    e->host_gradient_copy_ =
+        e->host_states_ || (e->nvme_states_ && device.kind() != DeviceKind::kCpu);
     ZINF_TRY(e->init_states());
 
     const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
@@ -283,6 +286,11 @@ Status Engine::init_states() {
                                   AlignedBuffer::allocate(std::max<std::size_t>(
                                       sub_group_numel_ * eb, 64)));
             host_params_.size_bytes = sub_group_numel_ * eb;
+        }
+        if (host_gradient_copy_) {
+            ZINF_ASSIGN_OR_RETURN(host_grads_.host, AlignedBuffer::allocate(std::max<std::size_t>(
+                                                        d.numel * eb, 64)));
+            host_grads_.size_bytes = d.numel * eb;
         }
         FnParamSource source(
             [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
@@ -453,7 +461,7 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     const auto& d = coordinator_->domain();
     const std::size_t eb = dtype_size_bytes(d.dtype);
     const std::byte* grads = static_cast<const std::byte*>(d.gradients);
-    if (host_states_) {
+    if (host_gradient_copy_) {
         ZINF_TRY(device_.copy_to_host(host_grads_.data(), d.gradients, d.numel * eb, stream()));
         ZINF_TRY(device_.synchronize(stream()));
         grads = host_grads_.data();
@@ -478,9 +486,9 @@ Status Engine::optimizer_step(double grad_scale, double lr) {
     p.lr = lr;
     p.grad_scale = grad_scale;
     const std::byte* grads =
-        host_states_ ? host_grads_.data() : static_cast<const std::byte*>(d.gradients);
+        host_gradient_copy_ ? host_grads_.data() : static_cast<const std::byte*>(d.gradients);
     if (nvme_states_) {
-        // The CPU device's memory is host memory: the gradients are read in place.
+        // On the CPU device the gradients are read in place; a GPU's were copied to the host.
         SwapGradients source(*this, grads);
         swap::OptimizerSwapper* sw = offload_->optimizer();
         const Status s = sw->step(p, source);

@@ -184,6 +184,7 @@ private:
     engine::LossScaler scaler_;
     bool host_states_ = false;  // offload_optimizer: cpu
     bool nvme_states_ = false;  // offload_optimizer: nvme (states in offload_->optimizer())
+    bool host_gradient_copy_ = false;  // gradients copied to host_grads_ for the CPU optimizer
     bool in_iteration_ = false;
     double optimizer_read_wait_seconds_ = 0.0;
 

@@ -220,11 +220,6 @@ Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& con
     std::unique_ptr<Offload> o(new Offload());
 
     // ---- checks, before anything is allocated ----
-    if ((param_nvme || opt_nvme) && device.kind() != DeviceKind::kCpu) {
-        return Status::not_supported(
-            "zero_optimization: offload to \"nvme\" is wired for device.type \"cpu\" only in this "
-            "build");
-    }
     if (param_nvme) ZINF_TRY(check_paths(op.nvme_path, "zero_optimization.offload_param.nvme_path"));
     if (opt_nvme) {
         ZINF_TRY(check_paths(oo.nvme_path, "zero_optimization.offload_optimizer.nvme_path"));

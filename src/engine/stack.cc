@@ -30,9 +30,11 @@ model::MlpConfig mlp_config(const config::EngineConfig& config) {
 
 Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) {
     if (config.device.type != "cpu") {
-        // TODO(engine): build CudaDevice/CudaCompute here once the CUDA path is tested end to end.
-        return Status::not_supported("device.type: \"" + config.device.type +
-                                     "\" is not wired into the engine yet; use \"cpu\"");
+        return Status::not_supported(
+            "device.type: \"" + config.device.type +
+            "\": TrainingStack::create builds the CPU stack; the GPU stack is "
+            "create_cuda_training_stack (src/engine/cuda_stack.h, target zinf_engine_cuda, built "
+            "where CUDA is found)");
     }
     TrainingStack s;
     device::CpuDeviceOptions device_options;

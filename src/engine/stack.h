@@ -22,7 +22,7 @@ struct TrainingStack {
     std::unique_ptr<model::Mlp> model;
     std::unique_ptr<Engine> engine;  // declared last: destroyed first
 
-    // Errors: kNotSupported for device.type "cuda" in this build path (not yet wired), and
+    // Errors: kNotSupported for device.type "cuda" (see create_cuda_training_stack), and
     // those of each part's create (kInvalidArgument naming the key, kNoSpace).
     static Result<TrainingStack> create(const config::EngineConfig& config);
 

@@ -18,6 +18,9 @@
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "src/device/cpu_device.h"
+#ifdef ZINF_BENCH_HAVE_CUDA
+#include "src/device/cuda_device.h"
+#endif
 #include "src/tier/engine_mover.h"
 #include "src/tier/residency_manager.h"
 #include "tools/bench/commands.h"
@@ -45,6 +48,7 @@ struct SwapOptions {
     std::uint64_t prefetch_numel = 0;  // 0: auto
     std::uint64_t max_live_numel = 0;
     DType dtype = DType::kFloat16;
+    bool cuda = false;  // --device cuda: the device tier in GPU memory
     int iterations = 1;
     std::int64_t poll_us = 0;
     bool progress = true;
@@ -58,7 +62,10 @@ void declare_flags(cli::Args& args) {
     args.add("compute-ms", "auto",
              "simulated compute per partition, a busy loop on the computing thread\n"
              "(ms, fractions allowed); auto: the measured I/O time per partition");
-    args.add("device-budget", "1GiB", "device tier budget (the CPU device's memory)");
+    args.add("device", "cpu",
+             "where the device tier lives: cpu (the CPU device's memory) or cuda (GPU 0's\n"
+             "memory; host -> device copies from the pinned pool; needs a CUDA build)");
+    args.add("device-budget", "1GiB", "device tier budget (bytes of the device's memory)");
     args.add("pinned", "512MiB", "pinned host pool: the host tier budget");
     args.add("prefetch-bucket", "auto",
              "stage3_prefetch_bucket_size in elements of --dtype; auto: the pinned\n"
@@ -95,6 +102,14 @@ Result<SwapOptions> parse_options(const cli::Args& args) {
     } else {
         ZINF_ASSIGN_OR_RETURN(o.compute_ms, args.get_double("compute-ms", 0, 60'000));
     }
+    ZINF_ASSIGN_OR_RETURN(const std::string device, args.get_choice("device", {"cpu", "cuda"}));
+    o.cuda = device == "cuda";
+#ifndef ZINF_BENCH_HAVE_CUDA
+    if (o.cuda) {
+        return Status::not_supported(
+            "--device cuda: this zinfinity-bench was built without CUDA (nvcc not found)");
+    }
+#endif
     ZINF_ASSIGN_OR_RETURN(o.device_budget_bytes, args.get_size_bytes("device-budget"));
     ZINF_ASSIGN_OR_RETURN(o.pinned_bytes, args.get_size_bytes("pinned"));
     ZINF_ASSIGN_OR_RETURN(const std::string dtype,
@@ -321,9 +336,30 @@ int run(const SwapOptions& o) {
 
     // Teardown order: the manager, the mover, the engine (which holds the region registered),
     // then the region and the device.
-    auto device =
-        device::CpuDevice::create({.budget_bytes = o.device_budget_bytes, .worker_thread = true});
+    Result<std::unique_ptr<Device>> device = Status::internal("no device");
+#ifdef ZINF_BENCH_HAVE_CUDA
+    if (o.cuda) {
+        device::CudaDeviceOptions cuda_options;
+        cuda_options.budget_bytes = o.device_budget_bytes;
+        auto made = device::CudaDevice::create(cuda_options);
+        if (made.has_value()) {
+            device = std::unique_ptr<Device>(std::move(made).value());
+        } else {
+            device = made.error();
+        }
+    }
+#endif
+    if (!o.cuda) {
+        auto made =
+            device::CpuDevice::create({.budget_bytes = o.device_budget_bytes, .worker_thread = true});
+        if (made.has_value()) {
+            device = std::unique_ptr<Device>(std::move(made).value());
+        } else {
+            device = made.error();
+        }
+    }
     if (!device.has_value()) return fail(device.error());
+    std::printf("device tier: %s\n", (*device)->name().c_str());
     auto region = AlignedBuffer::allocate(o.pinned_bytes, 4096);
     if (!region.has_value()) return fail(region.error().with_context("allocating the pinned pool"));
     io::EngineOptions engine_options;
@@ -422,7 +458,7 @@ int run(const SwapOptions& o) {
     double wall_seconds = 0;
     std::uint64_t wall_nvme_bytes = 0;
     std::uint64_t bad_words = 0;
-    if (auto warm = run_iteration(**rm, parts, compute_ms, o.poll_us, true, o.progress,
+    if (auto warm = run_iteration(**rm, parts, compute_ms, o.poll_us, !o.cuda, o.progress,
                                   "streaming with compute (warm-up)");
         !warm) {
         return fail(warm.error());
@@ -431,7 +467,7 @@ int run(const SwapOptions& o) {
     }
     const tier::ResidencyStats before = (*rm)->stats();
     for (int i = 0; i < o.iterations; ++i) {
-        auto f = run_iteration(**rm, parts, compute_ms, o.poll_us, true, o.progress,
+        auto f = run_iteration(**rm, parts, compute_ms, o.poll_us, !o.cuda, o.progress,
                                "streaming with compute");
         if (!f.has_value()) return fail(f.error());
         wall_seconds += f->seconds;
@@ -486,6 +522,10 @@ int run(const SwapOptions& o) {
         format_bytes(s.tiers[1].peak_bytes).c_str(), format_bytes(s.tiers[1].budget_bytes).c_str(),
         format_bytes(s.tiers[0].peak_bytes).c_str(), format_bytes(s.tiers[0].budget_bytes).c_str());
     std::printf("  residency: %s\n", (*rm)->stats_summary().c_str());
+    if (o.cuda) {
+        std::printf("  data: not checked (the device tier is GPU memory; the store's checksums "
+                    "verified every read from NVMe)\n");
+    }
     if (bad_words != 0) {
         std::fprintf(stderr, "zinfinity-bench swap: %" PRIu64 " sampled words read back wrong\n",
                      bad_words);

@@ -22,6 +22,9 @@
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
 #include "src/engine/stack.h"
+#ifdef ZINF_TRAIN_HAVE_CUDA
+#include "src/engine/cuda_stack.h"
+#endif
 #include "src/engine/trace.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
@@ -108,6 +111,20 @@ int fail(const std::string& what, const Status& s) {
     return 1;
 }
 
+// The stack the config's device.type asks for.
+zinf::Result<zinf::TrainingStack> make_stack(const zinf::config::EngineConfig& config) {
+    if (config.device.type == "cuda") {
+#ifdef ZINF_TRAIN_HAVE_CUDA
+        return zinf::create_cuda_training_stack(config);
+#else
+        return Status::not_supported(
+            "device.type: \"cuda\": this zinfinity-train was built without CUDA (nvcc not "
+            "found at build time)");
+#endif
+    }
+    return zinf::TrainingStack::create(config);
+}
+
 // Trains `steps` optimizer steps on consecutive batches of `batcher` (wrapping epochs).
 Status train_steps(zinf::Engine& engine, zinf::data::Batcher& batcher,
                    const zinf::data::DataSource& source, std::uint64_t steps) {
@@ -148,11 +165,12 @@ Status measure_overlap(const zinf::config::EngineConfig& config, zinf::Engine& e
     zinf::config::EngineConfig c = config;
     c.zero.offload_param.device = zinf::config::OffloadDevice::kNone;
     c.zero.offload_optimizer.device = zinf::config::OffloadDevice::kCpu;
-    c.device.memory_budget_bytes = std::uint64_t{1} << 40;  // a number: host memory is used as needed
+    // CPU device: a number (host memory is used as needed); GPU: what is free.
+    c.device.memory_budget_bytes = c.device.type == "cuda" ? 0 : std::uint64_t{1} << 40;
     c.device.host_memory_budget_bytes = 0;
     const zinf::log::Level level = zinf::log::level();
     zinf::log::set_level(zinf::log::Level::kWarning);
-    auto stack = zinf::TrainingStack::create(c);
+    auto stack = make_stack(c);
     zinf::log::set_level(level);
     if (!stack.has_value()) return stack.error().with_context("compute-only engine");
     zinf::data::BatcherOptions bo;
@@ -222,7 +240,7 @@ int run(int argc, char** argv) {
     // Data first: a missing dataset fails before gigabytes are allocated.
     auto data = load_data(config);
     if (!data.has_value()) return fail("data", data.error());
-    auto stack = zinf::TrainingStack::create(config);
+    auto stack = make_stack(config);
     if (!stack.has_value()) return fail("engine", stack.error());
     zinf::Engine& engine = *stack->engine;
     std::printf("%s\n", engine.summary().c_str());
