@@ -273,7 +273,12 @@ do_run() {
     if [ "$limit" -lt 10 ]; then add "test $t" skipped "no time left"; continue; fi
     log "== $t (timeout ${limit}s)"
     out=$(run_bin timeout "$limit" "$bin/$t" 2>&1); rc=$?
-    printf '%s\n' "$out" | grep -E '^\[  (FAILED|SKIPPED|PASSED) |^\[==========\]|Failure|error|no CUDA' | head -60
+    if [ $rc -ne 0 ]; then
+      # A failure: the whole assertion messages (what, expected, actual, traces), not a summary.
+      printf '%s\n' "$out" | grep -vE '^\[       OK \]|^\[ RUN      \]|^\[zinf' | head -120
+    else
+      printf '%s\n' "$out" | grep -E '^\[  (FAILED|SKIPPED|PASSED) |^\[==========\]|Failure|error|no CUDA' | head -60
+    fi
     passed=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
     skipped=$(printf '%s\n' "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' | tail -1)
     failedn=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)

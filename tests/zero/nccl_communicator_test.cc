@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "src/device/cuda_device.h"
@@ -56,12 +57,30 @@ protected:
             auto expect_equal = [&](void* buffer, const char* what) {
                 ASSERT_TRUE(device_->copy_to_host(back.data(), buffer, bytes, *stream).is_ok());
                 ASSERT_TRUE(device_->synchronize(*stream).is_ok());
-                EXPECT_EQ(back, host) << what;
+                if (back == host) return;
+                // Say where and how, not a dump of megabytes: the first differing element, the
+                // count, and whether the buffer still holds zeros (the operation never ran).
+                const std::size_t eb = dtype_size_bytes(dtype);
+                std::size_t first = n, count = 0, zeros = 0;
+                for (std::size_t i = 0; i < n; ++i) {
+                    if (std::memcmp(back.data() + i * eb, host.data() + i * eb, eb) != 0) {
+                        if (first == n) first = i;
+                        ++count;
+                    }
+                    bool zero = true;
+                    for (std::size_t b = 0; b < eb; ++b) zero = zero && back[i * eb + b] == 0;
+                    zeros += zero ? 1 : 0;
+                }
+                ADD_FAILURE() << what << ": " << count << " of " << n
+                              << " elements differ, first at " << first << " (expected "
+                              << static_cast<float>(first % 251) << "); " << zeros
+                              << " elements are zero";
             };
             ASSERT_TRUE(device_->fill_zero(*recv, bytes, *stream).is_ok());
             ASSERT_TRUE(comm.all_gather(*send, *recv, n, dtype, *stream).is_ok());
             expect_equal(*recv, "all_gather");
             for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+                SCOPED_TRACE(op == ReduceOp::kSum ? "sum" : op == ReduceOp::kAvg ? "avg" : "max");
                 ASSERT_TRUE(device_->fill_zero(*recv, bytes, *stream).is_ok());
                 ASSERT_TRUE(comm.reduce_scatter(*send, *recv, n, dtype, op, *stream).is_ok());
                 expect_equal(*recv, "reduce_scatter");
