@@ -197,8 +197,7 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
     const auto t0 = Clock::now();
     ZINF_TRY(kernel_.step(params, state, g, copy));
     stats_.compute_seconds += seconds_since(t0);
-    grads.updated(sub_group, offset, state.params);
-    return Status::ok();
+    return grads.updated(sub_group, offset, state.params);
 }
 
 Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {

@@ -53,9 +53,12 @@ public:
                                           std::uint64_t /*numel*/) {
         return kernels::ParamCopy::none();
     }
-    // Sees the updated fp32 parameters before they are written out (optional).
-    virtual void updated(std::size_t /*sub_group*/, std::uint64_t /*offset_numel*/,
-                         std::span<const float> /*params*/) {}
+    // Sees the updated fp32 parameters before they are written out (optional). An error stops
+    // the step before this sub-group's states are written back (they stay as before the step).
+    virtual Status updated(std::size_t /*sub_group*/, std::uint64_t /*offset_numel*/,
+                           std::span<const float> /*params*/) {
+        return Status::ok();
+    }
 };
 
 // Fills the initial master parameters of one sub-group (initialize()).

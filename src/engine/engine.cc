@@ -99,22 +99,19 @@ public:
         return kernels::ParamCopy{reinterpret_cast<std::uint16_t*>(e_.host_params_.data()),
                                   static_cast<std::size_t>(numel), kernel_dtype(d.dtype)};
     }
-    void updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
-        if (!status_.is_ok()) return;
+    Status updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
         const auto& d = e_.coordinator_->domain();
         std::span<const std::byte> bytes =
             d.dtype == DType::kFloat32
                 ? std::as_bytes(params)
                 : std::span<const std::byte>(e_.host_params_.data(),
                                              params.size() * dtype_size_bytes(d.dtype));
-        status_ = e_.coordinator_->write_domain_parameters(offset, bytes, e_.stream());
+        return e_.coordinator_->write_domain_parameters(offset, bytes, e_.stream());
     }
-    const Status& status() const noexcept { return status_; }
 
 private:
     Engine& e_;
     const std::byte* grads_;
-    Status status_;
 };
 
 namespace {
@@ -412,11 +409,25 @@ void Engine::build_summary() {
     summary_ = std::move(s);
 }
 
+Status Engine::check_usable() const {
+    if (broken_.empty()) return Status::ok();
+    return Status::invalid_argument("engine unusable: " + broken_ +
+                                    "; the states may disagree with each other: load a "
+                                    "checkpoint (load_checkpoint) before continuing");
+}
+
+void Engine::end_iteration_if_open() noexcept {
+    if (!in_iteration_) return;
+    offload_->parameters()->end_iteration();
+    in_iteration_ = false;
+}
+
 Result<float> Engine::forward(const Batch& batch) {
     ZINF_ASSERT_GE(batch.rows, 1u);
     ZINF_ASSERT_LE(batch.rows, batch_rows_max_);
     ZINF_ASSERT_EQ(batch.inputs.size(), batch.rows * model_.in_features());
     ZINF_ASSERT_EQ(batch.labels.size(), batch.rows);
+    ZINF_TRY(check_usable());
     TraceScope span(trace_, "forward", "compute", 0);
     if (micro_steps_ % gradient_accumulation_steps() == 0 && !backward_done_ && !forward_done_) {
         coordinator_->begin_accumulation();
@@ -432,12 +443,16 @@ Result<float> Engine::forward(const Batch& batch) {
         in_iteration_ = true;
     }
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
-    ZINF_TRY(model_.forward(ctx, static_cast<const float*>(inputs_device_),
-                            static_cast<const std::int32_t*>(labels_device_), batch.rows));
-    ZINF_ASSIGN_OR_RETURN(float loss, model_.read_loss(stream()));
+    Status fwd = model_.forward(ctx, static_cast<const float*>(inputs_device_),
+                                static_cast<const std::int32_t*>(labels_device_), batch.rows);
+    Result<float> loss = fwd.is_ok() ? model_.read_loss(stream()) : Result<float>(fwd);
+    if (!loss.has_value()) {
+        end_iteration_if_open();
+        return loss.error();
+    }
     forward_done_ = true;
     times_.forward_seconds += span.end();
-    return loss;
+    return *loss;
 }
 
 Status Engine::backward() {
@@ -445,12 +460,15 @@ Status Engine::backward() {
     TraceScope span(trace_, "backward", "compute", 0);
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
-    ZINF_TRY(model_.backward(ctx, static_cast<float>(scale)));
-    ZINF_TRY(device_.synchronize(stream()));
-    if (in_iteration_) {
-        offload_->parameters()->end_iteration();
-        in_iteration_ = false;
+    Status bwd = model_.backward(ctx, static_cast<float>(scale));
+    if (bwd.is_ok()) bwd = device_.synchronize(stream());
+    if (!bwd.is_ok()) {
+        end_iteration_if_open();
+        return bwd;
     }
+    // One residency iteration per accumulation window (persistent parameters are gathered in
+    // its first micro-step only): it ends at the boundary.
+    if (is_gradient_accumulation_boundary()) end_iteration_if_open();
     forward_done_ = false;
     backward_done_ = true;
     times_.backward_seconds += span.end();
@@ -494,7 +512,6 @@ Status Engine::optimizer_step(double grad_scale, double lr) {
         const Status s = sw->step(p, source);
         optimizer_read_wait_seconds_ += sw->last_step_stats().read_wait_seconds;
         ZINF_TRY(s);
-        ZINF_TRY(source.status());
         return device_.synchronize(stream());
     }
     auto* master = reinterpret_cast<float*>(master_.data());
@@ -567,7 +584,11 @@ Status Engine::step() {
     if (config_.gradient_clipping > 0 && norm > config_.gradient_clipping) {
         coef = config_.gradient_clipping / (norm + 1e-6);
     }
-    ZINF_TRY(optimizer_step(unscale * coef, last_step_.lr));
+    if (Status s = optimizer_step(unscale * coef, last_step_.lr); !s.is_ok()) {
+        broken_ = "the optimizer step " + std::to_string(global_steps_ + 1) + " failed part-way (" +
+                  s.to_string() + ")";
+        return s;
+    }
     ZINF_TRY(coordinator_->publish_parameters(stream()));
     ZINF_TRY(device_.synchronize(stream()));
     scaler_.update(false);
@@ -580,20 +601,16 @@ Status Engine::step() {
 
 Status Engine::io_only_step() {
     if (!offload_) return Status::ok();
+    ZINF_TRY(check_usable());
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
+    end_iteration_if_open();
     TraceScope span(trace_, "io-only step", "io", 1);
     zero::PartitionStorage* storage = offload_->parameters();
-    if (storage != nullptr) {
-        const auto order = coordinator_->trace();
-        for (std::uint64_t micro = 0; micro < gradient_accumulation_steps(); ++micro) {
-            storage->begin_iteration();
-            for (const std::uint32_t index : order) {
-                ZINF_TRY(storage->begin_read(index, stream()).status());
-                ZINF_TRY(storage->end_read(index, stream()));
-            }
-            storage->end_iteration();
-        }
+    // The parameters' reads of one step: the residency manager's recorded trace (one
+    // accumulation window), replayed once.
+    if (offload_->tiered_parameters() != nullptr) {
+        ZINF_TRY(offload_->tiered_parameters()->replay_trace());
     }
     if (nvme_states_) ZINF_TRY(offload_->optimizer()->io_only_pass());
     if (storage != nullptr) {
@@ -659,13 +676,14 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
     swap::OptimizerSwapper* sw = nvme_states_ ? offload_->optimizer() : nullptr;
     for (std::size_t off = 0; off < d.numel; off += chunk) {
         const std::size_t n = std::min(chunk, d.numel - off);
-        const float* pm = reinterpret_cast<const float*>(master_.data()) + off;
-        const float* pa = uses_exp_avg(kind) ? reinterpret_cast<const float*>(exp_avg_.data()) + off
-                                             : nullptr;
-        const float* pv = uses_exp_avg_sq(kind)
-                              ? reinterpret_cast<const float*>(exp_avg_sq_.data()) + off
-                              : nullptr;
-        if (sw != nullptr) {
+        const float* pm = nullptr;
+        const float* pa = nullptr;
+        const float* pv = nullptr;
+        if (sw == nullptr) {
+            pm = reinterpret_cast<const float*>(master_.data()) + off;
+            if (uses_exp_avg(kind)) pa = reinterpret_cast<const float*>(exp_avg_.data()) + off;
+            if (uses_exp_avg_sq(kind)) pv = reinterpret_cast<const float*>(exp_avg_sq_.data()) + off;
+        } else {
             // chunk == the swapper's sub-group size: chunk k is sub-group k.
             ZINF_TRY(sw->read_sub_group(off / chunk, std::span<float>(pbuf.data(), n),
                                         std::span<float>(mbuf.data(), mbuf.empty() ? 0 : n),
@@ -749,6 +767,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         return Status::invalid_argument(
             "save_checkpoint: only at a gradient accumulation boundary (after step())");
     }
+    ZINF_TRY(check_usable());
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     ZINF_TRY(device_.synchronize(stream()));
     const auto& d = coordinator_->domain();
@@ -809,7 +828,11 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         log::warning("checkpoint ", r.path(), ": saved with a different config (digest ", digest,
                      ", now ", own, "); continuing");
     }
-    ZINF_TRY(load_states(r));
+    // From here on a failure leaves states half-restored.
+    if (Status s = load_states(r); !s.is_ok()) {
+        broken_ = "loading checkpoint " + r.path() + " failed part-way (" + s.to_string() + ")";
+        return s;
+    }
     ZINF_TRY(coordinator_->publish_parameters(stream()));
     ZINF_TRY(device_.synchronize(stream()));
     ZINF_ASSIGN_OR_RETURN(global_steps_, r.get_u64("step"));
@@ -825,6 +848,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSIGN_OR_RETURN(auto hyst, r.get_u64("loss_scale_hysteresis_left"));
     ss.hysteresis_left = static_cast<int>(hyst);
     scaler_.restore(ss);
+    broken_.clear();
     times_.checkpoint_seconds += span.end();
     log::info("checkpoint loaded: ", r.path(), " (step ", global_steps_, ")");
     return Status::ok();

@@ -186,6 +186,11 @@ private:
     bool nvme_states_ = false;  // offload_optimizer: nvme (states in offload_->optimizer())
     bool host_gradient_copy_ = false;  // gradients copied to host_grads_ for the CPU optimizer
     bool in_iteration_ = false;
+    // A step or a checkpoint load failed part-way: the states may disagree with each other
+    // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
+    std::string broken_;
+    Status check_usable() const;
+    void end_iteration_if_open() noexcept;
     double optimizer_read_wait_seconds_ = 0.0;
 
     StateBuffer master_;

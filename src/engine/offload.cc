@@ -136,6 +136,25 @@ Status TieredPartitionStorage::write(std::size_t index, std::size_t offset_bytes
     return Status::ok();
 }
 
+Status TieredPartitionStorage::replay_trace() {
+    if (!residency_.has_trace()) return Status::ok();
+    // A copy: the manager may re-record its trace while this runs.
+    const auto span = residency_.trace().accesses();
+    const std::vector<tier::Access> accesses(span.begin(), span.end());
+    residency_.begin_iteration();
+    Status status;
+    for (const tier::Access& a : accesses) {
+        auto p = residency_.acquire(a.id, a.tier);
+        if (!p.has_value()) {
+            status = p.error();
+            break;
+        }
+        residency_.release(a.id, false);
+    }
+    residency_.end_iteration();
+    return status;
+}
+
 Status TieredPartitionStorage::read(std::size_t index, std::size_t offset_bytes,
                                     std::span<std::byte> bytes) {
     ZINF_ASSERT(written_[index]);
@@ -204,6 +223,7 @@ Offload::~Offload() {
     mover_.reset();
     optimizer_store_own_.reset();
     param_store_.reset();
+    if (host_region_locked_) (void)::munlock(host_region_.data(), host_region_.size());
 }
 
 Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& config,
@@ -220,6 +240,11 @@ Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& con
     std::unique_ptr<Offload> o(new Offload());
 
     // ---- checks, before anything is allocated ----
+    if (op.device != config::OffloadDevice::kNone && zc.stage != 3) {
+        return Status::invalid_argument(str_cat(
+            "zero_optimization.offload_param.device: \"", config::offload_device_name(op.device),
+            "\" needs zero_optimization.stage 3, got stage ", zc.stage));
+    }
     if (param_nvme) ZINF_TRY(check_paths(op.nvme_path, "zero_optimization.offload_param.nvme_path"));
     if (opt_nvme) {
         ZINF_TRY(check_paths(oo.nvme_path, "zero_optimization.offload_optimizer.nvme_path"));
@@ -355,11 +380,17 @@ Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& con
     if (param_nvme) {
         ZINF_ASSIGN_OR_RETURN(o->host_region_, AlignedBuffer::allocate(param_pinned));
         std::memset(o->host_region_.data(), 0, o->host_region_.size());
-        if (op.pin_memory && ::mlock(o->host_region_.data(), o->host_region_.size()) != 0) {
-            log::warning("offload_param: pin_memory: mlock of ", format_bytes(param_pinned),
-                         " failed (RLIMIT_MEMLOCK?); the host tier works unlocked");
+        if (op.pin_memory) {
+            if (::mlock(o->host_region_.data(), o->host_region_.size()) == 0) {
+                o->host_region_locked_ = true;
+            } else {
+                log::warning("offload_param: pin_memory: mlock of ", format_bytes(param_pinned),
+                             " failed (RLIMIT_MEMLOCK?); the host tier works unlocked");
+            }
         }
         tier::StoreMoverOptions mo;
+        // pin_memory false: a pageable host tier (a GPU stages its copies through the driver).
+        mo.register_with_device = op.pin_memory || device.kind() == DeviceKind::kCpu;
         ZINF_ASSIGN_OR_RETURN(
             o->mover_, tier::StoreMover::create(
                            *o->param_store_, &device,
@@ -376,11 +407,13 @@ Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& con
         }
         ZINF_ASSIGN_OR_RETURN(auto staging,
                               AlignedBuffer::allocate(align_up(largest_slice * eb, kPageBytes)));
-        o->parameters_ = std::make_unique<TieredPartitionStorage>(
+        auto tiered = std::make_unique<TieredPartitionStorage>(
             *o->residency_, *o->param_store_, device, part, dtype, std::move(staging));
+        o->tiered_ = tiered.get();
+        o->parameters_ = std::move(tiered);
         o->param_where_ = str_cat(
-            "nvme (", joined(op.nvme_path), "; host tier ",
-            format_bytes(ro.host_budget_bytes), " pinned, device tier ",
+            "nvme (", joined(op.nvme_path), "; host tier ", format_bytes(ro.host_budget_bytes),
+            op.pin_memory ? " pinned" : " pageable", ", device tier ",
             format_bytes(device_tier), ", prefetch ", format_bytes(ro.prefetch_depth_bytes()),
             " ahead, checksums ", config.swap.verify_checksums ? "on" : "off", ")");
     }

@@ -73,6 +73,9 @@ public:
     Status read(std::size_t index, std::size_t offset_bytes, std::span<std::byte> bytes) override;
     void begin_iteration() override { residency_.begin_iteration(); }
     void end_iteration() override { residency_.end_iteration(); }
+    // One iteration of the recorded access trace without compute: every access acquired and
+    // released clean, in order (the I/O of a step's parameter reads). Nothing without a trace.
+    Status replay_trace();
 
 private:
     std::size_t slice_bytes(std::size_t index) const {
@@ -116,6 +119,8 @@ public:
     // The NVMe optimizer (null unless offload_optimizer is "nvme").
     swap::OptimizerSwapper* optimizer() noexcept { return optimizer_.get(); }
     tier::ResidencyManager* residency() noexcept { return residency_.get(); }
+    // The NVMe parameter storage (null unless offload_param is "nvme").
+    TieredPartitionStorage* tiered_parameters() noexcept { return tiered_; }
 
     OffloadFigures figures() const;
     // Parameter moves (demand and prefetch) go to `recorder` as spans (borrowed; null: none).
@@ -142,6 +147,8 @@ private:
     std::unique_ptr<zero::PartitionStorage> parameters_;
     std::unique_ptr<swap::OptimizerSwapper> optimizer_;
     std::unique_ptr<MoveTrace> move_trace_;
+    TieredPartitionStorage* tiered_ = nullptr;  // parameters_, when it is the tiered storage
+    bool host_region_locked_ = false;
     std::string param_where_;
     std::string optimizer_where_;
 };

@@ -29,7 +29,7 @@ Result<std::unique_ptr<StoreMover>> StoreMover::create(swap::SwapStore& store, D
     }
     if (device != nullptr) {
         ZINF_ASSIGN_OR_RETURN(mover->stream_, device->create_stream());
-        if (!host_region.empty()) {
+        if (!host_region.empty() && options.register_with_device) {
             ZINF_TRY(device->register_host_memory(host_region)
                          .with_context("store mover: registering the host region"));
             mover->device_registered_ = true;

@@ -33,6 +33,9 @@ namespace zinf::tier {
 struct StoreMoverOptions {
     // Moves in flight at once (swap handles and device events are sized to it at create).
     std::size_t max_in_flight = 64;
+    // Page-lock the host region with the device (cudaHostRegister on a GPU) for asynchronous
+    // copies: `pin_memory`. false: a pageable host tier; the driver stages its copies.
+    bool register_with_device = true;
 };
 
 class StoreMover final : public Mover {

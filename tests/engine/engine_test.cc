@@ -127,6 +127,23 @@ TEST(EngineTest, Fp16OverflowSkipsStepAndLowersScale) {
     EXPECT_LT(last, first);
 }
 
+// With accumulation, one residency iteration is one window (persistent parameters are gathered
+// in its first micro-step only): the recorded trace holds, prefetch is never paused.
+TEST(EngineTest, NvmeTraceIsStableUnderAccumulation) {
+    test::TempDir nvme("nvme");
+    Trainer t(load_config(
+        with_nvme(small_config(std::string(kNvmeZero) + R"("bf16": {"enabled": true},)"),
+                  nvme.path()),
+        {"gradient_accumulation_steps=3",
+         "zero_optimization.stage3_param_persistence_threshold=40"}));
+    t.run(5);
+    const std::string s = t.engine().residency_summary();
+    EXPECT_NE(s.find("traces 1, order changes 0"), std::string::npos) << s;
+    ASSERT_TRUE(t.engine().io_only_step());
+    EXPECT_NE(t.engine().residency_summary().find("order changes 0"), std::string::npos)
+        << t.engine().residency_summary();
+}
+
 TEST(EngineTest, GradientAccumulationCountsMicroSteps) {
     Trainer t(load_config(small_config(), {"gradient_accumulation_steps=3"}));
     EXPECT_EQ(t.engine().train_batch_size(), 48u);

@@ -149,6 +149,13 @@ Status train_steps(zinf::Engine& engine, zinf::data::Batcher& batcher,
 Status measure_overlap(const zinf::config::EngineConfig& config, zinf::Engine& engine,
                        zinf::data::Batcher& batcher, const zinf::data::DataSource& source,
                        std::uint64_t steps) {
+    const auto& zc = config.zero;
+    if (zc.offload_param.device != zinf::config::OffloadDevice::kNvme &&
+        zc.offload_optimizer.device != zinf::config::OffloadDevice::kNvme) {
+        return Status::invalid_argument(
+            "needs offload_param or offload_optimizer on \"nvme\" (without I/O there is no "
+            "I/O-only pass to compare with)");
+    }
     std::printf("measure-overlap: %" PRIu64 " steps per pass\n", steps);
     std::fflush(stdout);
     auto t0 = Clock::now();
@@ -156,6 +163,7 @@ Status measure_overlap(const zinf::config::EngineConfig& config, zinf::Engine& e
     const double real_s = seconds_since(t0) / static_cast<double>(steps);
     std::printf("  real steps:   %.3f s/step\n", real_s);
     std::fflush(stdout);
+    ZINF_TRY(engine.io_only_step());  // warm-up, as the real pass had training before it
     t0 = Clock::now();
     for (std::uint64_t i = 0; i < steps; ++i) ZINF_TRY(engine.io_only_step());
     const double io_s = seconds_since(t0) / static_cast<double>(steps);
