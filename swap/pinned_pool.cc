@@ -82,18 +82,19 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
     const std::size_t total = pool->buffer_count_ * pool->buffer_size_bytes_;
 
     auto memory = std::make_unique<Memory>();
-    // PCI objects are kept so that a GPU's bus id can be found in the topology.
+    const std::string bus_id =
+        options.near_device != nullptr ? options.near_device->pci_bus_id() : std::string();
+    // PCI objects are loaded only for a device with a bus id (a GPU): I/O discovery loads
+    // plugins, which the CPU path does not need.
     if (hwloc_topology_init(&memory->topology) != 0 ||
-        hwloc_topology_set_io_types_filter(memory->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) !=
-            0 ||
+        (!bus_id.empty() && hwloc_topology_set_io_types_filter(
+                                memory->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0) ||
         hwloc_topology_load(memory->topology) != 0) {
         return Status::internal(
             str_cat("pinned pool '", options.name, "': hwloc topology: ", std::strerror(errno)));
     }
     // The node closest to the device's PCI bus where it has one (a GPU), else the node the
     // calling thread runs on.
-    const std::string bus_id =
-        options.near_device != nullptr ? options.near_device->pci_bus_id() : std::string();
     int node = bus_id.empty() ? -1 : pci_device_node(memory->topology, bus_id);
     if (node < 0) {
         if (!bus_id.empty()) {
