@@ -3,7 +3,6 @@
 
 #include "src/device/cuda_compute.h"
 #include "src/device/cuda_device.h"
-#include "zero/single_rank_communicator.h"
 
 namespace zinf {
 
@@ -12,19 +11,13 @@ Result<TrainingStack> create_cuda_training_stack(const config::EngineConfig& con
         return Status::invalid_argument("device.type: \"" + config.device.type +
                                         "\"; the CUDA stack needs \"cuda\"");
     }
-    TrainingStack s;
     device::CudaDeviceOptions device_options;
     device_options.local_rank = config.device.local_rank;
     device_options.budget_bytes = config.device.memory_budget_bytes;
     ZINF_ASSIGN_OR_RETURN(auto device, device::CudaDevice::create(device_options));
     ZINF_ASSIGN_OR_RETURN(auto compute, device::CudaCompute::create(*device));
-    s.device = std::move(device);
-    s.compute = std::move(compute);
-    s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
-    ZINF_ASSIGN_OR_RETURN(s.model, model::Mlp::create(mlp_config(config), *s.device));
-    ZINF_ASSIGN_OR_RETURN(s.engine,
-                          Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator));
-    return s;
+    // The compute borrows the device: the stack destroys the compute first.
+    return assemble_training_stack(config, std::move(device), std::move(compute));
 }
 
 }  // namespace zinf

@@ -36,13 +36,19 @@ Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) 
             "create_cuda_training_stack (src/engine/cuda_stack.h, target zinf_engine_cuda, built "
             "where CUDA is found)");
     }
-    TrainingStack s;
     device::CpuDeviceOptions device_options;
     device_options.budget_bytes = config.device.memory_budget_bytes;
     ZINF_ASSIGN_OR_RETURN(auto device, device::CpuDevice::create(device_options));
     ZINF_ASSIGN_OR_RETURN(
         auto compute, device::CpuCompute::create(
                           device.get(), device::CpuComputeOptions{config.cpu_optimizer.threads}));
+    return assemble_training_stack(config, std::move(device), std::move(compute));
+}
+
+Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
+                                              std::unique_ptr<Device> device,
+                                              std::unique_ptr<Compute> compute) {
+    TrainingStack s;
     s.device = std::move(device);
     s.compute = std::move(compute);
     s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);

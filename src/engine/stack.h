@@ -32,6 +32,13 @@ struct TrainingStack {
     ~TrainingStack();
 };
 
+// The rest of a stack over `device` and `compute` (owned by the stack from here): the
+// single-rank communicator, the model and the Engine. What TrainingStack::create and
+// create_cuda_training_stack share.
+Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
+                                              std::unique_ptr<Device> device,
+                                              std::unique_ptr<Compute> compute);
+
 // The model the `model` block describes, for `rows_max` rows per batch.
 model::MlpConfig mlp_config(const config::EngineConfig& config);
 

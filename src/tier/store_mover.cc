@@ -4,6 +4,7 @@
 
 #include "src/base/aligned.h"
 #include "src/base/log.h"
+#include "src/tier/device_copy.h"
 
 namespace zinf::tier {
 
@@ -149,21 +150,11 @@ Result<MoveToken> StoreMover::start(const Move& move) noexcept {
         case MoveKind::kToDevice:
         case MoveKind::kToHost: {
             ZINF_ASSERT(device_ != nullptr);
-            ZINF_ASSERT(move.device != nullptr);
-            started =
-                move.kind == MoveKind::kToDevice
-                    ? device_->copy_to_device(move.device, move.host, move.size_bytes, stream_)
-                    : device_->copy_to_host(move.host, move.device, move.size_bytes, stream_);
-            if (started.is_ok()) {
-                Result<EventId> event = device_->record_event(stream_);
-                if (event.has_value()) {
-                    s.event = *event;
-                } else {
-                    // The copy is queued but cannot be tracked: wait for it here rather than
-                    // hand back a buffer the device may still read or write.
-                    (void)device_->synchronize(stream_);
-                    started = event.error();
-                }
+            Result<EventId> event = start_device_copy(*device_, stream_, move);
+            if (event.has_value()) {
+                s.event = *event;
+            } else {
+                started = event.error();
             }
             break;
         }
@@ -183,10 +174,9 @@ Result<bool> StoreMover::poll(MoveToken token) noexcept {
         // Done: completes at once, marking the copy valid or verifying the bytes read.
         status = s.swap.wait();
     } else {
-        Result<bool> done = device_->event_done(s.event);
+        Result<bool> done = poll_device_copy(*device_, s.event);
         if (done.has_value() && !*done) return false;
         status = done.status();
-        device_->release_event(s.event);
     }
     free_slot(token);
     if (!status.is_ok()) return failed(s, status);
@@ -199,8 +189,7 @@ Status StoreMover::wait(MoveToken token) noexcept {
     if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
         status = s.swap.wait();
     } else {
-        status = device_->synchronize_event(s.event);
-        device_->release_event(s.event);
+        status = wait_device_copy(*device_, s.event);
     }
     free_slot(token);
     if (!status.is_ok()) return failed(s, status);
