@@ -34,22 +34,7 @@ Result<std::unique_ptr<EngineMover>> EngineMover::create(io::Engine& engine, Dev
         return Status::invalid_argument(str_cat("engine mover: the host region is not aligned to ",
                                                 mover->alignment_bytes_, " bytes"));
     }
-    if (!host_region.empty()) {
-        const Status registered = engine.register_buffers(host_region);
-        if (!registered.is_ok()) {
-            log::warning(
-                "engine mover: host region not registered with the I/O engine (plain opcodes): ",
-                registered.to_string());
-        }
-    }
-    if (device != nullptr) {
-        ZINF_ASSIGN_OR_RETURN(mover->stream_, device->create_stream());
-        if (!host_region.empty()) {
-            ZINF_TRY(device->register_host_memory(host_region)
-                         .with_context("engine mover: registering the host region"));
-            mover->device_registered_ = true;
-        }
-    }
+    ZINF_TRY(mover->links_.link("engine mover", engine, device, host_region, true));
     return mover;
 }
 
@@ -59,18 +44,10 @@ EngineMover::EngineMover(io::Engine& engine, Device* device, std::span<std::byte
       device_(device),
       host_region_(host_region),
       options_(options),
-      slots_(new Slot[options.max_in_flight]) {
-    free_slots_.reserve(options.max_in_flight);
-    for (std::size_t i = options.max_in_flight; i > 0; --i)
-        free_slots_.push_back(static_cast<MoveToken>(i - 1));
-}
+      slots_(options.max_in_flight) {}
 
 EngineMover::~EngineMover() {
-    ZINF_ASSERT_EQ(free_slots_.size(), options_.max_in_flight);
-    if (device_registered_) {
-        const Status s = device_->unregister_host_memory(host_region_.data());
-        if (!s.is_ok()) log::warning("engine mover: ", s.to_string());
-    }
+    ZINF_ASSERT(slots_.all_free());
     if (file_open_) {
         const Status s = engine_.close(file_);
         if (!s.is_ok()) log::warning("engine mover: closing ", options_.path, ": ", s.to_string());
@@ -101,20 +78,7 @@ std::uint64_t EngineMover::offset_of(PartitionId id) const {
     return offsets_[id];
 }
 
-EngineMover::Slot& EngineMover::slot(MoveToken token) {
-    ZINF_ASSERT_LT(token, options_.max_in_flight);
-    Slot& s = slots_[token];
-    ZINF_ASSERT(s.busy);
-    return s;
-}
-
-void EngineMover::free_slot(MoveToken token) noexcept {
-    Slot& s = slots_[token];
-    ZINF_ASSERT(s.busy);
-    s.busy = false;
-    ZINF_ASSERT_LT(free_slots_.size(), free_slots_.capacity());  // reserved: never reallocates
-    free_slots_.push_back(token);
-}
+void EngineMover::free_slot(MoveToken token) noexcept { slots_.give_back(token); }
 
 Status EngineMover::failed(const Slot& s, const Status& status) const {
     return status.with_context(
@@ -130,12 +94,8 @@ Result<MoveToken> EngineMover::start(const Move& move) noexcept {
     ZINF_ASSERT(move.host >= host_region_.data());
     ZINF_ASSERT_LE(move.host + length, host_region_.data() + host_region_.size());
     ZINF_ASSERT(is_aligned(move.host, alignment_bytes_));
-    if (free_slots_.empty()) return Status::busy("engine mover: every move slot is in flight");
-    const MoveToken token = free_slots_.back();
-    free_slots_.pop_back();
-    Slot& s = slots_[token];
-    ZINF_ASSERT(!s.busy);
-    s.busy = true;
+    ZINF_ASSIGN_OR_RETURN(const MoveToken token, slots_.take("engine mover"));
+    Slot& s = slots_.at(token);
     s.kind = move.kind;
     s.id = move.id;
     s.size_bytes = move.size_bytes;
@@ -152,7 +112,7 @@ Result<MoveToken> EngineMover::start(const Move& move) noexcept {
         case MoveKind::kToDevice:
         case MoveKind::kToHost: {
             ZINF_ASSERT(device_ != nullptr);
-            Result<EventId> event = start_device_copy(*device_, stream_, move);
+            Result<EventId> event = start_device_copy(*device_, links_.stream(), move);
             if (event.has_value()) {
                 s.event = *event;
             } else {
@@ -169,7 +129,7 @@ Result<MoveToken> EngineMover::start(const Move& move) noexcept {
 }
 
 Result<bool> EngineMover::poll(MoveToken token) noexcept {
-    Slot& s = slot(token);
+    Slot& s = slots_.at(token);
     Status status;
     if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
         if (!s.io.done()) return false;
@@ -185,7 +145,7 @@ Result<bool> EngineMover::poll(MoveToken token) noexcept {
 }
 
 Status EngineMover::wait(MoveToken token) noexcept {
-    Slot& s = slot(token);
+    Slot& s = slots_.at(token);
     Status status;
     if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
         status = s.io.wait();

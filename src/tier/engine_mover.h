@@ -18,6 +18,7 @@
 #include "io/engine.h"
 #include "src/base/device.h"
 #include "src/tier/mover.h"
+#include "src/tier/mover_slots.h"
 
 namespace zinf::tier {
 
@@ -75,7 +76,6 @@ private:
     };
     EngineMover(io::Engine& engine, Device* device, std::span<std::byte> host_region,
                 const EngineMoverOptions& options);
-    Slot& slot(MoveToken token);
     void free_slot(MoveToken token) noexcept;
     // Wraps a failed move's status with the partition and operation (only on error).
     Status failed(const Slot& s, const Status& status) const;
@@ -86,13 +86,11 @@ private:
     EngineMoverOptions options_;
     io::FileId file_ = 0;
     bool file_open_ = false;
-    bool device_registered_ = false;
-    StreamId stream_ = 0;
+    HostRegionLinks links_;
     std::size_t alignment_bytes_ = kDefaultHostAlignmentBytes;
     std::vector<std::uint64_t> offsets_;  // per partition id; kNoOffset if not reserved
     std::uint64_t next_offset_bytes_ = 0;
-    std::unique_ptr<Slot[]> slots_;
-    std::vector<MoveToken> free_slots_;
+    MoveSlots<Slot> slots_;
 
     static constexpr std::size_t kDefaultHostAlignmentBytes = 4096;
     static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};

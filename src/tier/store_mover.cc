@@ -20,22 +20,8 @@ Result<std::unique_ptr<StoreMover>> StoreMover::create(swap::SwapStore& store, D
             str_cat("store mover: the host region is not ", kAlignmentBytes, "-byte aligned"));
     }
     std::unique_ptr<StoreMover> mover(new StoreMover(store, device, host_region, options));
-    if (!host_region.empty()) {
-        const Status registered = store.engine().register_buffers(host_region);
-        if (!registered.is_ok()) {
-            log::warning(
-                "store mover: host region not registered with the I/O engine (plain opcodes): ",
-                registered.to_string());
-        }
-    }
-    if (device != nullptr) {
-        ZINF_ASSIGN_OR_RETURN(mover->stream_, device->create_stream());
-        if (!host_region.empty() && options.register_with_device) {
-            ZINF_TRY(device->register_host_memory(host_region)
-                         .with_context("store mover: registering the host region"));
-            mover->device_registered_ = true;
-        }
-    }
+    ZINF_TRY(mover->links_.link("store mover", store.engine(), device, host_region,
+                                options.register_with_device));
     return mover;
 }
 
@@ -45,19 +31,11 @@ StoreMover::StoreMover(swap::SwapStore& store, Device* device, std::span<std::by
       device_(device),
       host_region_(host_region),
       options_(options),
-      slots_(new Slot[options.max_in_flight]) {
-    free_slots_.reserve(options.max_in_flight);
-    for (std::size_t i = options.max_in_flight; i > 0; --i)
-        free_slots_.push_back(static_cast<MoveToken>(i - 1));
-}
+      slots_(options.max_in_flight) {}
 
 StoreMover::~StoreMover() {
     // Every swap handle must have been waited for: the store asserts the same when it goes.
-    ZINF_ASSERT_EQ(free_slots_.size(), options_.max_in_flight);
-    if (device_registered_) {
-        const Status s = device_->unregister_host_memory(host_region_.data());
-        if (!s.is_ok()) log::warning("store mover: ", s.to_string());
-    }
+    ZINF_ASSERT(slots_.all_free());
 }
 
 Status StoreMover::reserve(PartitionId id, std::size_t size_bytes) {
@@ -87,21 +65,10 @@ Status StoreMover::reserve(PartitionId id, std::size_t size_bytes) {
     return Status::ok();
 }
 
-StoreMover::Slot& StoreMover::slot(MoveToken token) {
-    ZINF_ASSERT_LT(token, options_.max_in_flight);
-    Slot& s = slots_[token];
-    ZINF_ASSERT(s.busy);
-    return s;
-}
-
 void StoreMover::free_slot(MoveToken token) noexcept {
-    Slot& s = slots_[token];
-    ZINF_ASSERT(s.busy);
     // The store's operation is complete (waited for) or was never started.
-    ZINF_ASSERT(!s.swap.in_use());
-    s.busy = false;
-    ZINF_ASSERT_LT(free_slots_.size(), free_slots_.capacity());  // reserved: never reallocates
-    free_slots_.push_back(token);
+    ZINF_ASSERT(!slots_.at(token).swap.in_use());
+    slots_.give_back(token);
 }
 
 Status StoreMover::failed(const Slot& s, const Status& status) const {
@@ -126,13 +93,9 @@ Result<MoveToken> StoreMover::start(const Move& move) noexcept {
                                                 move_kind_name(move.kind), " before swap '",
                                                 store_.name(), "' was committed"));
     }
-    if (free_slots_.empty()) return Status::busy("store mover: every move slot is in flight");
-    const MoveToken token = free_slots_.back();
-    free_slots_.pop_back();
-    Slot& s = slots_[token];
-    ZINF_ASSERT(!s.busy);
+    ZINF_ASSIGN_OR_RETURN(const MoveToken token, slots_.take("store mover"));
+    Slot& s = slots_.at(token);
     ZINF_ASSERT(!s.swap.in_use());
-    s.busy = true;
     s.kind = move.kind;
     s.id = move.id;
     s.size_bytes = move.size_bytes;
@@ -150,7 +113,7 @@ Result<MoveToken> StoreMover::start(const Move& move) noexcept {
         case MoveKind::kToDevice:
         case MoveKind::kToHost: {
             ZINF_ASSERT(device_ != nullptr);
-            Result<EventId> event = start_device_copy(*device_, stream_, move);
+            Result<EventId> event = start_device_copy(*device_, links_.stream(), move);
             if (event.has_value()) {
                 s.event = *event;
             } else {
@@ -167,7 +130,7 @@ Result<MoveToken> StoreMover::start(const Move& move) noexcept {
 }
 
 Result<bool> StoreMover::poll(MoveToken token) noexcept {
-    Slot& s = slot(token);
+    Slot& s = slots_.at(token);
     Status status;
     if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
         if (!s.swap.done()) return false;
@@ -184,7 +147,7 @@ Result<bool> StoreMover::poll(MoveToken token) noexcept {
 }
 
 Status StoreMover::wait(MoveToken token) noexcept {
-    Slot& s = slot(token);
+    Slot& s = slots_.at(token);
     Status status;
     if (s.kind == MoveKind::kSwapIn || s.kind == MoveKind::kSwapOut) {
         status = s.swap.wait();

@@ -26,6 +26,7 @@
 
 #include "src/base/device.h"
 #include "src/tier/mover.h"
+#include "src/tier/mover_slots.h"
 #include "swap/swap_store.h"
 
 namespace zinf::tier {
@@ -94,7 +95,6 @@ private:
     };
     StoreMover(swap::SwapStore& store, Device* device, std::span<std::byte> host_region,
                const StoreMoverOptions& options);
-    Slot& slot(MoveToken token);
     void free_slot(MoveToken token) noexcept;
     // Wraps a failed move's status with the partition and operation (only on error).
     Status failed(const Slot& s, const Status& status) const;
@@ -106,11 +106,9 @@ private:
     Device* device_;
     std::span<std::byte> host_region_;
     StoreMoverOptions options_;
-    bool device_registered_ = false;
-    StreamId stream_ = 0;
+    HostRegionLinks links_;
     std::vector<bool> reserved_;  // per partition id: reserved through this mover
-    std::unique_ptr<Slot[]> slots_;
-    std::vector<MoveToken> free_slots_;
+    MoveSlots<Slot> slots_;
 };
 
 }  // namespace zinf::tier
