@@ -234,6 +234,40 @@ TEST(CheckpointTest, CorruptionIsDetected) {
     EXPECT_EQ(tag, "a");
 }
 
+// A load that fails after it began restoring states leaves the engine refusing to train or save
+// (its states may disagree) until a load succeeds.
+TEST(CheckpointTest, FailedLoadMakesTheEngineRefuseUntilALoadSucceeds) {
+    const auto config = load_config(small_config());
+    test::TempDir dir("ckpt");
+    {
+        Trainer t(config);
+        t.run(2);
+        ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "good"));
+        ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "bad"));
+    }
+    {
+        // The last file read: its checksum fails after every state was written.
+        std::fstream f(dir.file("bad/parameters.fp32"),
+                       std::ios::in | std::ios::out | std::ios::binary);
+        ASSERT_TRUE(f.good());
+        f.seekp(8);
+        char c = 0x55;
+        f.write(&c, 1);
+    }
+    Trainer t(config);
+    ASSERT_EQ(t.engine().load_checkpoint(dir.path(), "bad").code(), StatusCode::kCorruption);
+    const Status refused = t.engine().save_checkpoint(dir.path(), "after");
+    EXPECT_FALSE(refused);
+    EXPECT_NE(refused.message().find("load a checkpoint"), std::string::npos)
+        << refused.to_string();
+    std::vector<float> x(16 * 24, 0.5f);
+    std::vector<std::int32_t> y(16, 1);
+    EXPECT_FALSE(t.engine().forward(Batch{x, y, 16}).has_value());
+    ASSERT_TRUE(t.engine().load_checkpoint(dir.path(), "good"));
+    EXPECT_TRUE(t.engine().save_checkpoint(dir.path(), "after"));
+    EXPECT_TRUE(t.engine().forward(Batch{x, y, 16}).has_value());
+}
+
 // Bad offload settings fail at create, naming the key, before any swap file exists.
 TEST(EngineConfigTest, BadOffloadFailsBeforeAllocationNamingTheKey) {
     test::TempDir dir("nvme");
