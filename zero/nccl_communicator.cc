@@ -7,36 +7,13 @@
 #include <thread>
 
 #include "kernels/cuda/cuda_status.h"
+#include "zero/detail/nccl_ops.h"
 #include "zero/detail/nccl_status.h"
 
 namespace zinf::zero {
 namespace {
 
 static_assert(sizeof(NcclUniqueId::bytes) == NCCL_UNIQUE_ID_BYTES);
-
-ncclDataType_t nccl_type(DType dtype) {
-    switch (dtype) {
-        case DType::kFloat32:
-            return ncclFloat32;
-        case DType::kBFloat16:
-            return ncclBfloat16;
-        case DType::kFloat16:
-            return ncclFloat16;
-    }
-    return ncclFloat32;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-    switch (op) {
-        case ReduceOp::kSum:
-            return ncclSum;
-        case ReduceOp::kAvg:
-            return ncclAvg;
-        case ReduceOp::kMax:
-            return ncclMax;
-    }
-    return ncclSum;
-}
 
 // Polling period of barrier()'s bounded wait: short against a collective's latency (tens of
 // microseconds) and long enough not to keep a core busy.
@@ -120,9 +97,9 @@ Status NcclCommunicator::all_gather(const void* send, void* recv, std::size_t se
     ZINF_ASSERT(send != nullptr);
     ZINF_ASSERT(recv != nullptr);
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(
-        ncclAllGather(send, recv, send_numel, nccl_type(dtype), comm_, device_.cuda_stream(stream)),
-        comm_);
+    ZINF_NCCL_TRY(ncclAllGather(send, recv, send_numel, detail::nccl_type(dtype), comm_,
+                                device_.cuda_stream(stream)),
+                  comm_);
     return Status::ok();
 }
 
@@ -132,7 +109,8 @@ Status NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_
     ZINF_ASSERT(send != nullptr);
     ZINF_ASSERT(recv != nullptr);
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(ncclReduceScatter(send, recv, recv_numel, nccl_type(dtype), nccl_op(op), comm_,
+    ZINF_NCCL_TRY(ncclReduceScatter(send, recv, recv_numel, detail::nccl_type(dtype),
+                                    detail::nccl_reduction(op, world_size_), comm_,
                                     device_.cuda_stream(stream)),
                   comm_);
     return Status::ok();
@@ -144,9 +122,10 @@ Status NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t nu
     ZINF_ASSERT(send != nullptr);
     ZINF_ASSERT(recv != nullptr);
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(ncclAllReduce(send, recv, numel, nccl_type(dtype), nccl_op(op), comm_,
-                                device_.cuda_stream(stream)),
-                  comm_);
+    ZINF_NCCL_TRY(
+        ncclAllReduce(send, recv, numel, detail::nccl_type(dtype),
+                      detail::nccl_reduction(op, world_size_), comm_, device_.cuda_stream(stream)),
+        comm_);
     return Status::ok();
 }
 
@@ -157,7 +136,7 @@ Status NcclCommunicator::broadcast(void* buffer, std::size_t numel, DType dtype,
     if (numel == 0) return Status::ok();
     ZINF_ASSERT(buffer != nullptr);
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(ncclBroadcast(buffer, buffer, numel, nccl_type(dtype), root, comm_,
+    ZINF_NCCL_TRY(ncclBroadcast(buffer, buffer, numel, detail::nccl_type(dtype), root, comm_,
                                 device_.cuda_stream(stream)),
                   comm_);
     return Status::ok();
