@@ -172,9 +172,15 @@ TEST(TrainCliTest, BadConfigNamesTheKey) {
     r = train(dir, "--config " + config + " --set train_batch_size=33");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("train_batch_size"), std::string::npos) << r.out;
+    r = train(dir, "--config " + config + " --progress sometimes");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--progress: expected auto, on or off, got 'sometimes'"),
+              std::string::npos)
+        << r.out;
     r = train(dir, "--help");
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("--save-dir"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--progress"), std::string::npos) << r.out;
 }
 
 }  // namespace

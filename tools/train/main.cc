@@ -218,6 +218,9 @@ int run(int argc, char** argv) {
     args.add_switch("no-eval", "skip the evaluation after each epoch");
     args.add("loss-log", "",
              "write every micro-step's loss to FILE (step, loss, its fp32 bits in hex)");
+    args.add("progress", "auto",
+             "progress line on stderr for runs over two seconds: on, off,\n"
+             "or auto (on when stderr is a terminal)");
     if (Status s = args.parse(argc - 1, argv + 1); !s.is_ok()) return fail("arguments", s);
     if (args.help_requested()) {
         std::printf("%s", args.help().c_str());
@@ -235,6 +238,13 @@ int run(int argc, char** argv) {
     auto max_steps_flag = args.get_count("max-steps");
     if (!max_steps_flag.has_value()) return fail("--max-steps", max_steps_flag.error());
     const std::uint64_t max_steps = *max_steps_flag != 0 ? *max_steps_flag : config.data.max_steps;
+    bool show_progress = ::isatty(STDERR_FILENO) != 0;
+    if (const std::string p = args.get("progress"); p == "on" || p == "off") {
+        show_progress = p == "on";
+    } else if (p != "auto") {
+        return fail("arguments", Status::invalid_argument(
+                                     "--progress: expected auto, on or off, got '" + p + "'"));
+    }
     auto save_every = args.get_count("save-every");
     if (!save_every.has_value()) return fail("--save-every", save_every.error());
     const std::string save_dir = args.get("save-dir");
@@ -358,7 +368,7 @@ int run(int argc, char** argv) {
             static_cast<double>(engine.global_samples() - start_samples) / elapsed;
         char extra[96];
         std::snprintf(extra, sizeof extra, "loss %.4f, %.0f samples/s", *loss, samples_per_s);
-        progress.update(static_cast<double>(step), extra);
+        if (show_progress) progress.update(static_cast<double>(step), extra);
         if (step % config.steps_per_print == 0) {
             clear_progress_line();
             const zinf::IoFigures io = engine.io_figures();
@@ -369,8 +379,9 @@ int run(int argc, char** argv) {
                 "%s (%.2f GB/s), written %s (%.2f GB/s), stalled on I/O %.2f s, on data %.2f s\n",
                 step, *loss, loss_sum / static_cast<double>(loss_count), engine.last_step().lr,
                 engine.last_step().grad_norm,
-                config.fp16.enabled ? (", loss scale " + std::to_string(engine.loss_scale())).c_str()
-                                    : "",
+                config.fp16.enabled
+                    ? (", loss scale " + std::to_string(engine.loss_scale())).c_str()
+                    : "",
                 samples_per_s, zinf::format_bytes(io.bytes_read).c_str(),
                 static_cast<double>(io.bytes_read - last_io.bytes_read) / 1e9 / interval,
                 zinf::format_bytes(io.bytes_written).c_str(),
