@@ -51,8 +51,9 @@ struct Trainer {
     std::unique_ptr<data::SyntheticDataset> dataset;
     std::unique_ptr<data::Batcher> batcher;
 
-    explicit Trainer(const config::EngineConfig& c) : config(c) {
-        auto s = TrainingStack::create(c);
+    explicit Trainer(const config::EngineConfig& c) : Trainer(c, make_stack(c)) {}
+    // Over a stack built elsewhere (a GPU's, create_cuda_training_stack) from the same config.
+    Trainer(const config::EngineConfig& c, Result<TrainingStack> s) : config(c) {
         ZINF_ASSERT_MSG(s.has_value(), s.error().to_string());
         stack = std::move(s).value();
         data::SyntheticOptions so;
@@ -70,6 +71,10 @@ struct Trainer {
 
     Engine& engine() { return *stack.engine; }
 
+    static Result<TrainingStack> make_stack(const config::EngineConfig& c) {
+        return TrainingStack::create(c);
+    }
+
     std::vector<float> run(std::uint64_t steps) {
         std::vector<float> losses;
         const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
@@ -86,8 +91,10 @@ struct Trainer {
             auto loss = engine().forward(b);
             ZINF_ASSERT_MSG(loss.has_value(), loss.error().to_string());
             losses.push_back(*loss);
-            ZINF_ASSERT(engine().backward());
-            ZINF_ASSERT(engine().step());
+            const Status backward = engine().backward();
+            ZINF_ASSERT_MSG(backward.is_ok(), backward.to_string());
+            const Status step = engine().step();
+            ZINF_ASSERT_MSG(step.is_ok(), step.to_string());
         }
         return losses;
     }
