@@ -277,7 +277,12 @@ Result<bool> CudaDevice::event_done(EventId event) {
     ZINF_TRY(make_current());
     const cudaError_t error = cudaEventQuery(events_[event]);
     if (error == cudaSuccess) return true;
-    if (error == cudaErrorNotReady) return false;
+    if (error == cudaErrorNotReady) {
+        // Not an error, but the runtime records it as this thread's last error: cleared, or the
+        // next kernel launch's check (cudaGetLastError) would report it as its own failure.
+        static_cast<void>(cudaGetLastError());
+        return false;
+    }
     return cuda_error_status(error, "cudaEventQuery", __FILE__, __LINE__);
 }
 
@@ -343,6 +348,7 @@ Status CudaDevice::fill_zero(void* device_dst, std::size_t size_bytes, StreamId 
 std::string CudaDevice::pci_bus_id() const {
     char id[32] = {};
     if (cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof id), ordinal_) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());  // no bus id is not an error of the next call
         return {};
     }
     return id;

@@ -160,7 +160,10 @@ public:
     // the failed move, so a retry is possible).
     Result<void*> acquire(PartitionId id, Tier tier);
     // Unpins. `dirty`: the bytes were modified in the acquired tier; every other copy becomes
-    // stale and is dropped (it is written back when evicted or flushed).
+    // stale and is dropped (it is written back when evicted or flushed). On a device with
+    // several streams (a GPU), the caller's own work on a kDevice copy, reads included, must be
+    // finished before release (synchronise its stream): the mover's stream does not wait for
+    // it, and the extent may be reused or copied out at once.
     void release(PartitionId id, bool dirty);
 
     // Notices completed moves and issues prefetches; never blocks. Call it from long compute

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cuda/elementwise.h"
 #include "src/base/aligned.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -118,6 +119,45 @@ TEST(CudaDeviceTest, CopiesRoundTripThroughRegisteredMemoryOnSeveralStreams) {
         ASSERT_TRUE(device.unregister_host_memory(back->data()).is_ok());
         EXPECT_EQ(device.unregister_host_memory(back->data()).code(), StatusCode::kInvalidArgument);
     }
+}
+
+// A query that finds the event not reached yet must leave no error behind: kernel launches
+// check cudaGetLastError, and the residency manager polls in-flight prefetches between them.
+TEST(CudaDeviceTest, AnEventNotYetReachedLeavesNoErrorBehind) {
+    ZINF_SKIP_WITHOUT_CUDA();
+    const std::size_t size = std::size_t{256} << 20;
+    auto made = make_device(2 * size);
+    ASSERT_TRUE(made.has_value()) << made.error().to_string();
+    CudaDevice& device = **made;
+    auto a = device.allocate(size);
+    auto b = device.allocate(size);
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    bool saw_not_done = false;
+    for (int attempt = 0; attempt < 8 && !saw_not_done; ++attempt) {
+        // Enough device work (tens of milliseconds) that the event is not reached at once.
+        for (int i = 0; i < 32 * (attempt + 1); ++i) {
+            ASSERT_TRUE(device.copy_on_device(*b, *a, size, 0).is_ok());
+            ASSERT_TRUE(device.copy_on_device(*a, *b, size, 0).is_ok());
+        }
+        auto event = device.record_event(0);
+        ASSERT_TRUE(event.has_value());
+        auto done = device.event_done(*event);
+        ASSERT_TRUE(done.has_value()) << done.error().to_string();
+        if (!*done) {
+            saw_not_done = true;
+            EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess)
+                << cudaGetErrorString(cudaPeekAtLastError());
+            // A launch after the query succeeds (it checks cudaGetLastError).
+            ASSERT_TRUE(device.fill_zero(*b, size, 0).is_ok());
+            float* x = static_cast<float*>(*a);
+            EXPECT_TRUE(kernels::cuda::scale(x, 1024, 2.0f, device.cuda_stream(0)).is_ok());
+        }
+        ASSERT_TRUE(device.synchronize_event(*event).is_ok());
+        device.release_event(*event);
+    }
+    EXPECT_TRUE(saw_not_done) << "every event was already reached when queried";
+    device.free(*a);
+    device.free(*b);
 }
 
 TEST(CudaDeviceTest, TablesAreBoundedAndReportIt) {
