@@ -12,15 +12,19 @@
 
 namespace zinf::kernels::cuda {
 
+// The hyperparameters in double, as kernels::OptimizerParams holds them: the fp32 constants of
+// the step are derived from them exactly as the CPU optimizer derives its own, so that both give
+// bitwise the same parameters and states (the operation order is that of
+// kernels/detail/optimizer_body.h, with every rounding explicit).
 struct AdamStepParams {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weight_decay = 0.0f;
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
     bool adam_w_mode = true;  // decoupled weight decay (AdamW); false: L2 added to the gradient
     std::int64_t step = 1;    // 1-based count of this step, for bias correction
-    float grad_scale = 1.0f;  // multiplies each gradient first (1 / loss scale, clipping factor)
+    double grad_scale = 1.0;  // multiplies each gradient first (1 / loss scale, clipping factor)
 };
 
 // One step over `numel` elements, in place on device memory: fp32 `params`, `exp_avg` and

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/detail/half_bits.cuh"
 #include "kernels/cuda/detail/launch.cuh"
 
 namespace zinf::kernels::cuda {
@@ -17,11 +18,11 @@ __device__ inline float to_float<float>(float value) {
 }
 template <>
 __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 value) {
-    return __bfloat162float(value);
+    return detail::bf16_to_float(value);
 }
 template <>
 __device__ inline float to_float<__half>(__half value) {
-    return __half2float(value);
+    return detail::fp16_to_float(value);
 }
 
 template <typename T>
@@ -32,11 +33,11 @@ __device__ inline float from_float<float>(float value) {
 }
 template <>
 __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float value) {
-    return __float2bfloat16_rn(value);
+    return detail::float_to_bf16(value);
 }
 template <>
 __device__ inline __half from_float<__half>(float value) {
-    return __float2half_rn(value);
+    return detail::float_to_fp16(value);
 }
 
 template <typename Src, typename Dst>

@@ -1,5 +1,6 @@
 // CUDA casts between fp32 and the 16-bit types (bf16, fp16) of parameters and gradients.
-// Rounding is to nearest, ties to even; NaN stays NaN; bit-exact with the CPU casts.
+// Rounding is to nearest, ties to even; bit-exact with the CPU casts (kernels/cast.h) for every
+// input, NaN signs and payloads included.
 #pragma once
 
 #include <cstddef>

@@ -38,11 +38,12 @@ __global__ void flatten_kernel(SegmentBatch batch, T* flat) {
 
 template <typename T, bool kToFlat>
 Status run(std::span<const FlatSegment> segments, T* flat, std::size_t flat_numel, Stream stream) {
-    for (std::size_t first = 0; first < segments.size(); first += kSegmentsPerLaunch) {
+    // Each launch takes the next kSegmentsPerLaunch non-empty segments; `s` walks the list once.
+    for (std::size_t s = 0; s < segments.size();) {
         SegmentBatch batch{};
         std::size_t count = 0;
         std::size_t numel_max = 0;
-        for (std::size_t s = first; s < segments.size() && count < kSegmentsPerLaunch; ++s) {
+        for (; s < segments.size() && count < kSegmentsPerLaunch; ++s) {
             const FlatSegment& seg = segments[s];
             ZINF_ASSERT_LE(seg.offset_numel, flat_numel);
             ZINF_ASSERT_LE(seg.numel, flat_numel - seg.offset_numel);

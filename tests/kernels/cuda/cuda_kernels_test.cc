@@ -1,18 +1,22 @@
 // The CUDA kernels that CudaCompute does not cover (casts of every pair, flatten/unflatten, the
-// Adam step, 16-bit GEMM) against double-precision or exact host references. Label gpu: each
-// test skips itself when no CUDA device is present.
+// Adam step, 16-bit GEMM) against the CPU kernels (bitwise: casts and Adam, NaNs included) or
+// double-precision references. Label gpu: each test skips itself when no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "kernels/cast.h"
 #include "kernels/cuda/adam.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/flatten.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/optimizer.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/support/test_seed.h"
 
@@ -43,6 +47,9 @@ std::vector<float> cast_inputs(std::size_t n, std::mt19937_64& rng) {
                               std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity(),
                               std::numeric_limits<float>::quiet_NaN(),
+                              -std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::signaling_NaN(),
+                              std::bit_cast<float>(0xff812345u) /* NaN, payload */,
                               std::numeric_limits<float>::max(),
                               65504.0f,
                               65520.0f,
@@ -68,14 +75,14 @@ TEST(CudaCastTest, Fp32ToBf16AndFp16AreBitExact) {
             cast(src.get(), DType::kFloat32, fp16.get(), DType::kFloat16, n, nullptr).is_ok());
         const auto got_bf16 = bf16.download();
         const auto got_fp16 = fp16.download();
+        // The CPU casts are the definition, NaN signs and payloads included.
         for (std::size_t i = 0; i < n; ++i) {
-            if (std::isnan(host[i])) {
-                EXPECT_TRUE(std::isnan(test::ref_bf16_to_float(got_bf16[i]))) << i;
-                EXPECT_TRUE(std::isnan(test::ref_fp16_to_float(got_fp16[i]))) << i;
-                continue;
-            }
-            ASSERT_EQ(got_bf16[i], test::ref_float_to_bf16(host[i])) << i << " value " << host[i];
-            ASSERT_EQ(got_fp16[i], test::ref_float_to_fp16(host[i])) << i << " value " << host[i];
+            ASSERT_EQ(got_bf16[i], kernels::float_to_bf16(host[i]))
+                << i << " value " << host[i] << " bits " << std::hex
+                << kernels::float_bits(host[i]);
+            ASSERT_EQ(got_fp16[i], kernels::float_to_fp16(host[i]))
+                << i << " value " << host[i] << " bits " << std::hex
+                << kernels::float_bits(host[i]);
         }
     }
 }
@@ -95,15 +102,18 @@ TEST(CudaCastTest, WideningIsExactAndRoundTrips) {
         ASSERT_TRUE(cast(wide.get(), DType::kFloat32, back.get(), dtype, n, nullptr).is_ok());
         const auto got_wide = wide.download();
         const auto got_back = back.download();
+        // As the CPU casts do it, NaNs included (they come back quiet, payload kept).
         for (std::size_t i = 0; i < n; ++i) {
-            const float expected = dtype == DType::kBFloat16 ? test::ref_bf16_to_float(patterns[i])
-                                                             : test::ref_fp16_to_float(patterns[i]);
-            if (std::isnan(expected)) {
-                EXPECT_TRUE(std::isnan(got_wide[i])) << i;
-                continue;
+            const bool bf16 = dtype == DType::kBFloat16;
+            const float expected =
+                bf16 ? kernels::bf16_to_float(patterns[i]) : kernels::fp16_to_float(patterns[i]);
+            ASSERT_EQ(kernels::float_bits(got_wide[i]), kernels::float_bits(expected)) << i;
+            const std::uint16_t expected_back =
+                bf16 ? kernels::float_to_bf16(expected) : kernels::float_to_fp16(expected);
+            ASSERT_EQ(got_back[i], expected_back) << i;
+            if (!std::isnan(expected)) {
+                ASSERT_EQ(got_back[i], patterns[i]) << i;
             }
-            ASSERT_EQ(std::memcmp(&got_wide[i], &expected, 4), 0) << i;
-            ASSERT_EQ(got_back[i], patterns[i]) << i;
         }
     }
 }
@@ -118,9 +128,7 @@ TEST(CudaCastTest, Bf16ToFp16RoundsOnce) {
     ASSERT_TRUE(cast(src.get(), DType::kBFloat16, dst.get(), DType::kFloat16, n, nullptr).is_ok());
     const auto got = dst.download();
     for (std::size_t i = 0; i < n; ++i) {
-        const float value = test::ref_bf16_to_float(patterns[i]);
-        if (std::isnan(value)) continue;
-        ASSERT_EQ(got[i], test::ref_float_to_fp16(value)) << i;
+        ASSERT_EQ(got[i], kernels::float_to_fp16(kernels::bf16_to_float(patterns[i]))) << i;
     }
 }
 
@@ -205,10 +213,10 @@ TEST(CudaAdamTest, MatchesDoubleReferenceOverThreeSteps) {
             DeviceArray<std::uint16_t> copy(n);
             std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
             AdamStepParams s;
-            s.lr = 1e-2f;
-            s.weight_decay = 0.1f;
+            s.lr = 1e-2;
+            s.weight_decay = 0.1;
             s.adam_w_mode = adam_w;
-            s.grad_scale = 0.5f;
+            s.grad_scale = 0.5;
             for (std::int64_t step = 1; step <= 3; ++step) {
                 s.step = step;
                 const std::vector<float> g = random_floats(n, rng);
@@ -252,6 +260,127 @@ TEST(CudaAdamTest, Bf16GradientsAreWidenedExactly) {
     const auto got = params.download();
     for (std::size_t i = 0; i < n; ++i)
         ASSERT_NEAR(got[i], rp[i], 2e-6 + 1e-5 * std::abs(rp[i])) << i;
+}
+
+// The GPU step and the CPU optimizer (kernels::OptimizerKernel, scalar variant) are bitwise the
+// same over three steps, for every gradient dtype and copy, in both modes, with and without
+// weight decay, with an infinite and a NaN parameter, over a size that takes the grid more than
+// one pass.
+TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
+    ZINF_SKIP_WITHOUT_CUDA();
+    std::mt19937_64 rng(test::seed());
+    auto cpu = kernels::OptimizerKernel::create(kernels::Isa::kScalar, 1);
+    ASSERT_TRUE(cpu.has_value()) << cpu.error().to_string();
+    struct Case {
+        DType grad;
+        DType copy;  // kFloat32: no copy
+        bool adam_w;
+        double weight_decay;
+    };
+    const Case cases[] = {
+        {DType::kFloat32, DType::kFloat32, true, 0.01},
+        {DType::kFloat32, DType::kBFloat16, false, 0.1},
+        {DType::kBFloat16, DType::kBFloat16, true, 0.0},
+        {DType::kBFloat16, DType::kFloat32, false, 0.0},
+        {DType::kFloat16, DType::kFloat16, false, 0.1},
+        {DType::kFloat16, DType::kFloat32, true, 0.1},
+    };
+    for (const std::size_t n : {std::size_t{1}, std::size_t{4099}, (std::size_t{3} << 21) + 5}) {
+        for (const Case& c : cases) {
+            SCOPED_TRACE(testing::Message() << "n " << n << " grad " << dtype_name(c.grad)
+                                            << " copy " << dtype_name(c.copy) << " adam_w "
+                                            << c.adam_w << " wd " << c.weight_decay);
+            std::vector<float> p = random_floats(n, rng), m(n, 0.0f), v(n, 0.0f);
+            if (n > 2) {
+                p[0] = std::numeric_limits<float>::infinity();
+                p[1] = std::numeric_limits<float>::quiet_NaN();
+            }
+            DeviceArray<float> dp(p), dm(m), dv(v);
+            DeviceArray<std::uint16_t> dcopy(c.copy == DType::kFloat32 ? 0 : n);
+            std::vector<std::uint16_t> cpu_copy(c.copy == DType::kFloat32 ? 0 : n);
+            for (std::int64_t step = 1; step <= 3; ++step) {
+                const std::vector<float> g32 = random_floats(n, rng);
+                AdamStepParams gp;
+                gp.lr = 3e-3;
+                gp.beta1 = 0.9;
+                gp.beta2 = 0.999;
+                gp.eps = 1e-8;
+                gp.weight_decay = c.weight_decay;
+                gp.adam_w_mode = c.adam_w;
+                gp.step = step;
+                gp.grad_scale = 0.25;
+                kernels::OptimizerParams op;
+                op.kind = c.adam_w ? kernels::OptimizerKind::kAdamW : kernels::OptimizerKind::kAdam;
+                op.step = static_cast<std::uint64_t>(step);
+                op.lr = gp.lr;
+                op.beta1 = gp.beta1;
+                op.beta2 = gp.beta2;
+                op.eps = gp.eps;
+                op.weight_decay = gp.weight_decay;
+                op.grad_scale = gp.grad_scale;
+                const kernels::OptimizerState state{p, m, v};
+                const kernels::ParamCopy copy =
+                    c.copy == DType::kBFloat16  ? kernels::ParamCopy::bf16(cpu_copy)
+                    : c.copy == DType::kFloat16 ? kernels::ParamCopy::fp16(cpu_copy)
+                                                : kernels::ParamCopy::none();
+                if (c.grad == DType::kFloat32) {
+                    DeviceArray<float> dg(g32);
+                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(), n, gp,
+                                          c.copy == DType::kFloat32 ? nullptr : dcopy.get(), c.copy,
+                                          nullptr)
+                                    .is_ok());
+                    ASSERT_TRUE(cpu->step(op, state, kernels::GradView::fp32(g32), copy).is_ok());
+                } else {
+                    std::vector<std::uint16_t> g16(n);
+                    for (std::size_t i = 0; i < n; ++i) {
+                        g16[i] = c.grad == DType::kBFloat16 ? kernels::float_to_bf16(g32[i])
+                                                            : kernels::float_to_fp16(g32[i]);
+                    }
+                    DeviceArray<std::uint16_t> dg(g16);
+                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(), n, gp,
+                                          c.copy == DType::kFloat32 ? nullptr : dcopy.get(), c.copy,
+                                          nullptr)
+                                    .is_ok());
+                    const kernels::GradView view = c.grad == DType::kBFloat16
+                                                       ? kernels::GradView::bf16(g16)
+                                                       : kernels::GradView::fp16(g16);
+                    ASSERT_TRUE(cpu->step(op, state, view, copy).is_ok());
+                }
+            }
+            // Bitwise, except that a NaN matches any NaN: the GPU makes and propagates one
+            // canonical NaN where x86 keeps the operand's (p[1], and p[0] under L2: inf / inf).
+            auto expect_same = [&](const std::vector<float>& gpu, const std::vector<float>& ref,
+                                   const char* what) {
+                for (std::size_t i = 0; i < n; ++i) {
+                    if (std::isnan(gpu[i]) && std::isnan(ref[i])) continue;
+                    ASSERT_EQ(kernels::float_bits(gpu[i]), kernels::float_bits(ref[i]))
+                        << what << " differ first at " << i << ": gpu " << gpu[i] << ", cpu "
+                        << ref[i];
+                }
+            };
+            const auto gpu_p = dp.download(), gpu_m = dm.download(), gpu_v = dv.download();
+            expect_same(gpu_p, p, "params");
+            expect_same(gpu_m, m, "exp_avg");
+            expect_same(gpu_v, v, "exp_avg_sq");
+            if (c.copy != DType::kFloat32) {
+                const auto gpu_copy = dcopy.download();
+                std::vector<float> gw(n), cw(n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    const bool bf16 = c.copy == DType::kBFloat16;
+                    gw[i] = bf16 ? kernels::bf16_to_float(gpu_copy[i])
+                                 : kernels::fp16_to_float(gpu_copy[i]);
+                    cw[i] = bf16 ? kernels::bf16_to_float(cpu_copy[i])
+                                 : kernels::fp16_to_float(cpu_copy[i]);
+                }
+                expect_same(gw, cw, "16-bit copy");
+            }
+            if (n > 2 && c.adam_w) {
+                // An infinite parameter stays infinite and leaves its moments finite.
+                EXPECT_TRUE(std::isinf(gpu_p[0]));
+                EXPECT_TRUE(std::isfinite(gpu_m[0]) && std::isfinite(gpu_v[0]));
+            }
+        }
+    }
 }
 
 TEST(CudaGemmTest, Bf16InputsWithFp32OutputMatchReference) {
