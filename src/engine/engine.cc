@@ -230,7 +230,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
     ZINF_ASSIGN_OR_RETURN(e->labels_device_, device.allocate(rows * sizeof(std::int32_t)));
     ZINF_ASSIGN_OR_RETURN(e->correct_device_, device.allocate(sizeof(std::uint64_t)));
     e->build_summary();
-    log::info(e->summary_);
+    // zinfinity-train prints the summary itself; an embedding program may call summary().
+    log::debug(e->summary_);
     return e;
 }
 

@@ -363,6 +363,12 @@ Result<std::unique_ptr<Offload>> Offload::create(const config::EngineConfig& con
             ZINF_ASSIGN_OR_RETURN(o->optimizer_pool_, swap::PinnedPool::create(po));
             const Status reg = o->optimizer_pool_->register_with(*o->io_);
             if (!reg.is_ok()) log::debug("offload: ", reg.to_string());
+            if (device.kind() != DeviceKind::kCpu && oo.pin_memory) {
+                // New parameters go from the pool's buffers to the GPU: pinned for the device,
+                // the copies run at full speed without staging. Pageable still works.
+                const Status pinned = o->optimizer_pool_->register_with_device(device);
+                if (!pinned.is_ok()) log::warning("offload_optimizer: ", pinned.to_string());
+            }
             ZINF_ASSIGN_OR_RETURN(o->optimizer_, swap::OptimizerSwapper::create(
                                                      *o->optimizer_store_, *o->optimizer_pool_,
                                                      kernel, so));
