@@ -115,8 +115,15 @@ void expect_placements_agree(const std::string& dtype_block, double loss_toleran
             << "step 1 loss: gpu " << gpu_losses.front() << ", cpu " << cpu_losses.front();
         EXPECT_LT(max_relative_difference(gpu_losses, cpu_losses, 1e-3), loss_tolerance);
         // Adam's update is lr * m / sqrt(v): a gradient near zero may flip sign between the two
-        // devices and move its parameter by up to lr (0.01) a step; anything larger is a bug.
-        EXPECT_LT(max_relative_difference(*gpu_params, *cpu_params, 1.0), 0.12);
+        // devices and move its parameter by up to 2 lr (0.02) a step. A few such parameters are
+        // rounding; many are a bug (an element dropped, misplaced or never updated).
+        std::size_t far = 0;
+        for (std::size_t i = 0; i < gpu_params->size(); ++i) {
+            const double d = std::fabs(static_cast<double>((*gpu_params)[i]) - (*cpu_params)[i]);
+            if (d > 0.02 + 1e-3 * std::fabs((*cpu_params)[i])) ++far;
+        }
+        EXPECT_LE(far, gpu_params->size() / 100)
+            << far << " of " << gpu_params->size() << " parameters differ by more than 0.02";
     }
 }
 
