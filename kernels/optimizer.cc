@@ -25,7 +25,9 @@ bool in_unit_interval(double x) noexcept {
     return x >= 0.0 && x < 1.0;
 }
 
-detail::StepConstants step_constants(const OptimizerParams& p) noexcept {
+}  // namespace
+
+detail::StepConstants detail::step_constants(const OptimizerParams& p) noexcept {
     detail::StepConstants c{};
     c.grad_scale = static_cast<float>(p.grad_scale);
     c.beta1 = static_cast<float>(p.beta1);
@@ -64,8 +66,6 @@ detail::StepConstants step_constants(const OptimizerParams& p) noexcept {
     }
     return c;
 }
-
-}  // namespace
 
 std::string_view optimizer_kind_name(OptimizerKind kind) noexcept {
     switch (kind) {
@@ -191,7 +191,7 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
                                 uses_exp_avg_sq ? state.exp_avg_sq.data() : nullptr,
                                 grads.data,
                                 copy.data,
-                                step_constants(params)};
+                                detail::step_constants(params)};
     loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kChunkNumel;
         fn(args, begin, std::min(begin + kChunkNumel, numel));

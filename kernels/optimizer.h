@@ -149,4 +149,12 @@ private:
 // The table of `isa`'s chunk functions; asserts isa_supported(isa). For casts and tests.
 const detail::KernelTable& kernel_table(Isa isa) noexcept;
 
+namespace detail {
+struct StepConstants;
+// The fp32 constants of one step, derived in double from `params` (bias corrections from the
+// 64-bit step). Shared with the GPU Adam step (kernels/cuda/adam.h), so that both devices use
+// the same constants and give bitwise the same results.
+StepConstants step_constants(const OptimizerParams& params) noexcept;
+}  // namespace detail
+
 }  // namespace zinf::kernels

@@ -1,12 +1,11 @@
 // Adam / AdamW on the GPU: one fused grid-stride kernel reading the gradient and the three fp32
-// states once and writing them once (28 bytes per parameter with fp32 gradients).
+// states once and writing them once (28 bytes per parameter with fp32 gradients). The host
+// wrapper, adam_step, is in adam.cc.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
-
-#include "kernels/cuda/adam.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/detail/adam_launch.h"
 #include "kernels/cuda/detail/half_bits.cuh"
 #include "kernels/cuda/detail/launch.cuh"
 
@@ -33,21 +32,6 @@ __device__ inline void store_float(__half* p, std::size_t i, float v) {
     p[i] = detail::float_to_fp16(v);
 }
 
-// The fp32 constants of a step, derived once on the host from the double hyperparameters the
-// way kernels/optimizer.cc's step_constants derives the CPU's.
-struct AdamScalars {
-    float grad_scale;
-    float beta1;
-    float one_minus_beta1;
-    float beta2;
-    float one_minus_beta2;
-    float eps;
-    float step_size;        // -lr / (1 - beta1^step): negative, added
-    float inv_sqrt_bias2;   // 1 / sqrt(1 - beta2^step)
-    float decoupled_decay;  // 1 - lr * weight_decay in AdamW mode, else 1
-    float l2_decay;         // weight_decay in Adam (L2) mode, used only when kL2
-};
-
 // One element per iteration, in the CPU kernel's order with every rounding explicit (no
 // contraction left to the compiler): the results are bitwise those of the CPU optimizer. kL2
 // (Adam with weight decay) adds the L2 term; without it the term is not computed at all, since
@@ -55,18 +39,19 @@ struct AdamScalars {
 template <typename G, typename C, bool kL2>
 __global__ void adam_kernel(float* __restrict__ params, const G* __restrict__ grads,
                             float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                            C* __restrict__ param_copy, std::size_t numel, AdamScalars s) {
+                            C* __restrict__ param_copy, std::size_t numel,
+                            kernels::detail::StepConstants s) {
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < numel;
          i += stride) {
         float p = params[i];
         float g = __fmul_rn(load_float(grads, i), s.grad_scale);
-        if constexpr (kL2) g = __fmaf_rn(s.l2_decay, p, g);
+        if constexpr (kL2) g = __fmaf_rn(s.l2_weight_decay, p, g);
         const float m = __fmaf_rn(s.beta1, exp_avg[i], __fmul_rn(s.one_minus_beta1, g));
         const float v =
             __fmaf_rn(s.beta2, exp_avg_sq[i], __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-        const float denom = __fmaf_rn(__fsqrt_rn(v), s.inv_sqrt_bias2, s.eps);
-        p = __fmul_rn(p, s.decoupled_decay);
+        const float denom = __fmaf_rn(__fsqrt_rn(v), s.inv_sqrt_bias_correction2, s.eps);
+        p = __fmul_rn(p, s.decay_factor);
         p = __fmaf_rn(s.step_size, __fdiv_rn(m, denom), p);
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
@@ -77,7 +62,7 @@ __global__ void adam_kernel(float* __restrict__ params, const G* __restrict__ gr
 
 template <typename G, typename C>
 Status launch(float* params, const G* grads, float* exp_avg, float* exp_avg_sq, void* param_copy,
-              std::size_t numel, const AdamScalars& s, bool l2, Stream stream) {
+              std::size_t numel, const kernels::detail::StepConstants& s, bool l2, Stream stream) {
     if (l2) {
         adam_kernel<G, C, true><<<detail::grid_for(numel), detail::kBlockThreads, 0, stream>>>(
             params, grads, exp_avg, exp_avg_sq, static_cast<C*>(param_copy), numel, s);
@@ -91,8 +76,8 @@ Status launch(float* params, const G* grads, float* exp_avg, float* exp_avg_sq, 
 
 template <typename G>
 Status launch_grad(float* params, const G* grads, float* exp_avg, float* exp_avg_sq,
-                   void* param_copy, DType copy_dtype, std::size_t numel, const AdamScalars& s,
-                   bool l2, Stream stream) {
+                   void* param_copy, DType copy_dtype, std::size_t numel,
+                   const kernels::detail::StepConstants& s, bool l2, Stream stream) {
     // Without a copy the float instantiation runs with a null pointer (the branch is uniform).
     if (param_copy == nullptr || copy_dtype == DType::kFloat32) {
         return launch<G, float>(params, grads, exp_avg, exp_avg_sq, param_copy, numel, s, l2,
@@ -107,38 +92,10 @@ Status launch_grad(float* params, const G* grads, float* exp_avg, float* exp_avg
 
 }  // namespace
 
-Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
-                 float* exp_avg_sq, std::size_t numel, const AdamStepParams& p, void* param_copy,
-                 DType param_copy_dtype, Stream stream) {
-    if (numel == 0) return Status::ok();
-    ZINF_ASSERT(params != nullptr);
-    ZINF_ASSERT(grads != nullptr);
-    ZINF_ASSERT(exp_avg != nullptr);
-    ZINF_ASSERT(exp_avg_sq != nullptr);
-    ZINF_ASSERT_GE(p.step, std::int64_t{1});
-    ZINF_ASSERT_GE(p.beta1, 0.0);
-    ZINF_ASSERT_LT(p.beta1, 1.0);
-    ZINF_ASSERT_GE(p.beta2, 0.0);
-    ZINF_ASSERT_LT(p.beta2, 1.0);
-
-    // As step_constants (kernels/optimizer.cc) computes the CPU's, in double from the 64-bit step.
-    const double step = static_cast<double>(p.step);
-    const double bias1 = 1.0 - std::pow(p.beta1, step);
-    const double bias2 = 1.0 - std::pow(p.beta2, step);
-    AdamScalars s{};
-    s.grad_scale = static_cast<float>(p.grad_scale);
-    s.beta1 = static_cast<float>(p.beta1);
-    s.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
-    s.beta2 = static_cast<float>(p.beta2);
-    s.one_minus_beta2 = static_cast<float>(1.0 - p.beta2);
-    s.eps = static_cast<float>(p.eps);
-    s.step_size = static_cast<float>(-p.lr / bias1);
-    s.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
-    // Adam without weight decay is AdamW without it: no L2 term (the CPU optimizer does the same).
-    const bool l2 = !p.adam_w_mode && p.weight_decay != 0.0;
-    s.decoupled_decay = p.adam_w_mode ? static_cast<float>(1.0 - p.lr * p.weight_decay) : 1.0f;
-    s.l2_decay = l2 ? static_cast<float>(p.weight_decay) : 0.0f;
-
+Status detail::launch_adam(float* params, const void* grads, DType grad_dtype, float* exp_avg,
+                           float* exp_avg_sq, std::size_t numel,
+                           const kernels::detail::StepConstants& s, bool l2, void* param_copy,
+                           DType param_copy_dtype, Stream stream) {
     switch (grad_dtype) {
         case DType::kFloat32:
             return launch_grad(params, static_cast<const float*>(grads), exp_avg, exp_avg_sq,
@@ -150,7 +107,7 @@ Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_
             return launch_grad(params, static_cast<const __half*>(grads), exp_avg, exp_avg_sq,
                                param_copy, param_copy_dtype, numel, s, l2, stream);
     }
-    return Status::invalid_argument("adam_step: unknown gradient dtype");
+    return Status::invalid_argument("launch_adam: unknown gradient dtype");
 }
 
 }  // namespace zinf::kernels::cuda
