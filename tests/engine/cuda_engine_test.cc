@@ -20,9 +20,11 @@ namespace zinf {
 namespace {
 
 using test_support::bits;
+using test_support::kNvmeZero;
 using test_support::load_config;
 using test_support::small_config;
 using test_support::Trainer;
+using test_support::with_nvme;
 
 // A GPU needs the optimizer on the CPU (offload_optimizer cpu or nvme) and keeps stage-3
 // partitions on the device or on NVMe (offload_param cpu is CPU-device only).
@@ -30,15 +32,6 @@ struct GpuPlacement {
     const char* name;
     const char* zero;
 };
-
-constexpr const char* kNvmeBoth =
-    R"("zero_optimization": {"stage": 3, "sub_group_size": 96,)"
-    R"( "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 64,)"
-    R"( "stage3_max_live_parameters": 1024,)"
-    R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 3,)"
-    R"( "buffer_size": 1024, "max_in_cpu": 2048},)"
-    R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
-    R"( "pipeline_read": true, "pipeline_write": true}},)";
 
 const GpuPlacement kGpuPlacements[] = {
     {"stage1-cpu", R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},)"},
@@ -49,15 +42,8 @@ const GpuPlacement kGpuPlacements[] = {
     {"stage2-optimizer-nvme",
      R"("zero_optimization": {"stage": 2, "sub_group_size": 200,)"
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
-    {"stage3-nvme", kNvmeBoth},
+    {"stage3-nvme", kNvmeZero},
 };
-
-std::string with_nvme(std::string text, const std::string& path) {
-    for (auto at = text.find("@NVME@"); at != std::string::npos; at = text.find("@NVME@")) {
-        text.replace(at, 6, path);
-    }
-    return text;
-}
 
 config::EngineConfig gpu_config(const std::string& extra, const std::string& nvme) {
     return load_config(with_nvme(small_config(extra), nvme), {"device.type=cuda"});
@@ -143,7 +129,7 @@ TEST(CudaEngineTest, Bf16PlacementsAgreeWithEachOtherAndWithTheCpu) {
 TEST(CudaEngineTest, CheckpointsMoveBetweenGpuAndCpu) {
     ZINF_SKIP_WITHOUT_CUDA();
     test::TempDir nvme_gpu("nvme"), nvme_cpu("nvme"), dir("ckpt");
-    const std::string extra = std::string(kNvmeBoth) + R"("bf16": {"enabled": true},)";
+    const std::string extra = std::string(kNvmeZero) + R"("bf16": {"enabled": true},)";
     const auto gc = gpu_config(extra, nvme_gpu.path());
     const auto cc = cpu_config(extra, nvme_cpu.path());
     std::vector<std::uint32_t> saved_on_gpu, saved_on_cpu;

@@ -19,7 +19,9 @@ namespace {
 using test_support::bits;
 using test_support::load_config;
 using test_support::small_config;
+using test_support::kNvmeZero;
 using test_support::Trainer;
+using test_support::with_nvme;
 
 TEST(EngineTest, LossFalls) {
     Trainer t(load_config(small_config()));
@@ -39,17 +41,6 @@ struct Placement {
     const char* zero;
 };
 
-// Parameters and optimizer states on NVMe with budgets small enough that the 24-32-16-4 MLP's
-// slices are evicted and read back during every step.
-constexpr const char* kNvmeZero =
-    R"("zero_optimization": {"stage": 3, "sub_group_size": 96,)"
-    R"( "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 64,)"
-    R"( "stage3_max_live_parameters": 1024,)"
-    R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 3,)"
-    R"( "buffer_size": 1024, "max_in_cpu": 2048},)"
-    R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
-    R"( "pipeline_read": true, "pipeline_write": true}},)";
-
 const Placement kPlacements[] = {
     {"stage0", R"("zero_optimization": {"stage": 0},)"},
     {"stage1", R"("zero_optimization": {"stage": 1},)"},
@@ -68,14 +59,6 @@ const Placement kPlacements[] = {
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
     {"stage3-nvme", kNvmeZero},
 };
-
-// "@NVME@" in a config → `path`.
-std::string with_nvme(std::string text, const std::string& path) {
-    for (auto at = text.find("@NVME@"); at != std::string::npos; at = text.find("@NVME@")) {
-        text.replace(at, 6, path);
-    }
-    return text;
-}
 
 void expect_identical_across_placements(const std::string& dtype_block) {
     std::vector<std::uint32_t> ref_losses, ref_params;

@@ -33,6 +33,25 @@ inline std::string small_config(const std::string& extra = "") {
 })";
 }
 
+// Parameters and optimizer states on NVMe with budgets small enough that the 24-32-16-4 MLP's
+// slices are evicted and read back during every step; "@NVME@" stands for the directory.
+inline constexpr const char* kNvmeZero =
+    R"("zero_optimization": {"stage": 3, "sub_group_size": 96,)"
+    R"( "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 64,)"
+    R"( "stage3_max_live_parameters": 1024,)"
+    R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 3,)"
+    R"( "buffer_size": 1024, "max_in_cpu": 2048},)"
+    R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
+    R"( "pipeline_read": true, "pipeline_write": true}},)";
+
+// "@NVME@" in a config → `path`.
+inline std::string with_nvme(std::string text, const std::string& path) {
+    for (auto at = text.find("@NVME@"); at != std::string::npos; at = text.find("@NVME@")) {
+        text.replace(at, 6, path);
+    }
+    return text;
+}
+
 inline config::EngineConfig load_config(const std::string& text,
                                         std::vector<std::string> overrides = {}) {
     config::LoadOptions o;
