@@ -316,25 +316,12 @@ int run_adam(int argc, char** argv) {
         "median per-pair ratio, and the scalar variant's figure beside.\n\n"
         "Figures: GB/s (decimal, 1e9 bytes/s) and parameters per second.");
     declare_flags(args);
-    if (Status s = args.parse(argc, argv); !s.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench adam: %s\n", s.message().c_str());
-        return 2;
-    }
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    constexpr std::string_view kProgram = "zinfinity-bench adam";
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
     auto options = parse_options(args);
-    if (!options.has_value()) {
-        std::fprintf(stderr, "zinfinity-bench adam: %s\n", options.error().message().c_str());
-        return 2;
-    }
+    if (!options.has_value()) return cli::report_error(kProgram, options.error());
     const Status status = run(*options);
-    if (!status.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench adam: %s\n", status.message().c_str());
-        return 1;
-    }
-    return 0;
+    return status.is_ok() ? 0 : cli::report_error(kProgram, status, 1);
 }
 
 }  // namespace zinf::bench

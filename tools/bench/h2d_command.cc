@@ -196,40 +196,27 @@ int run_h2d(int argc, char** argv) {
     args.add("buffer-size", "64MiB", "pinned pool buffer size: one asynchronous copy per buffer");
     args.add("reps", "10", "timed repetitions of each of the four copies");
     args.add("device", "0", "CUDA device ordinal");
-    if (Status s = args.parse(argc, argv); !s.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench h2d: %s\n", s.message().c_str());
-        return 2;
-    }
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    constexpr std::string_view kProgram = "zinfinity-bench h2d";
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
     H2dOptions o;
     auto size = args.get_size_bytes("size");
     auto buffer = args.get_size_bytes("buffer-size");
     auto reps = args.get_int("reps", 1, 1000);
     auto device_index = args.get_int("device", 0, 1023);
     for (const Status& s : {size.status(), buffer.status(), reps.status(), device_index.status()}) {
-        if (!s.is_ok()) {
-            std::fprintf(stderr, "zinfinity-bench h2d: %s\n", s.message().c_str());
-            return 2;
-        }
+        if (!s.is_ok()) return cli::report_error(kProgram, s);
     }
     o.size_bytes = *size;
     o.buffer_size_bytes = *buffer;
     o.reps = static_cast<int>(*reps);
     o.device_index = static_cast<int>(*device_index);
     if (o.buffer_size_bytes == 0 || o.size_bytes == 0 || o.size_bytes % o.buffer_size_bytes != 0) {
-        std::fprintf(stderr,
-                     "zinfinity-bench h2d: --size must be a non-zero multiple of --buffer-size\n");
-        return 2;
+        const Status bad =
+            Status::invalid_argument("--size must be a non-zero multiple of --buffer-size");
+        return cli::report_error(kProgram, bad);
     }
     const Status status = run(o);
-    if (!status.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench h2d: %s\n", status.message().c_str());
-        return 1;
-    }
-    return 0;
+    return status.is_ok() ? 0 : cli::report_error(kProgram, status, 1);
 }
 
 }  // namespace zinf::bench

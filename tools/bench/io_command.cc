@@ -397,26 +397,13 @@ int run_io(int argc, char** argv) {
                    "latency p50/p99 (submit to completion of one --op-size operation), and CPU seconds\n"
                    "of the whole process (user + system, all threads) per GB moved.");
     declare_flags(args);
-    if (Status s = args.parse(argc, argv); !s.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench io: %s\n", s.message().c_str());
-        return 2;
-    }
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    constexpr std::string_view kProgram = "zinfinity-bench io";
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
     auto options = parse_options(args);
-    if (!options.has_value()) {
-        std::fprintf(stderr, "zinfinity-bench io: %s\n", options.error().message().c_str());
-        return 2;
-    }
+    if (!options.has_value()) return cli::report_error(kProgram, options.error());
     install_interrupt_handler();
-    Status status = run(*options);
-    if (!status.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench io: %s\n", status.message().c_str());
-        return interrupted() ? 130 : 1;
-    }
-    return 0;
+    const Status status = run(*options);
+    return status.is_ok() ? 0 : cli::report_error(kProgram, status, interrupted() ? 130 : 1);
 }
 
 }  // namespace zinf::bench

@@ -276,15 +276,9 @@ int run_optimizer(int argc, char** argv) {
     args.add("threads", "1", "aio.thread_count: I/O threads (each with its own ring)");
     args.add("isa", "auto", "CPU optimizer variant: auto, avx512, avx2, scalar");
     args.add("cpu-threads", "0", "CPU optimizer threads (0: all cores)");
-    auto fail = [](const Status& s, int code) {
-        std::fprintf(stderr, "zinfinity-bench optimizer: %s\n", s.message().c_str());
-        return code;
-    };
-    if (Status s = args.parse(argc, argv); !s.is_ok()) return fail(s, 2);
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    constexpr std::string_view kProgram = "zinfinity-bench optimizer";
+    auto fail = [&](const Status& s, int code) { return cli::report_error(kProgram, s, code); };
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
     Options o;
     auto params = args.get_count("params");
     if (!params.has_value()) return fail(params.error(), 2);

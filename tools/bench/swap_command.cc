@@ -550,19 +550,10 @@ int run_swap(int argc, char** argv) {
                    "compute-alone times, the\n"
                    "overlap efficiency (wall / max of the two) and the memory peaks.");
     declare_flags(args);
-    if (Status st = args.parse(argc, argv); !st.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench swap: %s\n", st.message().c_str());
-        return 2;
-    }
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    constexpr std::string_view kProgram = "zinfinity-bench swap";
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
     auto options = parse_options(args);
-    if (!options.has_value()) {
-        std::fprintf(stderr, "zinfinity-bench swap: %s\n", options.error().message().c_str());
-        return 2;
-    }
+    if (!options.has_value()) return cli::report_error(kProgram, options.error());
     return run(*options);
 }
 

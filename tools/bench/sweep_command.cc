@@ -345,26 +345,13 @@ int run_command(int argc, char** argv, bool tune) {
                "GB/s (decimal), CPU seconds per GB and p99 op latency, marking the best point (highest\n"
                "harmonic mean of write and read GB/s with both ops, else the op's GB/s).");
     declare_flags(args, tune);
-    if (Status s = args.parse(argc, argv); !s.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench %s: %s\n", name, s.message().c_str());
-        return 2;
-    }
-    if (args.help_requested()) {
-        std::printf("%s", args.help().c_str());
-        return 0;
-    }
+    const std::string program = std::string("zinfinity-bench ") + name;
+    if (auto exit_code = args.parse_or_exit(argc, argv, program)) return *exit_code;
     auto options = parse_options(args, tune);
-    if (!options.has_value()) {
-        std::fprintf(stderr, "zinfinity-bench %s: %s\n", name, options.error().message().c_str());
-        return 2;
-    }
+    if (!options.has_value()) return cli::report_error(program, options.error());
     install_interrupt_handler();
-    Status status = run(*options, tune);
-    if (!status.is_ok()) {
-        std::fprintf(stderr, "zinfinity-bench %s: %s\n", name, status.message().c_str());
-        return interrupted() ? 130 : 1;
-    }
-    return 0;
+    const Status status = run(*options, tune);
+    return status.is_ok() ? 0 : cli::report_error(program, status, interrupted() ? 130 : 1);
 }
 
 }  // namespace

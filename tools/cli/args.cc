@@ -1,6 +1,7 @@
 // Args: flag parsing and --help for the zinfinity tools.
 #include "tools/cli/args.h"
 
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -10,7 +11,8 @@
 
 namespace zinf::cli {
 
-Args::Args(std::string usage, std::string summary) : usage_(std::move(usage)), summary_(std::move(summary)) {}
+Args::Args(std::string usage, std::string summary)
+    : usage_(std::move(usage)), summary_(std::move(summary)) {}
 
 void Args::add(const std::string& name, const std::string& default_value, const std::string& help) {
     order_.push_back(name);
@@ -27,6 +29,21 @@ void Args::add_switch(const std::string& name, const std::string& help) {
     flags_[name] = Flag{"", help, false, true};
 }
 
+std::optional<int> Args::parse_or_exit(int argc, char** argv, std::string_view program) {
+    if (Status s = parse(argc, argv); !s.is_ok()) return report_error(program, s);
+    if (help_requested_) {
+        std::printf("%s", help().c_str());
+        return 0;
+    }
+    return std::nullopt;
+}
+
+int report_error(std::string_view program, const Status& s, int exit_code) {
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(),
+                 s.message().c_str());
+    return exit_code;
+}
+
 Status Args::parse(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) {
         std::string arg = argv[i];
@@ -35,7 +52,8 @@ Status Args::parse(int argc, char** argv) {
             return Status::ok();
         }
         if (arg.rfind("--", 0) != 0) {
-            return Status::invalid_argument(str_cat("unexpected argument '", arg, "' (flags start with --; see --help)"));
+            return Status::invalid_argument(
+                str_cat("unexpected argument '", arg, "' (flags start with --; see --help)"));
         }
         std::string name = arg.substr(2);
         std::string value;
@@ -65,7 +83,8 @@ Status Args::parse(int argc, char** argv) {
             continue;
         }
         if (!has_value) {
-            if (i + 1 >= argc) return Status::invalid_argument(str_cat("--", name, " needs a value"));
+            if (i + 1 >= argc)
+                return Status::invalid_argument(str_cat("--", name, " needs a value"));
             value = argv[++i];
         }
         if (!it->second.is_list && values_.count(name) != 0) {
@@ -94,14 +113,17 @@ std::string Args::help() const {
             os << ch;
             if (ch == '\n') os << std::string(30, ' ');
         }
-        if (!f.is_switch && !f.is_list && !f.default_value.empty()) os << " (default: " << f.default_value << ")";
+        if (!f.is_switch && !f.is_list && !f.default_value.empty())
+            os << " (default: " << f.default_value << ")";
         os << "\n";
     }
     os << "  --help                      show this help\n";
     return os.str();
 }
 
-bool Args::given(const std::string& name) const { return values_.count(name) != 0; }
+bool Args::given(const std::string& name) const {
+    return values_.count(name) != 0;
+}
 
 std::string Args::get(const std::string& name) const {
     auto it = values_.find(name);
@@ -136,16 +158,19 @@ Result<std::uint64_t> Args::get_count(const std::string& name) const {
     return r;
 }
 
-Result<std::int64_t> Args::get_int(const std::string& name, std::int64_t min, std::int64_t max) const {
+Result<std::int64_t> Args::get_int(const std::string& name, std::int64_t min,
+                                   std::int64_t max) const {
     const std::string text = get(name);
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     if (text.empty() || end != text.c_str() + text.size() || errno != 0) {
-        return Status::invalid_argument(str_cat("--", name, ": expected an integer, got '", text, "'"));
+        return Status::invalid_argument(
+            str_cat("--", name, ": expected an integer, got '", text, "'"));
     }
     if (v < min || v > max) {
-        return Status::invalid_argument(str_cat("--", name, ": expected an integer in [", min, ", ", max, "], got ", v));
+        return Status::invalid_argument(
+            str_cat("--", name, ": expected an integer in [", min, ", ", max, "], got ", v));
     }
     return static_cast<std::int64_t>(v);
 }
@@ -155,10 +180,12 @@ Result<double> Args::get_double(const std::string& name, double min, double max)
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     if (text.empty() || end != text.c_str() + text.size()) {
-        return Status::invalid_argument(str_cat("--", name, ": expected a number, got '", text, "'"));
+        return Status::invalid_argument(
+            str_cat("--", name, ": expected a number, got '", text, "'"));
     }
     if (!(v >= min && v <= max)) {
-        return Status::invalid_argument(str_cat("--", name, ": expected a number in [", min, ", ", max, "], got ", v));
+        return Status::invalid_argument(
+            str_cat("--", name, ": expected a number in [", min, ", ", max, "], got ", v));
     }
     return v;
 }
@@ -170,7 +197,8 @@ Result<bool> Args::get_bool(const std::string& name) const {
     return Status::invalid_argument(str_cat("--", name, ": expected on or off, got '", v, "'"));
 }
 
-Result<std::string> Args::get_choice(const std::string& name, const std::vector<std::string>& choices) const {
+Result<std::string> Args::get_choice(const std::string& name,
+                                     const std::vector<std::string>& choices) const {
     const std::string v = get(name);
     std::string list;
     for (const auto& c : choices) {

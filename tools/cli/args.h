@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
@@ -28,6 +30,10 @@ public:
     Status parse(int argc, char** argv);
     bool help_requested() const { return help_requested_; }
     std::string help() const;
+    // What every command does first: parses argv; on an error prints "<program>: <message>" to
+    // stderr and returns 2, on --help prints the help and returns 0; otherwise returns nullopt
+    // and the command goes on.
+    std::optional<int> parse_or_exit(int argc, char** argv, std::string_view program);
 
     bool given(const std::string& name) const;
     std::string get(const std::string& name) const;
@@ -41,7 +47,8 @@ public:
     // on|off|true|false|1|0|yes|no
     Result<bool> get_bool(const std::string& name) const;
     // One of `choices`.
-    Result<std::string> get_choice(const std::string& name, const std::vector<std::string>& choices) const;
+    Result<std::string> get_choice(const std::string& name,
+                                   const std::vector<std::string>& choices) const;
     // A comma-separated list of sizes, counts or strings (for sweep grids).
     Result<std::vector<std::uint64_t>> get_size_list(const std::string& name) const;
     Result<std::vector<std::uint64_t>> get_int_list(const std::string& name) const;
@@ -61,5 +68,9 @@ private:
     std::map<std::string, std::vector<std::string>> values_;
     bool help_requested_ = false;
 };
+
+// Prints "<program>: <message of s>" to stderr and returns `exit_code` (2: bad usage, the
+// default; 1: the command failed).
+int report_error(std::string_view program, const Status& s, int exit_code = 2);
 
 }  // namespace zinf::cli
