@@ -24,6 +24,7 @@ ParameterCoordinator::~ParameterCoordinator() {
     for (const auto& p : params_) {
         if (p.working != nullptr) device_.free(p.working);
     }
+    free_spares(0);
     for (const auto& b : owned_) device_.free(b.data);
     if (partition_grads_ != nullptr && partition_grads_ == host_grads_.data()) {
         (void)device_.unregister_host_memory(host_grads_.data());
@@ -265,18 +266,19 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     auto& p = params_[index];
     ZINF_ASSERT(!p.gathered);
     ZINF_ASSERT(p.working == nullptr);
-    auto ptr = device_.allocate(s.padded_numel * 4);
+    const std::size_t working_bytes = s.padded_numel * 4;
+    auto ptr = take_working(working_bytes);
     if (!ptr.has_value()) {
         return ptr.error().with_context("zero stage 3: gathering parameter " +
                                         std::to_string(index));
     }
-    p.working = static_cast<float*>(*ptr);
+    p.working = *ptr;
     PartitionStorage* storage = options_.offloaded_parameters;
     const void* slice = nullptr;
     if (storage != nullptr) {
         auto got = storage->begin_read(index, stream);
         if (!got.has_value()) {
-            device_.free(p.working);
+            give_back_working(p.working, working_bytes);
             p.working = nullptr;
             return got.error().with_context("zero stage 3: reading parameter " +
                                             std::to_string(index));
@@ -302,7 +304,7 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     }
     if (!status.is_ok()) {
         (void)device_.synchronize(stream);
-        device_.free(p.working);
+        give_back_working(p.working, working_bytes);
         p.working = nullptr;
         return status;
     }
@@ -343,13 +345,53 @@ Status ParameterCoordinator::release(std::size_t index, StreamId stream) {
     ZINF_ASSERT_GT(p.fetches, 0u);
     --p.fetches;
     if (!plan_.parameters_partitioned || p.fetches > 0 || p.persistent) return Status::ok();
-    // TODO(engine): free behind an event instead of waiting, once a CUDA device runs stage 3.
+    // The copy may be handed to the next gather at once, on any stream: wait for its readers.
     ZINF_TRY(device_.synchronize(stream));
-    device_.free(p.working);
+    give_back_working(p.working, partitioning_.slot(index).padded_numel * 4);
     p.working = nullptr;
     p.gathered = false;
     live_numel_ -= partitioning_.slot(index).padded_numel;
     return Status::ok();
+}
+
+Result<float*> ParameterCoordinator::take_working(std::size_t size_bytes) {
+    // The most recently released copy of this size (likeliest still in cache).
+    for (std::size_t i = spares_.size(); i-- > 0;) {
+        if (spares_[i].size_bytes != size_bytes) continue;
+        void* ptr = spares_[i].data;
+        spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
+        spare_bytes_ -= size_bytes;
+        ++working_reuses_;
+        return static_cast<float*>(ptr);
+    }
+    // None fits: keep only the spares that, with the copies gathered and this new one, stay
+    // within the peak the gathered copies reached (or reach now).
+    const std::size_t live_bytes = live_numel_ * 4;
+    const std::size_t peak_bytes = std::max(peak_live_numel_ * 4, live_bytes + size_bytes);
+    free_spares(peak_bytes - live_bytes - size_bytes);
+    auto ptr = device_.allocate(size_bytes);
+    if (!ptr.has_value() && ptr.error().code() == StatusCode::kNoSpace && !spares_.empty()) {
+        free_spares(0);  // the budget is tight: give everything back and try once more
+        ptr = device_.allocate(size_bytes);
+    }
+    if (!ptr.has_value()) return ptr.error();
+    ++working_allocations_;
+    return static_cast<float*>(*ptr);
+}
+
+void ParameterCoordinator::give_back_working(float* ptr, std::size_t size_bytes) noexcept {
+    spares_.push_back(Buffer{ptr, size_bytes});
+    spare_bytes_ += size_bytes;
+}
+
+void ParameterCoordinator::free_spares(std::size_t keep_bytes) noexcept {
+    std::size_t drop = 0;
+    while (drop < spares_.size() && spare_bytes_ > keep_bytes) {
+        device_.free(spares_[drop].data);
+        spare_bytes_ -= spares_[drop].size_bytes;
+        ++drop;
+    }
+    spares_.erase(spares_.begin(), spares_.begin() + static_cast<std::ptrdiff_t>(drop));
 }
 
 void ParameterCoordinator::begin_accumulation() noexcept {
@@ -457,6 +499,7 @@ Status ParameterCoordinator::drop_gathered(StreamId stream) {
         p.gathered = false;
         live_numel_ -= partitioning_.slot(i).padded_numel;
     }
+    free_spares(0);  // an evaluation or a load gives the device memory back
     return Status::ok();
 }
 

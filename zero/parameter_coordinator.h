@@ -128,6 +128,11 @@ public:
     std::size_t peak_live_numel() const noexcept { return peak_live_numel_; }
     std::uint64_t fetch_count() const noexcept { return fetch_count_; }
     std::uint64_t gathered_bytes() const noexcept { return gathered_bytes_; }
+    // Stage 3: gathered copies allocated from the device, and those served from a released one
+    // of the same size (a reused copy costs no allocation, and on a GPU no cudaFree, which waits
+    // for the whole device, prefetch copies included).
+    std::uint64_t working_allocations() const noexcept { return working_allocations_; }
+    std::uint64_t working_reuses() const noexcept { return working_reuses_; }
     // Device bytes held persistently (parameters, gradients, staging).
     std::size_t persistent_bytes() const noexcept { return persistent_bytes_; }
 
@@ -148,6 +153,12 @@ private:
                          Device& device, Compute& compute, Communicator& communicator);
     Result<void*> allocate(std::size_t size_bytes, const char* what);
     Status gather(std::size_t index, StreamId stream);
+    // Stage 3's gathered copies: a released one of the same size, else a new allocation. Spares
+    // are kept only while the gathered copies and spares together stay within the peak the
+    // gathered copies alone reached, so reuse never raises the device memory held.
+    Result<float*> take_working(std::size_t size_bytes);
+    void give_back_working(float* ptr, std::size_t size_bytes) noexcept;
+    void free_spares(std::size_t keep_bytes) noexcept;
     // Calls fn(index, offset_in_slice_numel, offset_in_range_numel, numel) for every parameter
     // slice overlapping domain elements [offset_numel, offset_numel + numel) (stage 3 layout).
     template <typename Fn>
@@ -187,6 +198,10 @@ private:
     std::uint64_t gathered_bytes_ = 0;
     std::size_t persistent_bytes_ = 0;
     bool warned_live_ = false;
+    std::vector<Buffer> spares_;  // released gathered copies, oldest first
+    std::size_t spare_bytes_ = 0;
+    std::uint64_t working_allocations_ = 0;
+    std::uint64_t working_reuses_ = 0;
 };
 
 }  // namespace zinf::zero

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "src/device/cpu_compute.h"
@@ -104,6 +105,62 @@ TEST_P(CoordinatorTest, FetchAccumulateReducePublish) {
 INSTANTIATE_TEST_SUITE_P(Stages, CoordinatorTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3),
                                             ::testing::Values(DType::kFloat32, DType::kBFloat16)));
+
+// Stage 3 hands a released gathered copy to the next gather of the same size instead of
+// freeing it and allocating again, and never holds more than the gathered copies' own peak.
+TEST(CoordinatorStage3, GatheredCopiesAreReusedWithinTheirPeak) {
+    Fixture f;
+    // Four layers of one shape (weight, bias), then a smaller head: fetched in pairs.
+    std::vector<std::size_t> numels;
+    for (int layer = 0; layer < 4; ++layer) {
+        numels.push_back(64 * 32);
+        numels.push_back(32);
+    }
+    numels.push_back(32 * 4);
+    numels.push_back(4);
+    CoordinatorOptions options;
+    options.stage = 3;
+    options.persistence_threshold_numel = 0;
+    auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    auto& coord = **c;
+    ASSERT_TRUE(coord.initialize(
+        [](std::size_t index, std::size_t offset, std::span<float> out) {
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = value_of(index, offset + i);
+        },
+        0));
+    const std::size_t base = f.device->used_bytes();
+    std::size_t live_device_peak = 0;  // device bytes while a layer is gathered (with rounding)
+    const int windows = 3;
+    for (int w = 0; w < windows; ++w) {
+        coord.begin_accumulation();
+        for (std::size_t p = 0; p < numels.size(); p += 2) {
+            auto weight = coord.fetch(p, 0);
+            auto bias = coord.fetch(p + 1, 0);
+            ASSERT_TRUE(weight.has_value() && bias.has_value());
+            ASSERT_TRUE(f.device->synchronize(0));
+            if (w == 0)
+                live_device_peak = std::max(live_device_peak, f.device->used_bytes() - base);
+            // A reused copy held another parameter's values: every element is gathered anew.
+            for (std::size_t i = 0; i < numels[p]; ++i) ASSERT_EQ((*weight)[i], value_of(p, i));
+            for (std::size_t i = 0; i < numels[p + 1]; ++i)
+                ASSERT_EQ((*bias)[i], value_of(p + 1, i));
+            ASSERT_TRUE(coord.release(p, 0));
+            ASSERT_TRUE(coord.release(p + 1, 0));
+        }
+        EXPECT_EQ(coord.live_numel(), 0u);
+        // What the spares hold stays within the gathered copies' peak.
+        EXPECT_LE(f.device->used_bytes() - base, live_device_peak) << "window " << w;
+    }
+    // The first layer allocates; the three like it reuse its copies; the head's shape change
+    // costs at most two allocations each way per window.
+    EXPECT_LE(coord.working_allocations(), 2u + 4u * windows);
+    EXPECT_GE(coord.working_reuses(), 6u * windows - 2u);
+    EXPECT_EQ(coord.working_allocations() + coord.working_reuses(), numels.size() * windows);
+    // drop_gathered gives everything back.
+    ASSERT_TRUE(coord.drop_gathered(0));
+    EXPECT_EQ(f.device->used_bytes(), base);
+}
 
 TEST(CoordinatorErrors, BudgetTooSmallIsNoSpace) {
     device::CpuDeviceOptions o;
