@@ -153,7 +153,7 @@ namespace detail {
 struct StepConstants;
 // The fp32 constants of one step, derived in double from `params` (bias corrections from the
 // 64-bit step). Shared with the GPU Adam step (kernels/cuda/adam.h), so that both devices use
-// the same constants and give bitwise the same results.
+// the same constants (and the GPU matches the FMA variants bit for bit).
 StepConstants step_constants(const OptimizerParams& params) noexcept;
 }  // namespace detail
 

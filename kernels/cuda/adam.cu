@@ -33,7 +33,8 @@ __device__ inline void store_float(__half* p, std::size_t i, float v) {
 }
 
 // One element per iteration, in the CPU kernel's order with every rounding explicit (no
-// contraction left to the compiler): the results are bitwise those of the CPU optimizer. kL2
+// contraction left to the compiler): the results are bitwise those of the CPU optimizer's FMA
+// variants. kL2
 // (Adam with weight decay) adds the L2 term; without it the term is not computed at all, since
 // 0 * p would turn an infinite parameter into NaN.
 template <typename G, typename C, bool kL2>

@@ -13,9 +13,10 @@
 namespace zinf::kernels::cuda {
 
 // The hyperparameters in double, as kernels::OptimizerParams holds them: the fp32 constants of
-// the step are derived from them exactly as the CPU optimizer derives its own, so that both give
-// bitwise the same parameters and states (the operation order is that of
-// kernels/detail/optimizer_body.h, with every rounding explicit).
+// the step come from the CPU optimizer's own step_constants, and the operation order is that of
+// kernels/detail/optimizer_body.h with every rounding explicit, so that the GPU gives bitwise
+// the results of the CPU's fused-multiply-add variants (AVX2, AVX-512), NaNs aside (the GPU
+// makes one canonical NaN).
 struct AdamStepParams {
     double lr = 1e-3;
     double beta1 = 0.9;

@@ -1,6 +1,6 @@
 // The CUDA kernels that CudaCompute does not cover (casts of every pair, flatten/unflatten, the
-// Adam step, 16-bit GEMM) against the CPU kernels (bitwise: casts and Adam, NaNs included) or
-// double-precision references. Label gpu: each test skips itself when no CUDA device is present.
+// Adam step, 16-bit GEMM) against the CPU kernels (bitwise: casts with NaN bits included, Adam
+// with any NaN matching any NaN) or double-precision references. Label gpu: each test skips itself when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -262,14 +262,20 @@ TEST(CudaAdamTest, Bf16GradientsAreWidenedExactly) {
         ASSERT_NEAR(got[i], rp[i], 2e-6 + 1e-5 * std::abs(rp[i])) << i;
 }
 
-// The GPU step and the CPU optimizer (kernels::OptimizerKernel, scalar variant) are bitwise the
-// same over three steps, for every gradient dtype and copy, in both modes, with and without
+// The GPU step and the CPU optimizer's fused-multiply-add variants (kernels::OptimizerKernel,
+// AVX-512 or AVX2: the ones the engine uses; the scalar variant rounds products separately and
+// differs in the last bits) are bitwise the same over three steps, for every gradient dtype and copy, in both modes, with and without
 // weight decay, with an infinite and a NaN parameter, over a size that takes the grid more than
 // one pass.
 TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
     ZINF_SKIP_WITHOUT_CUDA();
     std::mt19937_64 rng(test::seed());
-    auto cpu = kernels::OptimizerKernel::create(kernels::Isa::kScalar, 1);
+    const kernels::Isa isa = kernels::isa_supported(kernels::Isa::kAvx512) ? kernels::Isa::kAvx512
+                             : kernels::isa_supported(kernels::Isa::kAvx2)
+                                 ? kernels::Isa::kAvx2
+                                 : kernels::Isa::kScalar;
+    if (isa == kernels::Isa::kScalar) GTEST_SKIP() << "this CPU has no FMA variant (AVX2)";
+    auto cpu = kernels::OptimizerKernel::create(isa, 1);
     ASSERT_TRUE(cpu.has_value()) << cpu.error().to_string();
     struct Case {
         DType grad;
