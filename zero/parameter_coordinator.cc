@@ -278,7 +278,8 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     if (storage != nullptr) {
         auto got = storage->begin_read(index, stream);
         if (!got.has_value()) {
-            give_back_working(p.working, working_bytes);
+            // Freed, not kept: a spare comes only from a released copy, which keeps the bound.
+            device_.free(p.working);
             p.working = nullptr;
             return got.error().with_context("zero stage 3: reading parameter " +
                                             std::to_string(index));
@@ -304,7 +305,7 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     }
     if (!status.is_ok()) {
         (void)device_.synchronize(stream);
-        give_back_working(p.working, working_bytes);
+        device_.free(p.working);
         p.working = nullptr;
         return status;
     }
@@ -499,7 +500,7 @@ Status ParameterCoordinator::drop_gathered(StreamId stream) {
         p.gathered = false;
         live_numel_ -= partitioning_.slot(i).padded_numel;
     }
-    free_spares(0);  // an evaluation or a load gives the device memory back
+    // Spares stay: they hold no values, and the next window's gathers take them.
     return Status::ok();
 }
 

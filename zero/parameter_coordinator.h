@@ -154,8 +154,9 @@ private:
     Result<void*> allocate(std::size_t size_bytes, const char* what);
     Status gather(std::size_t index, StreamId stream);
     // Stage 3's gathered copies: a released one of the same size, else a new allocation. Spares
-    // are kept only while the gathered copies and spares together stay within the peak the
-    // gathered copies alone reached, so reuse never raises the device memory held.
+    // come only from released copies and are kept only while the gathered copies and spares
+    // together stay within the peak the gathered copies alone reached, so reuse never raises the
+    // device memory held; they are freed when an allocation meets kNoSpace, and at destruction.
     Result<float*> take_working(std::size_t size_bytes);
     void give_back_working(float* ptr, std::size_t size_bytes) noexcept;
     void free_spares(std::size_t keep_bytes) noexcept;
