@@ -1,13 +1,15 @@
 // zinf::Engine on a GPU (create_cuda_training_stack): every placement a GPU supports gives
-// bitwise the same losses and parameters as the others, and stays close to the CPU device's run
-// of the same config (cuBLAS sums in another order, so not bitwise); a checkpoint saved on the
-// GPU loads on the CPU device with bitwise the same master parameters, and the reverse.
-// Label gpu: skips itself without a GPU.
+// bitwise the same losses and parameters as the others that hand cuBLAS the same buffers, and
+// stays close to the CPU device's run of the same config (cuBLAS sums in another order, so not
+// bitwise); a checkpoint saved on the GPU loads on the CPU device with bitwise the same master
+// parameters, and the reverse. Label gpu: skips itself without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/engine/cuda_stack.h"
@@ -67,7 +69,10 @@ double max_relative_difference(const std::vector<float>& a, const std::vector<fl
 
 void expect_placements_agree(const std::string& dtype_block, double loss_tolerance) {
     test::TempDir nvme_gpu("nvme"), nvme_cpu("nvme");
-    std::vector<std::uint32_t> ref_losses, ref_params;
+    // References per kind of buffer cuBLAS reads: stages 1-2 hand it views into the flat
+    // parameters (64-byte aligned), stage 3 its gathered copies (256-byte aligned), and cuBLAS
+    // may pick its algorithm, and so its summation order, by alignment.
+    std::map<bool, std::pair<std::vector<std::uint32_t>, std::vector<std::uint32_t>>> refs;
     for (const auto& p : kGpuPlacements) {
         SCOPED_TRACE(p.name);
         const std::string extra =
@@ -82,13 +87,13 @@ void expect_placements_agree(const std::string& dtype_block, double loss_toleran
             EXPECT_GT(io.bytes_read, 12u * 1396u * 2u) << gpu.engine().residency_summary();
         }
 
-        // Every GPU placement runs the same kernels on the same data: bitwise equal.
-        if (ref_losses.empty()) {
-            ref_losses = bits(gpu_losses);
-            ref_params = bits(*gpu_params);
-        } else {
-            EXPECT_EQ(bits(gpu_losses), ref_losses);
-            EXPECT_EQ(bits(*gpu_params), ref_params);
+        // Placements that hand cuBLAS the same buffers run the same kernels on the same data:
+        // bitwise equal.
+        const bool stage3 = std::string(p.name).starts_with("stage3");
+        auto [ref, first] = refs.try_emplace(stage3, bits(gpu_losses), bits(*gpu_params));
+        if (!first) {
+            EXPECT_EQ(bits(gpu_losses), ref->second.first);
+            EXPECT_EQ(bits(*gpu_params), ref->second.second);
         }
 
         // The CPU device's run of the same placement: close, not bitwise.
