@@ -32,6 +32,15 @@ float value_of(std::size_t index, std::size_t element) {
     return static_cast<float>(index) + static_cast<float>(element) * 0.25f;
 }
 
+// Fills the coordinator's parameters with value_of.
+Status initialize_values(ParameterCoordinator& coord) {
+    return coord.initialize(
+        [](std::size_t index, std::size_t offset, std::span<float> out) {
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = value_of(index, offset + i);
+        },
+        0);
+}
+
 class CoordinatorTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
 
 TEST_P(CoordinatorTest, FetchAccumulateReducePublish) {
@@ -124,11 +133,7 @@ TEST(CoordinatorStage3, GatheredCopiesAreReusedWithinTheirPeak) {
     auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     auto& coord = **c;
-    ASSERT_TRUE(coord.initialize(
-        [](std::size_t index, std::size_t offset, std::span<float> out) {
-            for (std::size_t i = 0; i < out.size(); ++i) out[i] = value_of(index, offset + i);
-        },
-        0));
+    ASSERT_TRUE(initialize_values(coord));
     const std::size_t base = f.device->used_bytes();
     std::size_t live_device_peak = 0;  // device bytes while a layer is gathered (with rounding)
     const int windows = 3;
@@ -139,8 +144,8 @@ TEST(CoordinatorStage3, GatheredCopiesAreReusedWithinTheirPeak) {
             auto bias = coord.fetch(p + 1, 0);
             ASSERT_TRUE(weight.has_value() && bias.has_value());
             ASSERT_TRUE(f.device->synchronize(0));
-            if (w == 0)
-                live_device_peak = std::max(live_device_peak, f.device->used_bytes() - base);
+            // The first layer, the largest, gathered before any spare exists: the peak.
+            if (w == 0 && p == 0) live_device_peak = f.device->used_bytes() - base;
             // A reused copy held another parameter's values: every element is gathered anew.
             for (std::size_t i = 0; i < numels[p]; ++i) ASSERT_EQ((*weight)[i], value_of(p, i));
             for (std::size_t i = 0; i < numels[p + 1]; ++i)
@@ -161,6 +166,53 @@ TEST(CoordinatorStage3, GatheredCopiesAreReusedWithinTheirPeak) {
     EXPECT_LE(coord.working_allocations(), 2u + 4u * windows);
     EXPECT_GE(coord.working_reuses(), 6u * windows - 2u);
     EXPECT_EQ(coord.working_allocations() + coord.working_reuses(), numels.size() * windows);
+}
+
+// When something else took the room the spares left (the budget is shared), a gather that
+// meets kNoSpace frees the spares and tries again.
+TEST(CoordinatorStage3, AGatherMeetingNoSpaceFreesTheSpares) {
+    Fixture f;
+    // A and B are gathered together (the peak), C alone, then E alone: sizes 8000, 64, 4032 and
+    // 128 bytes.
+    const std::vector<std::size_t> numels = {2000, 16, 1008, 32};
+    CoordinatorOptions options;
+    options.stage = 3;
+    options.persistence_threshold_numel = 0;
+    auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    auto& coord = **c;
+    ASSERT_TRUE(initialize_values(coord));
+    coord.begin_accumulation();
+    ASSERT_TRUE(coord.fetch(0, 0).has_value());
+    ASSERT_TRUE(coord.fetch(1, 0).has_value());
+    ASSERT_TRUE(coord.release(0, 0));
+    ASSERT_TRUE(coord.release(1, 0));
+    ASSERT_TRUE(coord.fetch(2, 0).has_value());  // makes room from A's spare, keeps B's
+    ASSERT_TRUE(coord.release(2, 0));
+    // Spares: B and C, within the peak. Now the rest of the budget goes elsewhere.
+    struct Filler {  // freed before the device goes, whatever the test's outcome
+        Device& device;
+        std::vector<void*> ptrs;
+        ~Filler() {
+            for (void* p : ptrs) device.free(p);
+        }
+    } filler{*f.device, {}};
+    for (std::size_t chunk = std::size_t{32} << 20; chunk >= 64;) {
+        auto p = f.device->allocate(chunk);
+        if (p.has_value()) {
+            filler.ptrs.push_back(*p);
+        } else {
+            chunk /= 2;
+        }
+    }
+    ASSERT_FALSE(f.device->allocate(64).has_value());
+    const std::uint64_t allocations = coord.working_allocations();
+    auto e = coord.fetch(3, 0);  // no spare of its size, no room: frees the spares, then fits
+    ASSERT_TRUE(e.has_value()) << e.error().to_string();
+    ASSERT_TRUE(f.device->synchronize(0));
+    for (std::size_t i = 0; i < numels[3]; ++i) EXPECT_EQ((*e)[i], value_of(3, i));
+    EXPECT_EQ(coord.working_allocations(), allocations + 1);
+    ASSERT_TRUE(coord.release(3, 0));
 }
 
 TEST(CoordinatorErrors, BudgetTooSmallIsNoSpace) {
