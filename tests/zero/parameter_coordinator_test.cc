@@ -32,13 +32,20 @@ float value_of(std::size_t index, std::size_t element) {
     return static_cast<float>(index) + static_cast<float>(element) * 0.25f;
 }
 
-// Fills the coordinator's parameters with value_of.
-Status initialize_values(ParameterCoordinator& coord) {
-    return coord.initialize(
+// A stage-3 coordinator (fp32, nothing persistent) over `numels`, holding value_of.
+Result<std::unique_ptr<ParameterCoordinator>> stage3_coordinator(
+    Fixture& f, const std::vector<std::size_t>& numels) {
+    CoordinatorOptions options;
+    options.stage = 3;
+    options.persistence_threshold_numel = 0;
+    ZINF_ASSIGN_OR_RETURN(
+        auto c, ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm));
+    ZINF_TRY(c->initialize(
         [](std::size_t index, std::size_t offset, std::span<float> out) {
             for (std::size_t i = 0; i < out.size(); ++i) out[i] = value_of(index, offset + i);
         },
-        0);
+        0));
+    return c;
 }
 
 class CoordinatorTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
@@ -127,13 +134,9 @@ TEST(CoordinatorStage3, GatheredCopiesAreReusedWithinTheirPeak) {
     }
     numels.push_back(32 * 4);
     numels.push_back(4);
-    CoordinatorOptions options;
-    options.stage = 3;
-    options.persistence_threshold_numel = 0;
-    auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
+    auto c = stage3_coordinator(f, numels);
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     auto& coord = **c;
-    ASSERT_TRUE(initialize_values(coord));
     const std::size_t base = f.device->used_bytes();
     std::size_t live_device_peak = 0;  // device bytes while a layer is gathered (with rounding)
     const int windows = 3;
@@ -175,13 +178,9 @@ TEST(CoordinatorStage3, AGatherMeetingNoSpaceFreesTheSpares) {
     // A and B are gathered together (the peak), C alone, then E alone: sizes 8000, 64, 4032 and
     // 128 bytes.
     const std::vector<std::size_t> numels = {2000, 16, 1008, 32};
-    CoordinatorOptions options;
-    options.stage = 3;
-    options.persistence_threshold_numel = 0;
-    auto c = ParameterCoordinator::create(numels, options, *f.device, *f.compute, *f.comm);
+    auto c = stage3_coordinator(f, numels);
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     auto& coord = **c;
-    ASSERT_TRUE(initialize_values(coord));
     coord.begin_accumulation();
     ASSERT_TRUE(coord.fetch(0, 0).has_value());
     ASSERT_TRUE(coord.fetch(1, 0).has_value());
