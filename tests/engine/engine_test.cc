@@ -191,6 +191,16 @@ INSTANTIATE_TEST_SUITE_P(
             {"optimizer.type=Lion", "optimizer.params.lr=0.001", "model.layers=[24,32,4]",
              "model.dropout=0.2", "model.layernorm=true", "gradient_accumulation_steps=2"}}));
 
+// Overwrites one byte of a checkpoint file in place (0x55 at `offset`).
+void overwrite_byte(const std::string& path, std::streamoff offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    f.seekp(offset);
+    const char c = 0x55;
+    f.write(&c, 1);
+    ASSERT_TRUE(f.good()) << path;
+}
+
 TEST(CheckpointTest, CorruptionIsDetected) {
     const auto config = load_config(small_config());
     test::TempDir dir("ckpt");
@@ -200,13 +210,7 @@ TEST(CheckpointTest, CorruptionIsDetected) {
         ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "a"));
         ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "a"));  // replaces atomically
     }
-    {
-        std::fstream f(dir.file("a/master.fp32"), std::ios::in | std::ios::out | std::ios::binary);
-        ASSERT_TRUE(f.good());
-        f.seekp(100);
-        char c = 0x55;
-        f.write(&c, 1);
-    }
+    overwrite_byte(dir.file("a/master.fp32"), 100);
     Trainer t(config);
     const Status s = t.engine().load_checkpoint(dir.path(), "a");
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.to_string();
@@ -228,15 +232,8 @@ TEST(CheckpointTest, FailedLoadMakesTheEngineRefuseUntilALoadSucceeds) {
         ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "good"));
         ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "bad"));
     }
-    {
-        // The last file read: its checksum fails after every state was written.
-        std::fstream f(dir.file("bad/parameters.fp32"),
-                       std::ios::in | std::ios::out | std::ios::binary);
-        ASSERT_TRUE(f.good());
-        f.seekp(8);
-        char c = 0x55;
-        f.write(&c, 1);
-    }
+    // The last file read: its checksum fails after every state was written.
+    overwrite_byte(dir.file("bad/parameters.fp32"), 8);
     Trainer t(config);
     ASSERT_EQ(t.engine().load_checkpoint(dir.path(), "bad").code(), StatusCode::kCorruption);
     const Status refused = t.engine().save_checkpoint(dir.path(), "after");
