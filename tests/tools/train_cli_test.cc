@@ -3,6 +3,7 @@
 // bitwise; bad configs fail with the key named; --help works.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -155,6 +156,32 @@ TEST(TrainCliTest, ResumeThroughTheToolIsBitwiseExact) {
     const std::string trace = slurp(dir.file("trace.json"));
     EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
     EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
+}
+
+// The progress line is redrawn (carriage returns on stderr) with --progress on, and not by
+// default when stderr is not a terminal (here a file), however long the run. It appears after
+// two seconds: each run trains for longer than that.
+TEST(TrainCliTest, ProgressLineOnlyWhereAsked) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const std::string long_run = "--config " + config +
+                                 " --set data.epochs=1000000 --set steps_per_print=1000000"
+                                 " --no-eval --max-steps 15000";
+    auto timed = [&](const std::string& args) {
+        const auto start = std::chrono::steady_clock::now();
+        RunResult r = train(dir, args);
+        return std::make_pair(r, std::chrono::steady_clock::now() - start);
+    };
+    auto [shown, shown_time] = timed(long_run + " --progress on");
+    ASSERT_EQ(shown.exit_code, 0) << shown.out;
+    if (shown_time < std::chrono::milliseconds(2500)) {
+        GTEST_SKIP() << "the run took under 2.5 s: too short for the progress line to appear";
+    }
+    EXPECT_NE(shown.out.find("\rtrain "), std::string::npos) << shown.out.substr(0, 400);
+    const RunResult piped = train(dir, long_run);
+    ASSERT_EQ(piped.exit_code, 0) << piped.out;
+    EXPECT_EQ(piped.out.find('\r'), std::string::npos) << piped.out.substr(0, 400);
 }
 
 TEST(TrainCliTest, BadConfigNamesTheKey) {

@@ -15,6 +15,9 @@ public:
     ~Progress();
     // Reports that `done` units of the total are complete. Cheap when nothing is drawn.
     void update(double done, const std::string& extra = "");
+    // Erases the line if one is drawn (before other output to the terminal); the next update
+    // draws it again.
+    void clear_line();
     void finish();
 
 private:

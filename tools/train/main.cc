@@ -38,11 +38,6 @@ double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Clears the progress line (stderr) before a line of figures goes to stdout, when one is drawn.
-void clear_progress_line(bool show_progress) {
-    if (show_progress) std::fprintf(stderr, "\r\033[K");
-}
-
 double peak_rss_mib() {
     rusage u{};
     ::getrusage(RUSAGE_SELF, &u);
@@ -332,7 +327,7 @@ int run(int argc, char** argv) {
     double last_accuracy = -1;
     auto print_accuracy = [&](std::uint64_t epoch) -> Status {
         ZINF_ASSIGN_OR_RETURN(last_accuracy, evaluate(engine, eval_source, rows, trace.get()));
-        clear_progress_line(show_progress);
+        progress.clear_line();
         std::printf("epoch %" PRIu64 ": %s accuracy %.2f %%\n", epoch + 1,
                     data->test ? "test" : "train", 100.0 * last_accuracy);
         std::fflush(stdout);
@@ -370,7 +365,7 @@ int run(int argc, char** argv) {
         std::snprintf(extra, sizeof extra, "loss %.4f, %.0f samples/s", *loss, samples_per_s);
         if (show_progress) progress.update(static_cast<double>(step), extra);
         if (step % config.steps_per_print == 0) {
-            clear_progress_line(show_progress);
+            progress.clear_line();
             const zinf::IoFigures io = engine.io_figures();
             const double interval = std::max(1e-9, seconds_since(last_print));
             std::printf(
