@@ -56,6 +56,8 @@ double bucket_value_us(int bucket) noexcept {
 
 struct Stripe {
     std::string path;
+    Directory directory;  // the directory the file was opened in (not used for simulated files)
+    std::string name;     // the file's name in it
     FileDescriptor buffered_fd;
     FileDescriptor direct_fd;  // invalid when the file is not direct
     int sim_id = -1;
@@ -580,6 +582,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
 
 std::string_view Engine::backend_name() const noexcept { return impl_->backend_name; }
 const config::AioConfig& Engine::aio() const noexcept { return impl_->aio; }
+FileSystem& Engine::file_system() const noexcept {
+    return impl_->options.file_system != nullptr ? *impl_->options.file_system
+                                                 : posix_file_system();
+}
 
 namespace {
 
@@ -628,14 +634,23 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
     file->read_only = options.read_only;
     file->chunk_bytes = options.stripe_chunk_bytes != 0 ? options.stripe_chunk_bytes : impl.aio.block_size_bytes;
     const bool want_direct = impl.aio.use_direct != config::Tristate::kOff;
-    std::vector<std::string> created;  // removed again if open fails
+    FileSystem& fs = file_system();
+    // Files this call created, removed again if open fails: (stripe index, name).
+    std::vector<std::size_t> created;
     auto cleanup = [&] {
-        for (const auto& p : created) ::unlink(p.c_str());
+        for (std::size_t i : created) {
+            const Stripe& c = file->stripes[i];
+            (void)fs.remove_at(c.directory, c.name, /*directory=*/false);
+        }
     };
 
     for (const std::string& path : paths) {
-        if (path.empty()) return Status::invalid_argument("open: empty path");
-        Stripe s;
+        if (path.empty()) {
+            cleanup();
+            return Status::invalid_argument("open: empty path");
+        }
+        // The stripe joins the file at once, so that cleanup() finds it whatever fails below.
+        Stripe& s = file->stripes.emplace_back();
         s.path = path;
         if (impl.sim) {
             auto id = impl.sim->open(path, options);
@@ -643,21 +658,48 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
             s.sim_id = *id;
             s.buffered_fd_value = s.direct_fd_value = *id;
             s.alignment_bytes = want_direct ? impl.sim->options().logical_block_bytes : 1;
-            file->stripes.push_back(std::move(s));
             continue;
         }
-        const bool existed = ::access(path.c_str(), F_OK) == 0;
-        int flags = O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
+        const std::filesystem::path fs_path(path);
+        s.name = fs_path.filename().string();
+        if (s.name.empty() || s.name == "." || s.name == "..") {
+            cleanup();
+            return Status::invalid_argument(str_cat("open ", path, ": expected a file name"));
+        }
+        std::string parent = fs_path.parent_path().string();
+        if (parent.empty()) parent = ".";
+        auto directory = fs.open_directory(parent, /*follow_last=*/!options.trusted_directory);
+        if (!directory.has_value()) {
+            cleanup();
+            const Status& e = directory.error();
+            if (e.errno_value() == ENOENT) {
+                return Status::not_found(str_cat("open ", path, ": directory ", parent,
+                                                 " does not exist"), ENOENT);
+            }
+            if (e.errno_value() == ENOTDIR) return explain_open_error(ENOTDIR, path, options);
+            return e.with_context(str_cat("open ", path));
+        }
+        s.directory = std::move(*directory);
+        int flags = options.read_only ? O_RDONLY : O_RDWR;
         if (options.create) flags |= O_CREAT;
         if (options.create && options.exclusive) flags |= O_EXCL;
         if (options.truncate) flags |= O_TRUNC;
-        FileDescriptor fd(::open(path.c_str(), flags, options.mode));
-        if (!fd.valid()) {
-            const int err = errno;
+        struct stat before {};
+        const bool existed =
+            ::fstatat(s.directory.fd(), s.name.c_str(), &before, AT_SYMLINK_NOFOLLOW) == 0;
+        auto opened = fs.open_at(s.directory, s.name, flags, options.mode);
+        if (!opened.has_value()) {
             cleanup();
-            return explain_open_error(err, path, options);
+            const Status& e = opened.error();
+            // A refused symbolic link or an injected fault says so itself; errno explains others.
+            if (e.code() == StatusCode::kInvalidArgument || e.errno_value() == 0 ||
+                e.message().find("injected") != std::string::npos) {
+                return e;
+            }
+            return explain_open_error(e.errno_value(), path, options);
         }
-        if (!existed) created.push_back(path);
+        FileDescriptor fd = std::move(*opened);
+        if (!existed) created.push_back(file->stripes.size() - 1);
         struct stat st {};
         if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
             cleanup();
@@ -666,9 +708,29 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
         s.buffered_fd = std::move(fd);
         s.buffered_fd_value = s.buffered_fd.get();
         if (want_direct) {
-            FileDescriptor direct(::open(path.c_str(), O_CLOEXEC | O_DIRECT |
-                                                           (options.read_only ? O_RDONLY : O_RDWR)));
-            const int err = direct.valid() ? 0 : errno;
+            auto reopened = fs.open_at(s.directory, s.name,
+                                       O_DIRECT | (options.read_only ? O_RDONLY : O_RDWR), 0);
+            FileDescriptor direct;
+            int err = 0;
+            Status reopen_error;
+            if (reopened.has_value()) {
+                direct = std::move(*reopened);
+                // The same file both times: nothing replaced the name between the two opens.
+                struct stat a {}, b {};
+                if (::fstat(s.buffered_fd.get(), &a) != 0 || ::fstat(direct.get(), &b) != 0 ||
+                    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+                    cleanup();
+                    return Status::io_error(str_cat("open ", path, ": the file changed between "
+                                                    "its buffered and its O_DIRECT open"), EBUSY);
+                }
+            } else {
+                err = reopened.error().errno_value();
+                reopen_error = reopened.error();
+                if (reopened.error().code() == StatusCode::kInvalidArgument && err == ELOOP) {
+                    cleanup();
+                    return reopened.error();
+                }
+            }
             Result<DirectIoAlignment> alignment = DirectIoAlignment{};
             if (direct.valid()) alignment = query_direct_io_alignment(direct.get(), path);
             if (!alignment.has_value()) {
@@ -691,7 +753,7 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
                                            "buffered I/O (aio.use_direct is auto)"));
                 } else {
                     cleanup();
-                    return Status::from_errno(err, str_cat("open ", path, " with O_DIRECT"));
+                    return reopen_error.with_context("O_DIRECT");
                 }
             } else {
                 s.direct_fd = std::move(direct);
@@ -701,7 +763,6 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
                            alignment->source, ")");
             }
         }
-        file->stripes.push_back(std::move(s));
     }
 
     // Direct only when every stripe takes it, so that one alignment rule covers the file.
@@ -755,10 +816,10 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
                     return Status::no_space(str_cat("preallocate ", s.path, ": ", share,
                                                     " bytes asked, ", *free, " bytes free on its file system"));
                 }
-                const int rc = ::posix_fallocate(s.buffered_fd.get(), 0, static_cast<off_t>(share));
-                if (rc != 0) {
+                Status reserved = fs.preallocate(s.buffered_fd.get(), share, s.path);
+                if (!reserved.is_ok()) {
                     cleanup();
-                    return Status::from_errno(rc, str_cat("preallocate ", s.path, " (", share, " bytes)"));
+                    return reserved;
                 }
             }
         }
@@ -850,7 +911,7 @@ Status Engine::sync(FileId id) {
     if (f == nullptr) return Status::invalid_argument(str_cat("sync: unknown file id ", id));
     if (impl_->sim) return Status::ok();
     for (const Stripe& s : f->stripes) {
-        if (::fdatasync(s.buffered_fd.get()) != 0) return Status::from_errno(errno, str_cat("fdatasync ", s.path));
+        ZINF_TRY(file_system().sync(s.buffered_fd.get(), /*data_only=*/true, s.path));
     }
     return Status::ok();
 }

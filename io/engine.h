@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "io/fault.h"
+#include "io/file_system.h"
 #include "src/base/config.h"
 #include "src/base/status.h"
 
@@ -46,6 +47,11 @@ struct FileOptions {
     // When > 0, space for this many logical bytes is reserved up front (fallocate), so that a
     // full disk is met here and not in the middle of training.
     std::uint64_t preallocate_bytes = 0;
+    // Each path's directory is opened first and the file relative to it, never through a
+    // symbolic link as the file's last component. With trusted_directory, a link as the
+    // directory's own last component is refused too (the swap store's run directories, whose
+    // path was resolved and checked when they were made).
+    bool trusted_directory = false;
 };
 
 // Options of the simulated in-memory device (aio.backend is then ignored).
@@ -63,6 +69,10 @@ struct EngineOptions {
     std::optional<FaultPlan> faults;
     // When set, files live in memory on a simulated device instead of the file system.
     std::optional<SimOptions> sim;
+    // Where files are opened, preallocated, synced and removed (borrowed; outlives the engine).
+    // Null: the operating system's (io::posix_file_system()). A FaultyFileSystem here fails
+    // file set-up as `faults` fails reads and writes.
+    FileSystem* file_system = nullptr;
 };
 
 struct EngineStats {
@@ -132,6 +142,8 @@ public:
 
     std::string_view backend_name() const noexcept;
     const config::AioConfig& aio() const noexcept;
+    // The file system files are set up through (EngineOptions::file_system or the OS's).
+    FileSystem& file_system() const noexcept;
 
     // Opens one logical file over `paths` (several paths: one file per path, striped). Applies
     // aio.use_direct: auto falls back to buffered I/O with one warning where O_DIRECT is refused,

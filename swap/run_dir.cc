@@ -1,4 +1,4 @@
-// RunDir: flock'ed base paths, stale-directory cleanup and per-run directories.
+// RunDir: trusted, flock'ed base paths, stale-directory cleanup and per-run directories.
 #include "swap/run_dir.h"
 
 #include <fcntl.h>
@@ -9,15 +9,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
-#include <system_error>
 
 #include "src/base/log.h"
 
 namespace zinf::swap {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Reads the pid a lock holder wrote; 0 when unreadable (the holder may not have written it yet).
 long read_holder_pid(int fd) {
@@ -27,18 +23,31 @@ long read_holder_pid(int fd) {
     return std::strtol(text, nullptr, 10);
 }
 
-Result<FileDescriptor> lock_base_path(const std::string& base) {
-    const std::string lock_path = str_cat(base, "/", kLockFileName);
-    FileDescriptor fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!fd.valid())
-        return Status::from_errno(errno, str_cat("swap: opening lock file ", lock_path));
+Result<FileDescriptor> lock_base_path(io::FileSystem& fs, const io::Directory& base) {
+    const std::string lock_path = base.path_of(kLockFileName);
+    // No O_TRUNC: nothing is written before the checks below. O_NOFOLLOW (added by open_at):
+    // a planted symbolic link is refused, its target untouched.
+    ZINF_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          fs.open_at(base, kLockFileName, O_RDWR | O_CREAT, 0600));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", lock_path));
+    // In a sticky shared directory another user may have made the lock file first, or hard-linked
+    // one of our files under its name: writing our pid into it would clobber that file.
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
+        return Status::invalid_argument(
+            str_cat("swap: lock file ", lock_path, " is not a regular file of the running user (",
+                    io::describe_owner_and_mode(st.st_uid, st.st_mode), ", ", st.st_nlink,
+                    S_ISREG(st.st_mode) ? " link(s))" : " link(s), not a regular file)",
+                    "; refusing to write to it. Remove it if it is yours, or use another "
+                    "nvme_path"));
+    }
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         if (err != EWOULDBLOCK) return Status::from_errno(err, str_cat("swap: flock ", lock_path));
         const long pid = read_holder_pid(fd.get());
         return Status(
             StatusCode::kBusy,
-            str_cat("swap directory ", base, " is in use by another zinfinity run (pid ",
+            str_cat("swap directory ", base.path(), " is in use by another zinfinity run (pid ",
                     pid > 0 ? std::to_string(pid) : std::string("unknown"), ", lock file ",
                     lock_path, "); give each run (and each rank) its own nvme_path"),
             err);
@@ -52,24 +61,27 @@ Result<FileDescriptor> lock_base_path(const std::string& base) {
     return fd;
 }
 
-// Removes every run directory under `base`: we hold its lock, so none has a live owner.
-Status remove_stale_run_dirs(const std::string& base) {
-    std::error_code ec;
-    fs::directory_iterator it(base, ec);
-    if (ec) return Status::from_errno(ec.value(), str_cat("swap: listing ", base));
-    for (; it != fs::directory_iterator(); it.increment(ec)) {
-        if (ec) return Status::from_errno(ec.value(), str_cat("swap: listing ", base));
-        const std::string name = it->path().filename().string();
+// Removes every run directory of ours under `base`: we hold its lock, so none has a live owner.
+Status remove_stale_run_dirs(io::FileSystem& fs, const io::Directory& base) {
+    ZINF_ASSIGN_OR_RETURN(const std::vector<std::string> names, io::list_directory(base));
+    for (const std::string& name : names) {
         if (name.rfind(kRunDirPrefix, 0) != 0) continue;
-        const long pid = std::strtol(name.c_str() + kRunDirPrefix.size(), nullptr, 10);
-        std::error_code rm_ec;
-        const auto removed = fs::remove_all(it->path(), rm_ec);
-        if (rm_ec) {
-            return Status::from_errno(
-                rm_ec.value(), str_cat("swap: removing stale run directory ", it->path().string()));
+        struct stat st {};
+        if (::fstatat(base.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+            log::warning("swap: leaving ", base.path_of(name),
+                         " alone: named like a run "
+                         "directory but not a directory of the running user");
+            continue;
         }
-        log::info("swap: removed stale run directory ", it->path().string(), " (", removed,
-                  " entries) left by pid ", pid, ", which no longer holds the lock on ", base,
+        const long pid = std::strtol(name.c_str() + kRunDirPrefix.size(), nullptr, 10);
+        Status removed = io::remove_tree_at(fs, base, name);
+        if (!removed.is_ok()) {
+            return removed.with_context(
+                str_cat("swap: removing stale run directory ", base.path_of(name)));
+        }
+        log::info("swap: removed stale run directory ", base.path_of(name), " left by pid ", pid,
+                  ", which no longer holds the lock on ", base.path(),
                   "; its files are never reused");
     }
     return Status::ok();
@@ -77,43 +89,49 @@ Status remove_stale_run_dirs(const std::string& base) {
 
 }  // namespace
 
-Result<RunDir> RunDir::create(std::span<const std::string> base_paths) {
+Result<RunDir> RunDir::create(io::FileSystem& fs, std::span<const std::string> base_paths) {
     if (base_paths.empty())
         return Status::invalid_argument("swap: no swap directory (nvme_path) given");
     RunDir dir;
-    std::vector<fs::path> canonical;
+    dir.fs_ = &fs;
+    std::vector<std::string> resolved;
     for (const std::string& base : base_paths) {
         ZINF_TRY(check_writable_directory(base));
-        std::error_code ec;
-        fs::path c = fs::canonical(base, ec);
-        if (ec) return Status::from_errno(ec.value(), str_cat("swap: resolving ", base));
-        for (const auto& other : canonical) {
-            if (other == c) {
+        // The base path itself may be a symbolic link of a trusted owner (the check below looks
+        // at every link and directory on the way); everything inside is opened without links.
+        ZINF_ASSIGN_OR_RETURN(io::Directory opened, fs.open_directory(base, /*follow_last=*/true));
+        ZINF_TRY(io::check_trusted_directory(opened, "swap: nvme_path"));
+        ZINF_ASSIGN_OR_RETURN(std::string real, io::resolved_path(opened));
+        for (std::size_t i = 0; i < resolved.size(); ++i) {
+            if (resolved[i] == real) {
                 return Status::invalid_argument(
-                    str_cat("swap: directory ", base, " is given twice (as ", other.string(), ")"));
+                    str_cat("swap: directory ", base, " is given twice (as ", base_paths[i], ")"));
             }
         }
-        canonical.push_back(c);
+        resolved.push_back(std::move(real));
+        dir.bases_.push_back(std::move(opened));
     }
 
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
-    const std::string run_name =
-        str_cat(kRunDirPrefix, ::getpid(), "-",
-                static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec);
-    for (const std::string& base : base_paths) {
+    dir.run_name_ = str_cat(kRunDirPrefix, ::getpid(), "-",
+                            static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec);
+    for (std::size_t i = 0; i < base_paths.size(); ++i) {
+        const io::Directory& base = dir.bases_[i];
         // On any error below, `dir` goes out of scope and removes what it created so far.
-        ZINF_ASSIGN_OR_RETURN(FileDescriptor lock, lock_base_path(base));
-        dir.base_paths_.push_back(base);
+        ZINF_ASSIGN_OR_RETURN(FileDescriptor lock, lock_base_path(fs, base));
+        dir.base_paths_.push_back(base_paths[i]);
         dir.locks_.push_back(std::move(lock));
-        ZINF_TRY(remove_stale_run_dirs(base));
-        std::string run_path = str_cat(base, "/", run_name);
-        if (::mkdir(run_path.c_str(), 0700) != 0) {
-            return Status::from_errno(errno, str_cat("swap: creating run directory ", run_path));
+        ZINF_TRY(remove_stale_run_dirs(fs, base));
+        ZINF_TRY(fs.make_directory_at(base, dir.run_name_, 0700));
+        dir.run_paths_.push_back(str_cat(resolved[i], "/", dir.run_name_));
+        // The umask may have narrowed the mode; the directory is ours and 0700 exactly.
+        ZINF_ASSIGN_OR_RETURN(io::Directory run, fs.open_directory_at(base, dir.run_name_));
+        if (::fchmod(run.fd(), 0700) != 0) {
+            return Status::from_errno(errno, str_cat("swap: chmod 0700 ", run.path()));
         }
-        dir.run_paths_.push_back(std::move(run_path));
     }
-    log::debug("swap: run directory ", run_name, " in ", base_paths.size(), " path(s)");
+    log::debug("swap: run directory ", dir.run_name_, " in ", base_paths.size(), " path(s)");
     return dir;
 }
 
@@ -124,11 +142,15 @@ RunDir::~RunDir() {
 RunDir& RunDir::operator=(RunDir&& other) noexcept {
     if (this != &other) {
         remove_all();
+        fs_ = other.fs_;
+        run_name_ = std::move(other.run_name_);
         base_paths_ = std::move(other.base_paths_);
         run_paths_ = std::move(other.run_paths_);
+        bases_ = std::move(other.bases_);
         locks_ = std::move(other.locks_);
         other.base_paths_.clear();
         other.run_paths_.clear();
+        other.bases_.clear();
         other.locks_.clear();
     }
     return *this;
@@ -142,14 +164,17 @@ std::vector<std::string> RunDir::file_paths(std::string_view name) const {
 }
 
 void RunDir::remove_all() noexcept {
-    for (const auto& p : run_paths_) {
-        std::error_code ec;
-        fs::remove_all(p, ec);
-        if (ec) log::warning("swap: could not remove run directory ", p, ": ", ec.message());
+    // run_paths_[i] exists only for the first run_paths_.size() bases.
+    for (std::size_t i = 0; i < run_paths_.size(); ++i) {
+        const Status s = io::remove_tree_at(*fs_, bases_[i], run_name_);
+        if (!s.is_ok())
+            log::warning("swap: could not remove run directory ", run_paths_[i], ": ",
+                         s.to_string());
     }
     run_paths_.clear();
     // Releasing the locks last: a new run must not see our directory as stale while we remove it.
     locks_.clear();
+    bases_.clear();
     base_paths_.clear();
 }
 

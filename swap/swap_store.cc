@@ -106,7 +106,7 @@ SwapStore::SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions&
 
 Result<std::unique_ptr<SwapStore>> SwapStore::create(io::Engine& engine,
                                                      const SwapStoreOptions& options) {
-    ZINF_ASSIGN_OR_RETURN(RunDir run_dir, RunDir::create(options.paths));
+    ZINF_ASSIGN_OR_RETURN(RunDir run_dir, RunDir::create(engine.file_system(), options.paths));
     return std::unique_ptr<SwapStore>(new SwapStore(engine, std::move(run_dir), options));
 }
 
@@ -197,6 +197,7 @@ Status SwapStore::commit() {
     data_options.create = true;
     data_options.exclusive = true;
     data_options.mode = 0600;
+    data_options.trusted_directory = true;
     data_options.stripe_chunk_bytes = stripe_chunk_bytes_;
     data_options.preallocate_bytes = data_bytes_;
     const std::vector<std::string> data_paths = run_dir_.file_paths(kDataFileName);

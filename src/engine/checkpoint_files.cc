@@ -1,4 +1,5 @@
-// Checkpoint directories: temporary name, fsync, atomic rename, manifest with XXH3 checksums.
+// Checkpoint directories: temporary name, fsync, atomic rename, manifest with XXH3 checksums;
+// every name opened relative to a directory descriptor, never through a symbolic link.
 #include "src/engine/checkpoint_files.h"
 
 #include <fcntl.h>
@@ -10,39 +11,52 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "src/base/file.h"
+#include "src/base/log.h"
 
 namespace zinf::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-Status write_all(const std::string& path, std::span<const std::byte> bytes) {
-    FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!fd.valid()) return Status::from_errno(errno, "checkpoint: open " + path);
-    std::size_t done = 0;
-    // Bounded: every iteration writes at least one byte or returns an error.
-    while (done < bytes.size()) {
-        const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return Status::from_errno(errno, "checkpoint: write " + path);
-        }
-        if (n == 0) return Status::io_error("checkpoint: write " + path + " wrote nothing", EIO);
-        done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0) return Status::from_errno(errno, "checkpoint: fsync " + path);
-    return Status::ok();
+constexpr std::size_t kManifestBytesMax = 64u << 20;
+constexpr std::string_view kManifestName = "manifest.txt";
+constexpr std::string_view kLatestName = "latest";
+
+std::span<const std::byte> bytes_of(const std::string& text) {
+    return std::as_bytes(std::span<const char>(text.data(), text.size()));
 }
 
-Status fsync_directory(const std::string& path) {
-    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!fd.valid()) return Status::from_errno(errno, "checkpoint: open directory " + path);
-    if (::fsync(fd.get()) != 0) return Status::from_errno(errno, "checkpoint: fsync " + path);
-    return Status::ok();
+// Creates `name` in `dir` (exclusively: an existing entry, a planted link included, is an
+// error), writes `bytes` and fsyncs it.
+Status write_new_file(io::FileSystem& fs, const io::Directory& dir, std::string_view name,
+                      std::span<const std::byte> bytes) {
+    const std::string path = dir.path_of(name);
+    ZINF_ASSIGN_OR_RETURN(FileDescriptor fd,
+                          fs.open_at(dir, name, O_WRONLY | O_CREAT | O_EXCL, 0600));
+    ZINF_TRY(fs.write_all(fd.get(), bytes, path).with_context("checkpoint"));
+    return fs.sync(fd.get(), /*data_only=*/false, path).with_context("checkpoint");
+}
+
+// Reads the whole of a small file `name` of `dir` (at most `max_bytes`).
+Result<std::string> read_small_file(io::FileSystem& fs, const io::Directory& dir,
+                                    std::string_view name, std::size_t max_bytes) {
+    const std::string path = dir.path_of(name);
+    ZINF_ASSIGN_OR_RETURN(FileDescriptor fd, fs.open_at(dir, name, O_RDONLY, 0));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "checkpoint: stat " + path);
+    if (!S_ISREG(st.st_mode)) return Status::corruption("checkpoint: " + path + " is not a file");
+    if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+        return Status::corruption("checkpoint: " + path + " is " + std::to_string(st.st_size) +
+                                  " bytes, more than the " + std::to_string(max_bytes) +
+                                  " such a file can be");
+    }
+    std::string text(static_cast<std::size_t>(st.st_size), '\0');
+    ZINF_TRY(fs.read_exact(
+        fd.get(), std::as_writable_bytes(std::span<char>(text.data(), text.size())), path));
+    return text;
 }
 
 std::string hex(std::uint64_t v) {
@@ -51,17 +65,48 @@ std::string hex(std::uint64_t v) {
     return buf;
 }
 
+std::shared_ptr<void> new_hash_state() {
+    XXH3_state_t* st = XXH3_createState();
+    ZINF_ASSERT(st != nullptr);
+    XXH3_64bits_reset(st);
+    return std::shared_ptr<void>(st,
+                                 [](void* p) { XXH3_freeState(static_cast<XXH3_state_t*>(p)); });
+}
+
 }  // namespace
 
 std::uint64_t checksum(std::span<const std::byte> bytes) noexcept {
     return XXH3_64bits(bytes.data(), bytes.size());
 }
 
-Result<CheckpointWriter> CheckpointWriter::create(const std::string& dir, const std::string& tag) {
-    if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
-        return Status::invalid_argument("checkpoint tag '" + tag +
-                                        "': expected a non-empty name without '/' or leading '.'");
+Status check_tag(const std::string& tag, std::string_view source) {
+    bool ok =
+        !tag.empty() && tag.size() <= 255 && tag[0] != '.' && tag.find('/') == std::string::npos;
+    for (const char c : tag) ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+    if (!ok) {
+        return Status::invalid_argument(str_cat(
+            source, ": checkpoint tag '", tag,
+            "': expected a non-empty name of at most 255 bytes, without '/', control characters "
+            "or a leading '.'"));
     }
+    return Status::ok();
+}
+
+Result<std::string> read_latest_tag(io::FileSystem& fs, const std::string& dir) {
+    ZINF_ASSIGN_OR_RETURN(io::Directory d, fs.open_directory(dir, /*follow_last=*/true));
+    auto text = read_small_file(fs, d, kLatestName, 4096);
+    if (!text.has_value()) return text.error();
+    std::string tag = *text;
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) {
+        tag.pop_back();
+    }
+    ZINF_TRY(check_tag(tag, d.path_of(kLatestName)));
+    return tag;
+}
+
+Result<CheckpointWriter> CheckpointWriter::create(io::FileSystem& fs, const std::string& dir,
+                                                  const std::string& tag) {
+    ZINF_TRY(check_tag(tag, "checkpoint"));
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec)
@@ -69,55 +114,35 @@ Result<CheckpointWriter> CheckpointWriter::create(const std::string& dir, const 
                                 ec.value());
     ZINF_TRY(check_writable_directory(dir));
     CheckpointWriter w;
-    w.dir_ = dir;
+    w.fs_ = &fs;
+    ZINF_ASSIGN_OR_RETURN(w.dir_, fs.open_directory(dir, /*follow_last=*/true));
+    ZINF_TRY(io::check_trusted_directory(w.dir_, "checkpoint directory"));
     w.tag_ = tag;
-    w.temp_path_ = dir + "/." + tag + ".tmp." + std::to_string(::getpid());
-    fs::remove_all(w.temp_path_, ec);
-    if (::mkdir(w.temp_path_.c_str(), 0700) != 0) {
-        return Status::from_errno(errno, "checkpoint: mkdir " + w.temp_path_);
-    }
+    w.temp_name_ = "." + tag + ".tmp." + std::to_string(::getpid());
+    // A directory of this name was left by a writer of this pid that died: ours to remove.
+    ZINF_TRY(io::remove_tree_at(fs, w.dir_, w.temp_name_));
+    ZINF_TRY(fs.make_directory_at(w.dir_, w.temp_name_, 0700).with_context("checkpoint"));
     w.committed_ = false;
+    ZINF_ASSIGN_OR_RETURN(w.temp_, fs.open_directory_at(w.dir_, w.temp_name_));
     return w;
 }
 
 CheckpointWriter::~CheckpointWriter() {
-    if (committed_ || temp_path_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(temp_path_, ec);
+    if (committed_ || temp_name_.empty() || fs_ == nullptr) return;
+    (void)io::remove_tree_at(*fs_, dir_, temp_name_);
 }
 
 Status CheckpointWriter::write_file(const std::string& name, std::span<const std::byte> bytes) {
     ZINF_ASSERT(!committed_);
-    ZINF_TRY(write_all(temp_path_ + "/" + name, bytes));
+    ZINF_TRY(write_new_file(*fs_, temp_, name, bytes));
     files_.push_back("file " + name + " " + std::to_string(bytes.size()) + " " +
                      hex(checksum(bytes)));
     return Status::ok();
 }
 
-namespace {
-
-std::shared_ptr<void> new_hash_state() {
-    XXH3_state_t* st = XXH3_createState();
-    ZINF_ASSERT(st != nullptr);
-    XXH3_64bits_reset(st);
-    return std::shared_ptr<void>(st, [](void* p) { XXH3_freeState(static_cast<XXH3_state_t*>(p)); });
-}
-
-}  // namespace
-
 Status CheckpointFile::append(std::span<const std::byte> bytes) {
     ZINF_ASSERT(fd_.valid());
-    std::size_t done = 0;
-    // Bounded: every iteration writes at least one byte or returns an error.
-    while (done < bytes.size()) {
-        const ssize_t n = ::write(fd_.get(), bytes.data() + done, bytes.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return Status::from_errno(errno, "checkpoint: write " + path_);
-        }
-        if (n == 0) return Status::io_error("checkpoint: write " + path_ + " wrote nothing", EIO);
-        done += static_cast<std::size_t>(n);
-    }
+    ZINF_TRY(fs_->write_all(fd_.get(), bytes, path_).with_context("checkpoint"));
     XXH3_64bits_update(static_cast<XXH3_state_t*>(state_.get()), bytes.data(), bytes.size());
     bytes_ += bytes.size();
     return Status::ok();
@@ -129,16 +154,13 @@ Status CheckpointFile::read(std::span<std::byte> bytes) {
         return Status::corruption("checkpoint: " + path_ + ": reading past the " +
                                   std::to_string(expected_bytes_) + " bytes the manifest states");
     }
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-        const ssize_t n = ::read(fd_.get(), bytes.data() + done, bytes.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return Status::from_errno(errno, "checkpoint: read " + path_);
+    Status s = fs_->read_exact(fd_.get(), bytes, path_);
+    if (!s.is_ok()) {
+        if (s.code() == StatusCode::kCorruption) {
+            return Status::corruption("checkpoint: " + path_ +
+                                      " is shorter than its manifest says");
         }
-        if (n == 0)
-            return Status::corruption("checkpoint: " + path_ + " is shorter than its manifest says");
-        done += static_cast<std::size_t>(n);
+        return s.with_context("checkpoint");
     }
     XXH3_64bits_update(static_cast<XXH3_state_t*>(state_.get()), bytes.data(), bytes.size());
     bytes_ += bytes.size();
@@ -148,19 +170,17 @@ Status CheckpointFile::read(std::span<std::byte> bytes) {
 Result<CheckpointFile> CheckpointWriter::begin_file(const std::string& name) {
     ZINF_ASSERT(!committed_);
     CheckpointFile f;
+    f.fs_ = fs_;
     f.name_ = name;
-    f.path_ = temp_path_ + "/" + name;
-    f.fd_ = FileDescriptor(::open(f.path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!f.fd_.valid()) return Status::from_errno(errno, "checkpoint: open " + f.path_);
+    f.path_ = temp_.path_of(name);
+    ZINF_ASSIGN_OR_RETURN(f.fd_, fs_->open_at(temp_, name, O_WRONLY | O_CREAT | O_EXCL, 0600));
     f.state_ = new_hash_state();
     return f;
 }
 
 Status CheckpointWriter::end_file(CheckpointFile& file) {
     ZINF_ASSERT(file.fd_.valid());
-    if (::fsync(file.fd_.get()) != 0) {
-        return Status::from_errno(errno, "checkpoint: fsync " + file.path_);
-    }
+    ZINF_TRY(fs_->sync(file.fd_.get(), /*data_only=*/false, file.path_).with_context("checkpoint"));
     files_.push_back("file " + file.name_ + " " + std::to_string(file.bytes_) + " " +
                      hex(XXH3_64bits_digest(static_cast<XXH3_state_t*>(file.state_.get()))));
     file.fd_ = FileDescriptor();
@@ -172,38 +192,64 @@ Status CheckpointWriter::commit() {
     std::string manifest = "zinfinity-checkpoint 1\n";
     for (const auto& [k, v] : values_) manifest += k + " " + v + "\n";
     for (const auto& f : files_) manifest += f + "\n";
-    ZINF_TRY(write_all(temp_path_ + "/manifest.txt",
-                       std::as_bytes(std::span<const char>(manifest.data(), manifest.size()))));
-    ZINF_TRY(fsync_directory(temp_path_));
-    const std::string final_path = dir_ + "/" + tag_;
-    const std::string old_path = dir_ + "/." + tag_ + ".old." + std::to_string(::getpid());
-    std::error_code ec;
-    const bool replacing = fs::exists(final_path, ec);
-    if (replacing && ::rename(final_path.c_str(), old_path.c_str()) != 0) {
-        return Status::from_errno(errno, "checkpoint: rename " + final_path);
+    ZINF_TRY(write_new_file(*fs_, temp_, kManifestName, bytes_of(manifest)));
+    ZINF_TRY(fs_->sync(temp_.fd(), false, temp_.path()).with_context("checkpoint"));
+    const std::string old_name = "." + tag_ + ".old." + std::to_string(::getpid());
+    struct stat st {};
+    const bool replacing = ::fstatat(dir_.fd(), tag_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (replacing) {
+        ZINF_TRY(io::remove_tree_at(*fs_, dir_, old_name));
+        ZINF_TRY(fs_->rename_at(dir_, tag_, old_name).with_context("checkpoint"));
     }
-    if (::rename(temp_path_.c_str(), final_path.c_str()) != 0) {
-        const int e = errno;
-        if (replacing) (void)::rename(old_path.c_str(), final_path.c_str());
-        return Status::from_errno(e, "checkpoint: rename " + temp_path_ + " to " + final_path);
+    if (Status s = fs_->rename_at(dir_, temp_name_, tag_); !s.is_ok()) {
+        if (replacing) (void)fs_->rename_at(dir_, old_name, tag_);
+        return s.with_context("checkpoint");
     }
     committed_ = true;
-    if (replacing) fs::remove_all(old_path, ec);
-    // <dir>/latest names the newest tag, as DeepSpeed's does; replaced atomically too.
-    const std::string latest_tmp = dir_ + "/.latest.tmp." + std::to_string(::getpid());
-    fs::remove(latest_tmp, ec);
-    ZINF_TRY(write_all(latest_tmp, std::as_bytes(std::span<const char>(tag_.data(), tag_.size()))));
-    if (::rename(latest_tmp.c_str(), (dir_ + "/latest").c_str()) != 0) {
-        return Status::from_errno(errno, "checkpoint: rename " + latest_tmp);
+    if (replacing) (void)io::remove_tree_at(*fs_, dir_, old_name);
+    // <dir>/latest names the newest tag, as DeepSpeed's does; replaced atomically too (rename
+    // replaces a link named `latest` instead of writing through it).
+    const std::string latest_tmp = ".latest.tmp." + std::to_string(::getpid());
+    ZINF_TRY(io::remove_tree_at(*fs_, dir_, latest_tmp));
+    Status pointed = write_new_file(*fs_, dir_, latest_tmp, bytes_of(tag_));
+    if (pointed.is_ok()) pointed = fs_->rename_at(dir_, latest_tmp, kLatestName);
+    if (!pointed.is_ok()) {
+        // The new checkpoint is complete under its tag; `latest` still names the previous one.
+        (void)io::remove_tree_at(*fs_, dir_, latest_tmp);
+        return pointed.with_context("checkpoint");
     }
-    return fsync_directory(dir_);
+    return fs_->sync(dir_.fd(), false, dir_.path()).with_context("checkpoint");
 }
 
-Result<CheckpointReader> CheckpointReader::open(const std::string& dir, const std::string& tag) {
+Result<CheckpointReader> CheckpointReader::open(io::FileSystem& fs, const std::string& dir,
+                                                const std::string& tag) {
+    ZINF_TRY(check_tag(tag, "checkpoint"));
     CheckpointReader r;
+    r.fs_ = &fs;
     r.path_ = dir + "/" + tag;
-    std::ifstream in(r.path_ + "/manifest.txt");
-    if (!in) return Status::not_found("checkpoint: no manifest at " + r.path_ + "/manifest.txt");
+    auto parent = fs.open_directory(dir, /*follow_last=*/true);
+    if (!parent.has_value()) {
+        if (parent.error().code() == StatusCode::kNotFound) {
+            return Status::not_found("checkpoint: no directory " + dir);
+        }
+        return parent.error();
+    }
+    auto tag_dir = fs.open_directory_at(*parent, tag);
+    if (!tag_dir.has_value()) {
+        if (tag_dir.error().code() == StatusCode::kNotFound) {
+            return Status::not_found("checkpoint: no checkpoint " + r.path_);
+        }
+        return tag_dir.error();
+    }
+    r.tag_dir_ = std::move(*tag_dir);
+    auto text = read_small_file(fs, r.tag_dir_, kManifestName, kManifestBytesMax);
+    if (!text.has_value()) {
+        if (text.error().code() == StatusCode::kNotFound) {
+            return Status::not_found("checkpoint: no manifest at " + r.path_ + "/manifest.txt");
+        }
+        return text.error();
+    }
+    std::istringstream in(*text);
     std::string line;
     if (!std::getline(in, line) || line != "zinfinity-checkpoint 1") {
         return Status::corruption("checkpoint: " + r.path_ + "/manifest.txt: bad header");
@@ -262,38 +308,13 @@ Result<double> CheckpointReader::get_double(const std::string& key) const {
 }
 
 Status CheckpointReader::read_file(const std::string& name, std::span<std::byte> out) const {
-    auto it = files_.find(name);
-    if (it == files_.end()) {
-        return Status::corruption("checkpoint " + path_ + ": manifest lists no file '" + name +
-                                  "'");
-    }
-    if (it->second.size_bytes != out.size()) {
-        return Status::corruption("checkpoint " + path_ + "/" + name + ": " +
-                                  std::to_string(it->second.size_bytes) + " bytes, expected " +
-                                  std::to_string(out.size()));
-    }
-    const std::string path = path_ + "/" + name;
-    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) return Status::from_errno(errno, "checkpoint: open " + path);
-    std::size_t done = 0;
-    while (done < out.size()) {
-        const ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return Status::from_errno(errno, "checkpoint: read " + path);
-        }
-        if (n == 0)
-            return Status::corruption("checkpoint: " + path + " is shorter than its manifest says");
-        done += static_cast<std::size_t>(n);
-    }
-    if (checksum(out) != it->second.checksum) {
-        return Status::corruption("checkpoint: " + path + ": checksum mismatch");
-    }
-    return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(CheckpointFile f, open_file(name, out.size()));
+    ZINF_TRY(f.read(out));
+    return end_file(f);
 }
 
 Result<CheckpointFile> CheckpointReader::open_file(const std::string& name,
-                                                  std::uint64_t size_bytes) const {
+                                                   std::uint64_t size_bytes) const {
     auto it = files_.find(name);
     if (it == files_.end()) {
         return Status::corruption("checkpoint " + path_ + ": manifest lists no file '" + name +
@@ -305,10 +326,10 @@ Result<CheckpointFile> CheckpointReader::open_file(const std::string& name,
                                   std::to_string(size_bytes));
     }
     CheckpointFile f;
+    f.fs_ = fs_;
     f.name_ = name;
     f.path_ = path_ + "/" + name;
-    f.fd_ = FileDescriptor(::open(f.path_.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f.fd_.valid()) return Status::from_errno(errno, "checkpoint: open " + f.path_);
+    ZINF_ASSIGN_OR_RETURN(f.fd_, fs_->open_at(tag_dir_, name, O_RDONLY, 0));
     f.expected_bytes_ = size_bytes;
     f.expected_sum_ = it->second.checksum;
     f.state_ = new_hash_state();

@@ -1,7 +1,10 @@
 // The on-disk form of a checkpoint: a directory `<dir>/<tag>` of binary files and a text
 // manifest (`manifest.txt`: one "key value" per line, and one "file <name> <bytes> <xxh3>" per
 // file). The directory is written under a temporary name and renamed into place, so a crash
-// leaves either the previous checkpoint of that tag or the new one, never half of one.
+// leaves either the previous checkpoint of that tag or the new one, never half of one. Every
+// file and directory inside is opened relative to an open directory and never through a
+// symbolic link; the directory written to must be trusted (io::check_trusted_directory), and
+// every call goes through an io::FileSystem, so that faults can be injected into each.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "io/file_system.h"
 #include "src/base/file.h"
 #include "src/base/status.h"
 
@@ -32,6 +36,7 @@ public:
 private:
     friend class CheckpointWriter;
     friend class CheckpointReader;
+    io::FileSystem* fs_ = nullptr;
     FileDescriptor fd_;
     std::string name_;
     std::string path_;
@@ -44,11 +49,24 @@ private:
 // XXH3-64 of `bytes`.
 std::uint64_t checksum(std::span<const std::byte> bytes) noexcept;
 
+// Checks a checkpoint tag: non-empty, at most 255 bytes, no '/', no leading '.', no control
+// characters (a tag names a directory inside the checkpoint directory and nothing else).
+// kInvalidArgument naming the tag and `source`.
+Status check_tag(const std::string& tag, std::string_view source);
+
+// The tag <dir>/latest names, checked with check_tag. kNotFound when there is no such file;
+// a symbolic link there is refused (kInvalidArgument).
+Result<std::string> read_latest_tag(io::FileSystem& fs, const std::string& dir);
+
 class CheckpointWriter {
 public:
-    // Creates `dir` if needed and a fresh temporary directory inside it. Errors: kIo naming the
-    // path (unwritable, missing parent), kInvalidArgument for an empty or path-like tag.
-    static Result<CheckpointWriter> create(const std::string& dir, const std::string& tag);
+    // Creates `dir` if needed, checks that it is trusted (owned by this user or root and not
+    // writable by others without the sticky bit, nor any directory above it) and makes a fresh
+    // temporary directory (0700) inside it. `fs` is borrowed for the writer's life. Errors: kIo
+    // naming the path (unwritable, missing parent), kInvalidArgument for a bad tag (check_tag)
+    // or an untrusted directory (naming it, its owner and mode).
+    static Result<CheckpointWriter> create(io::FileSystem& fs, const std::string& dir,
+                                           const std::string& tag);
     CheckpointWriter(CheckpointWriter&&) noexcept = default;
     CheckpointWriter& operator=(CheckpointWriter&&) noexcept = default;
     // Removes the temporary directory unless commit() succeeded.
@@ -66,9 +84,11 @@ public:
 
 private:
     CheckpointWriter() = default;
-    std::string dir_;
+    io::FileSystem* fs_ = nullptr;
+    io::Directory dir_;   // the checkpoint directory
+    io::Directory temp_;  // <dir>/.<tag>.tmp.<pid>, renamed to <dir>/<tag> by commit()
     std::string tag_;
-    std::string temp_path_;
+    std::string temp_name_;
     std::map<std::string, std::string> values_;
     std::vector<std::string> files_;  // "file <name> <bytes> <checksum>" lines
     bool committed_ = true;           // nothing to clean up until create() succeeds
@@ -76,9 +96,11 @@ private:
 
 class CheckpointReader {
 public:
-    // Reads <dir>/<tag>/manifest.txt. Errors: kNotFound (no such checkpoint), kCorruption (bad
-    // manifest).
-    static Result<CheckpointReader> open(const std::string& dir, const std::string& tag);
+    // Reads <dir>/<tag>/manifest.txt (`fs` borrowed for the reader's life). Errors: kNotFound
+    // (no such checkpoint), kCorruption (bad manifest), kInvalidArgument (a bad tag, or a
+    // symbolic link where the tag's directory or one of its files should be).
+    static Result<CheckpointReader> open(io::FileSystem& fs, const std::string& dir,
+                                         const std::string& tag);
     const std::string& path() const noexcept { return path_; }
     // The value of `key`; kCorruption naming the key when absent.
     Result<std::string> get(const std::string& key) const;
@@ -99,6 +121,8 @@ private:
         std::uint64_t size_bytes = 0;
         std::uint64_t checksum = 0;
     };
+    io::FileSystem* fs_ = nullptr;
+    io::Directory tag_dir_;
     std::string path_;
     std::map<std::string, std::string> values_;
     std::map<std::string, FileEntry> files_;

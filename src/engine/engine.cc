@@ -772,7 +772,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     ZINF_TRY(device_.synchronize(stream()));
     const auto& d = coordinator_->domain();
-    ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(dir, tag));
+    ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(io::posix_file_system(), dir, tag));
     ZINF_TRY(save_states(w));
     const auto& part = coordinator_->partitioning();
     w.set("step", std::to_string(global_steps_));
@@ -805,7 +805,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
-    ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(dir, tag));
+    ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(io::posix_file_system(), dir, tag));
     const auto& d = coordinator_->domain();
     const auto& part = coordinator_->partitioning();
     auto expect = [&](const char* key, const std::string& want) -> Status {

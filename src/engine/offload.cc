@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/file_system.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -30,6 +31,10 @@ Status check_paths(const std::vector<std::string>& paths, const std::string& key
         std::filesystem::create_directories(p, ec);  // failures surface in the check below
         const Status s = check_writable_directory(p);
         if (!s.is_ok()) return Status(s.code(), key + ": " + s.message());
+        // Refused here, naming the key, before anything is allocated; RunDir checks again.
+        auto dir = io::posix_file_system().open_directory(p, /*follow_last=*/true);
+        if (!dir.has_value()) return dir.error().with_context(key);
+        ZINF_TRY(io::check_trusted_directory(*dir, key));
     }
     return Status::ok();
 }

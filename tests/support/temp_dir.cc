@@ -2,11 +2,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <stdexcept>
 
+#include "io/file_system.h"
 #include "tests/support/test_seed.h"
 
 namespace zinf::test {
@@ -20,10 +22,32 @@ std::uint64_t seed() {
     return value;
 }
 
+namespace {
+
+// The root for temporary directories: ZINF_TEST_TMPDIR when swap and checkpoint directories may
+// live there (io::check_trusted_directory: a checkout owned by another user would make every
+// swap test fail for the wrong reason), else /tmp, saying so once.
+std::filesystem::path temp_root() {
+    static const std::filesystem::path root = [] {
+        const char* base = std::getenv("ZINF_TEST_TMPDIR");
+        if (base == nullptr) return std::filesystem::path("/tmp");
+        std::filesystem::create_directories(base);
+        auto dir = io::posix_file_system().open_directory(base, true);
+        const Status trusted = dir.has_value()
+                                   ? io::check_trusted_directory(*dir, "ZINF_TEST_TMPDIR")
+                                   : dir.error();
+        if (trusted.is_ok()) return std::filesystem::path(base);
+        std::fprintf(stderr, "[zinf test] ZINF_TEST_TMPDIR unusable for swap files (%s); using /tmp\n",
+                     trusted.to_string().c_str());
+        return std::filesystem::path("/tmp");
+    }();
+    return root;
+}
+
+}  // namespace
+
 TempDir::TempDir(const std::string& tag) {
-    const char* base = std::getenv("ZINF_TEST_TMPDIR");
-    std::filesystem::path root = base != nullptr ? base : "/tmp";
-    std::filesystem::create_directories(root);
+    const std::filesystem::path root = temp_root();
     std::string templ = (root / ("zinf-" + tag + "-XXXXXX")).string();
     if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + templ);
     path_ = templ;

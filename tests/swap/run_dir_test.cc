@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "swap/swap_store.h"
 #include "tests/support/test_seed.h"
@@ -31,7 +32,7 @@ TEST(RunDir, CreatesLocksAndRemoves) {
     zinf::test::TempDir tmp("rundir");
     std::string run_path;
     {
-        auto dir = RunDir::create(std::vector<std::string>{tmp.path()});
+        auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()});
         ASSERT_TRUE(dir.has_value()) << dir.status().to_string();
         ASSERT_EQ(dir->run_paths().size(), 1u);
         run_path = dir->run_paths()[0];
@@ -48,9 +49,9 @@ TEST(RunDir, CreatesLocksAndRemoves) {
 
 TEST(RunDir, SecondRunInThisProcessIsRefused) {
     zinf::test::TempDir tmp("rundir");
-    auto first = RunDir::create(std::vector<std::string>{tmp.path()});
+    auto first = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()});
     ASSERT_TRUE(first.has_value());
-    auto second = RunDir::create(std::vector<std::string>{tmp.path()});
+    auto second = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()});
     ASSERT_FALSE(second.has_value());
     EXPECT_EQ(second.error().code(), StatusCode::kBusy);
     EXPECT_NE(second.error().message().find(tmp.path()), std::string::npos);
@@ -60,13 +61,13 @@ TEST(RunDir, SecondRunInThisProcessIsRefused) {
 
 TEST(RunDir, PathGivenTwiceIsRejected) {
     zinf::test::TempDir tmp("rundir");
-    auto dir = RunDir::create(std::vector<std::string>{tmp.path(), tmp.path() + "/."});
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path(), tmp.path() + "/."});
     ASSERT_FALSE(dir.has_value());
     EXPECT_EQ(dir.error().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(RunDir, MissingDirectoryIsAnError) {
-    auto dir = RunDir::create(std::vector<std::string>{"/nonexistent/zinf-swap"});
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{"/nonexistent/zinf-swap"});
     ASSERT_FALSE(dir.has_value());
     EXPECT_NE(dir.error().message().find("/nonexistent/zinf-swap"), std::string::npos);
 }
@@ -116,6 +117,179 @@ TEST(RunDir, AfterKill9ANewRunStartsCleanAndTrustsNothing) {
     EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.to_string();
     store->reset();
     EXPECT_TRUE(run_dirs_in(tmp.path()).empty());  // removed at exit
+}
+
+// ---- the swap directory cannot be turned against its user ------------------------------------
+
+// Another user's uid for chown (nobody); the tests that need it run as root and skip otherwise.
+constexpr uid_t kOtherUid = 65534;
+
+std::string read_text(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// A directory `name` in `parent` with `mode` (chmod after mkdir: the umask does not apply).
+std::string make_dir(const std::string& parent, const std::string& name, mode_t mode) {
+    const std::string path = parent + "/" + name;
+    EXPECT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
+    EXPECT_EQ(::chmod(path.c_str(), mode), 0) << path;
+    return path;
+}
+
+// A file outside the swap directory that an attacker would like the run to overwrite.
+struct Victim {
+    explicit Victim(const std::string& dir) : path(dir + "/victim") {
+        std::ofstream(path) << "precious\n";
+    }
+    bool untouched() const { return read_text(path) == "precious\n"; }
+    std::string path;
+};
+
+TEST(RunDirSecurity, PlantedLockSymlinkInAStickyDirectoryIsRefusedAndItsTargetUntouched) {
+    zinf::test::TempDir tmp("sec");
+    Victim victim(tmp.path());
+    const std::string base = make_dir(tmp.path(), "shared", 01777);  // like /tmp
+    ASSERT_EQ(::symlink(victim.path.c_str(), (base + "/" + std::string(kLockFileName)).c_str()), 0);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    EXPECT_EQ(dir.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(dir.error().message().find("symbolic link"), std::string::npos) << dir.error().message();
+    EXPECT_NE(dir.error().message().find(std::string(kLockFileName)), std::string::npos);
+    EXPECT_TRUE(victim.untouched());
+    EXPECT_TRUE(run_dirs_in(base).empty());
+}
+
+TEST(RunDirSecurity, WorldWritableDirectoryIsRefusedNamingItsOwnerAndMode) {
+    zinf::test::TempDir tmp("sec");
+    Victim victim(tmp.path());
+    const std::string base = make_dir(tmp.path(), "open", 0777);
+    const std::string lock = base + "/" + std::string(kLockFileName);
+    ASSERT_EQ(::symlink(victim.path.c_str(), lock.c_str()), 0);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    const std::string& m = dir.error().message();
+    EXPECT_NE(m.find(base), std::string::npos) << m;
+    EXPECT_NE(m.find("mode 0777"), std::string::npos) << m;
+    EXPECT_NE(m.find("every user"), std::string::npos) << m;
+    EXPECT_TRUE(victim.untouched());
+    EXPECT_TRUE(run_dirs_in(base).empty());  // nothing written inside either
+}
+
+TEST(RunDirSecurity, GroupWritableDirectoryIsRefused) {
+    zinf::test::TempDir tmp("sec");
+    const std::string base = make_dir(tmp.path(), "group", 0770);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    EXPECT_NE(dir.error().message().find("its group"), std::string::npos) << dir.error().message();
+    EXPECT_FALSE(fs::exists(base + "/" + std::string(kLockFileName)));
+}
+
+TEST(RunDirSecurity, ForeignOwnedDirectoryIsRefusedNamingItsOwner) {
+    if (!zinf::test::is_root()) GTEST_SKIP() << "needs root to give a directory to another user";
+    zinf::test::TempDir tmp("sec");
+    const std::string base = make_dir(tmp.path(), "theirs", 0755);
+    ASSERT_EQ(::chown(base.c_str(), kOtherUid, kOtherUid), 0);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    const std::string& m = dir.error().message();
+    EXPECT_NE(m.find(base), std::string::npos) << m;
+    EXPECT_NE(m.find("uid 65534"), std::string::npos) << m;
+    EXPECT_NE(m.find("mode 0755"), std::string::npos) << m;
+    EXPECT_FALSE(fs::exists(base + "/" + std::string(kLockFileName)));
+    EXPECT_TRUE(run_dirs_in(base).empty());
+}
+
+TEST(RunDirSecurity, DirectoryInsideAWorldWritableOneIsRefused) {
+    zinf::test::TempDir tmp("sec");
+    const std::string open = make_dir(tmp.path(), "open", 0777);
+    const std::string base = make_dir(open, "swap", 0700);  // ours, but its parent is not safe
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    const std::string& m = dir.error().message();
+    EXPECT_NE(m.find("lies in"), std::string::npos) << m;
+    EXPECT_NE(m.find(open), std::string::npos) << m;
+    EXPECT_FALSE(fs::exists(base + "/" + std::string(kLockFileName)));
+}
+
+TEST(RunDirSecurity, LockFileOfAnotherUserInAStickyDirectoryIsRefusedUntouched) {
+    if (!zinf::test::is_root()) GTEST_SKIP() << "needs root to give a file to another user";
+    zinf::test::TempDir tmp("sec");
+    const std::string base = make_dir(tmp.path(), "shared", 01777);
+    const std::string lock = base + "/" + std::string(kLockFileName);
+    std::ofstream(lock) << "theirs\n";
+    ASSERT_EQ(::chown(lock.c_str(), kOtherUid, kOtherUid), 0);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    EXPECT_NE(dir.error().message().find("uid 65534"), std::string::npos) << dir.error().message();
+    EXPECT_EQ(read_text(lock), "theirs\n");
+    EXPECT_TRUE(run_dirs_in(base).empty());
+}
+
+TEST(RunDirSecurity, HardLinkedLockFileIsRefusedAndTheLinkedFileUntouched) {
+    zinf::test::TempDir tmp("sec");
+    Victim victim(tmp.path());
+    const std::string base = make_dir(tmp.path(), "shared", 01777);
+    ASSERT_EQ(::link(victim.path.c_str(), (base + "/" + std::string(kLockFileName)).c_str()), 0);
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ASSERT_FALSE(dir.has_value());
+    EXPECT_NE(dir.error().message().find("2 link"), std::string::npos) << dir.error().message();
+    EXPECT_TRUE(victim.untouched());
+}
+
+TEST(RunDirSecurity, StickySharedDirectoryWorksAndRunDirectoryIsPrivate) {
+    zinf::test::TempDir tmp("sec");
+    const std::string base = make_dir(tmp.path(), "shared", 01777);
+    const mode_t old_umask = ::umask(0);  // the run directory is 0700 whatever the umask
+    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+    ::umask(old_umask);
+    ASSERT_TRUE(dir.has_value()) << dir.status().to_string();
+    struct stat st {};
+    ASSERT_EQ(::stat(dir->run_paths()[0].c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0700u);
+    EXPECT_EQ(st.st_uid, ::geteuid());
+    ASSERT_EQ(::stat((base + "/" + std::string(kLockFileName)).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+TEST(RunDirSecurity, PlantedStaleLookalikeIsLeftAloneAndItsTargetKept) {
+    zinf::test::TempDir tmp("sec");
+    const std::string outside = make_dir(tmp.path(), "outside", 0700);
+    std::ofstream(outside + "/keep") << "keep\n";
+    const std::string base = make_dir(tmp.path(), "shared", 01777);
+    const std::string planted = base + "/" + std::string(kRunDirPrefix) + "1-1";
+    ASSERT_EQ(::symlink(outside.c_str(), planted.c_str()), 0);
+    {
+        auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
+        ASSERT_TRUE(dir.has_value()) << dir.status().to_string();
+    }
+    EXPECT_EQ(read_text(outside + "/keep"), "keep\n");
+    struct stat st {};
+    EXPECT_EQ(::lstat(planted.c_str(), &st), 0);  // not ours: not removed either
+}
+
+TEST(RunDirSecurity, SwapFilesArePrivateAndRunPathsHaveNoLinks) {
+    zinf::test::TempDir tmp("sec");
+    const std::string real = make_dir(tmp.path(), "real", 0700);
+    const std::string link = tmp.path() + "/link";
+    ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);  // a link of our own: allowed
+    auto engine = test::make_file_engine();
+    SwapStoreOptions options;
+    options.paths = {link};
+    auto store = SwapStore::create(*engine, options);
+    ASSERT_TRUE(store.has_value()) << store.status().to_string();
+    ASSERT_TRUE((*store)->reserve(1, 1 << 16).is_ok());
+    ASSERT_TRUE((*store)->commit().is_ok());
+    const auto dirs = run_dirs_in(real);
+    ASSERT_EQ(dirs.size(), 1u);
+    for (const auto& e : fs::directory_iterator(dirs[0])) {
+        struct stat st {};
+        ASSERT_EQ(::lstat(e.path().c_str(), &st), 0);
+        EXPECT_TRUE(S_ISREG(st.st_mode)) << e.path();
+        EXPECT_EQ(st.st_mode & 07777, 0600u) << e.path();
+    }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // every step with and without optimizer offload; a run resumed from a checkpoint continues
 // bitwise; bad configs fail with the key named; --help works.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -182,6 +183,32 @@ TEST(TrainCliTest, ProgressLineOnlyWhereAsked) {
     const RunResult piped = train(dir, long_run);
     ASSERT_EQ(piped.exit_code, 0) << piped.out;
     EXPECT_EQ(piped.out.find('\r'), std::string::npos) << piped.out.substr(0, 400);
+}
+
+// A save or swap directory another user could write into is refused before any training, with
+// the flag or key, the directory and its mode named; nothing is written into it.
+TEST(TrainCliTest, UntrustedSaveAndSwapDirectoriesAreRefusedBeforeTraining) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const std::string open = dir.file("open");
+    ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+    RunResult r = train(dir, "--config " + config + " --max-steps 2 --save-dir " + open);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--save-dir"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(open + " (owner"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("mode 0777"), std::string::npos) << r.out;
+    EXPECT_TRUE(std::filesystem::is_empty(open));
+    r = train(dir, "--config " + config +
+                       " --max-steps 2 --set zero_optimization.stage=3"
+                       " --set zero_optimization.offload_optimizer.device=nvme"
+                       " --set zero_optimization.offload_optimizer.nvme_path=" + open);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("mode 0777"), std::string::npos) << r.out;
+    EXPECT_TRUE(std::filesystem::is_empty(open));
 }
 
 TEST(TrainCliTest, BadConfigNamesTheKey) {

@@ -15,12 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "io/file_system.h"
 #include "src/base/config.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
+#include "src/engine/checkpoint_files.h"
 #include "src/engine/stack.h"
 #ifdef ZINF_TRAIN_HAVE_CUDA
 #include "src/engine/cuda_stack.h"
@@ -248,6 +250,12 @@ int run(int argc, char** argv) {
         std::filesystem::create_directories(save_dir, ec);
         if (Status s = zinf::check_writable_directory(save_dir); !s.is_ok())
             return fail("--save-dir", s);
+        // Refused before training, not at the first save: another user must not be able to
+        // replace the checkpoints (io::check_trusted_directory).
+        auto opened = zinf::io::posix_file_system().open_directory(save_dir, true);
+        if (!opened.has_value()) return fail("--save-dir", opened.error());
+        if (Status s = zinf::io::check_trusted_directory(*opened, "--save-dir"); !s.is_ok())
+            return fail("--save-dir", s);
     }
 
     // Data first: a missing dataset fails before gigabytes are allocated.
@@ -265,16 +273,20 @@ int run(int argc, char** argv) {
     }
     if (args.given("resume")) {
         std::string dir = args.get("resume"), tag;
-        std::ifstream latest(dir + "/latest");
-        if (latest && (latest >> tag)) {
+        auto latest = zinf::engine::read_latest_tag(zinf::io::posix_file_system(), dir);
+        if (latest.has_value()) {
+            tag = *latest;
+        } else if (latest.error().code() != zinf::StatusCode::kNotFound) {
+            return fail("--resume", latest.error());
         } else {
+            while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
             const auto slash = dir.find_last_of('/');
             if (slash == std::string::npos) {
                 return fail("--resume", Status::invalid_argument(
                                             "expected DIR/TAG or DIR with a 'latest' file"));
             }
             tag = dir.substr(slash + 1);
-            dir = dir.substr(0, slash);
+            dir = slash == 0 ? std::string("/") : dir.substr(0, slash);
         }
         if (Status s = engine.load_checkpoint(dir, tag); !s.is_ok()) return fail("--resume", s);
         std::printf("resumed from %s/%s at step %" PRIu64 "\n", dir.c_str(), tag.c_str(),
