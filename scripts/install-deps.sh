@@ -8,6 +8,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   liburing-dev libaio-dev libtbb-dev libhwloc-dev libxxhash-dev zlib1g-dev libopenblas-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # libpng: the captioned prediction grid of zinfinity-train --predict.
+  libpng-dev
   fio util-linux procps
   dataset-fashion-mnist
   # MPI: the NCCL bootstrap for several ranks (zero/nccl_mpi_bootstrap) and, later, CPU ranks.
