@@ -127,7 +127,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
     ZINF_ASSERT(is_aligned(memory->base, kPageBytes));
     // Touch every page now so that no page fault lands on the hot path (mlock would too).
     std::memset(memory->base, 0, total);
-    if (::mlock(memory->base, total) == 0) {
+    if (!options.lock) {
+        // Pageable by request.
+    } else if (::mlock(memory->base, total) == 0) {
         memory->locked = true;
     } else {
         const int err = errno;

@@ -36,6 +36,8 @@ struct PinnedPoolOptions {
     // mlock failing (RLIMIT_MEMLOCK for non-root users) is an error unless this is set, in which
     // case the pool logs a warning and works unlocked (slower copies to a GPU, same results).
     bool allow_unlocked = false;
+    // false: no mlock at all, a pageable region (offload_param with pin_memory false).
+    bool lock = true;
 
     // `offload_param`: buffer_count buffers of buffer_size elements of `element_size_bytes`.
     static PinnedPoolOptions from_config(const config::OffloadParamConfig& config,

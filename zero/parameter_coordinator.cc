@@ -488,6 +488,19 @@ Status ParameterCoordinator::publish_parameters(StreamId stream) {
     return drop_gathered(stream);
 }
 
+void ParameterCoordinator::begin_iteration() {
+    if (options_.offloaded_parameters != nullptr) options_.offloaded_parameters->begin_iteration();
+}
+
+void ParameterCoordinator::end_iteration() {
+    if (options_.offloaded_parameters != nullptr) options_.offloaded_parameters->end_iteration();
+}
+
+Status ParameterCoordinator::end_evaluation(StreamId stream) {
+    if (options_.offloaded_parameters == nullptr) return Status::ok();
+    return drop_gathered(stream);
+}
+
 Status ParameterCoordinator::drop_gathered(StreamId stream) {
     if (!plan_.parameters_partitioned) return Status::ok();
     ZINF_TRY(device_.synchronize(stream));

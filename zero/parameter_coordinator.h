@@ -113,9 +113,17 @@ public:
     bool parameters_offloaded() const noexcept { return options_.offloaded_parameters != nullptr; }
     bool gradients_on_host() const noexcept { return options_.host_gradients; }
     // Stage 3: frees every gathered copy (persistent ones included), so that the next window
-    // fetches every parameter in its usual order (the engine calls it after an evaluation).
-    // Precondition: nothing fetched.
+    // fetches every parameter in its usual order. Precondition: nothing fetched.
     Status drop_gathered(StreamId stream);
+    // One access-order iteration of the offloaded partitions (forward and backward of an
+    // accumulation window): forwarded to the PartitionStorage, which records and replays the
+    // order (offload_param nvme); nothing without offloaded parameters.
+    void begin_iteration();
+    void end_iteration();
+    // After evaluation forwards, outside iterations: with offloaded parameters, drops the
+    // gathered copies, since persistent parameters gathered here would shorten the next
+    // window's fetch sequence, which the storage would take for a change of access order.
+    Status end_evaluation(StreamId stream);
     // Where parameter `index`'s slice sits in the domain (offset, numel of real elements).
     std::size_t domain_offset_numel(std::size_t index) const;
     std::size_t domain_valid_numel(std::size_t index) const;

@@ -596,6 +596,24 @@ Status apply_override(Json& root, const std::string& assignment) {
     }
 }
 
+// What may combine with what, checked once here for every layer below: the engine's plan trusts
+// it. (offload_param needs stage 3 and offload_optimizer stage 1-3: read_zero.)
+Status check_placement(const EngineConfig& c) {
+    const auto& zc = c.zero;
+    if (c.device.type != "cpu" && zc.offload_optimizer.device == OffloadDevice::kNone) {
+        return Status::not_supported(str_cat(
+            "zero_optimization.offload_optimizer.device: \"none\" on device.type \"",
+            c.device.type, "\" needs a device optimizer, not implemented yet; use \"cpu\" or "
+            "\"nvme\""));
+    }
+    if (c.device.type != "cpu" && zc.offload_param.device == OffloadDevice::kCpu) {
+        return Status::not_supported(str_cat(
+            "zero_optimization.offload_param.device: \"cpu\" is implemented for device.type "
+            "\"cpu\" only, got \"", c.device.type, "\"; use \"nvme\" or \"none\""));
+    }
+    return Status::ok();
+}
+
 Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) {
     if (!root.is_object()) {
         return Status::invalid_argument(str_cat("expected a JSON object at top level, got ", type_name(root)));
@@ -671,7 +689,8 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
         ZINF_TRY(s.get_int(std::string_view("threads"), c.cpu_optimizer.threads, 0, 4096));
         ZINF_TRY(s.finish());
     }
-    return r.finish();
+    ZINF_TRY(r.finish());
+    return check_placement(c);
 }
 
 Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,

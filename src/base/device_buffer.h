@@ -8,7 +8,7 @@
 #include "src/base/device.h"
 #include "src/base/status.h"
 
-namespace zinf::model {
+namespace zinf {
 
 class DeviceBuffer {
 public:
@@ -61,4 +61,4 @@ private:
     std::size_t size_bytes_ = 0;
 };
 
-}  // namespace zinf::model
+}  // namespace zinf

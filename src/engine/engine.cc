@@ -31,13 +31,6 @@ kernels::Dtype kernel_dtype(DType dtype) noexcept {
     return kernels::Dtype::kFp32;
 }
 
-bool uses_exp_avg(kernels::OptimizerKind kind) noexcept {
-    return kind != kernels::OptimizerKind::kAdagrad;
-}
-bool uses_exp_avg_sq(kernels::OptimizerKind kind) noexcept {
-    return kind != kernels::OptimizerKind::kLion;
-}
-
 std::string mib(std::size_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -82,38 +75,6 @@ private:
     const model::ParameterRegistry& registry_;
 };
 
-// The NVMe optimizer's gradient source: the domain's gradients (host-readable on the CPU device),
-// and the new parameters handed to the coordinator after each sub-group.
-class Engine::SwapGradients final : public swap::GradientSource {
-public:
-    SwapGradients(Engine& e, const std::byte* grads) : e_(e), grads_(grads) {}
-    Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset,
-                                        std::uint64_t numel) override {
-        const auto& d = e_.coordinator_->domain();
-        return kernels::GradView{grads_ + offset * dtype_size_bytes(d.dtype),
-                                 static_cast<std::size_t>(numel), kernel_dtype(d.dtype)};
-    }
-    kernels::ParamCopy param_copy(std::size_t, std::uint64_t, std::uint64_t numel) override {
-        const auto& d = e_.coordinator_->domain();
-        if (d.dtype == DType::kFloat32) return kernels::ParamCopy::none();
-        return kernels::ParamCopy{reinterpret_cast<std::uint16_t*>(e_.host_params_.data()),
-                                  static_cast<std::size_t>(numel), kernel_dtype(d.dtype)};
-    }
-    Status updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
-        const auto& d = e_.coordinator_->domain();
-        std::span<const std::byte> bytes =
-            d.dtype == DType::kFloat32
-                ? std::as_bytes(params)
-                : std::span<const std::byte>(e_.host_params_.data(),
-                                             params.size() * dtype_size_bytes(d.dtype));
-        return e_.coordinator_->write_domain_parameters(offset, bytes, e_.stream());
-    }
-
-private:
-    Engine& e_;
-    const std::byte* grads_;
-};
-
 namespace {
 
 class FnParamSource final : public swap::ParamSource {
@@ -129,125 +90,107 @@ private:
     std::function<void(std::uint64_t, std::span<float>)> fn_;
 };
 
-}  // namespace
-
-std::byte* Engine::StateBuffer::data() const noexcept {
-    if (device != nullptr) return static_cast<std::byte*>(device);
-    return const_cast<std::byte*>(host.data());
+// The optimizer kernel the plan names (ZINF_CPU_ISA overrides cpu_optimizer.isa), logged.
+Result<kernels::OptimizerKernel> make_kernel(const engine::OffloadPlan& plan) {
+    ZINF_ASSIGN_OR_RETURN(const kernels::Isa isa, kernels::resolve_isa(plan.cpu_isa));
+    ZINF_ASSIGN_OR_RETURN(auto kernel, kernels::OptimizerKernel::create(isa, plan.cpu_threads));
+    log::info("cpu optimizer: ", kernels::isa_name(isa), " variant, ", kernel.threads(),
+              " threads (cpu_optimizer.isa=", plan.cpu_isa,
+              ", detected: ", kernels::cpu_features().to_string(), ")");
+    return kernel;
 }
 
-Engine::Engine(const config::EngineConfig& config, model::Mlp& model, Device& device,
-               Compute& compute, zero::Communicator& communicator, kernels::OptimizerKernel kernel)
+}  // namespace
+
+Engine::Engine(const config::EngineConfig& config, engine::OffloadPlan plan, model::Model& model,
+               Device& device, Compute& compute, zero::Communicator& communicator,
+               kernels::OptimizerKernel kernel, const EngineOptions& options)
     : config_(config),
+      plan_(std::move(plan)),
       model_(model),
       device_(device),
       compute_(compute),
       communicator_(communicator),
       kernel_(std::move(kernel)),
-      optimizer_params_(kernels::OptimizerParams::from_config(config.optimizer)),
+      options_(options),
       scaler_(config.fp16) {}
 
 Engine::~Engine() {
     // Nothing may still run on the stream when buffers go.
     (void)device_.synchronize(stream());
-    device_.free(inputs_device_);
-    device_.free(labels_device_);
-    device_.free(correct_device_);
-    for (auto* b : {&master_, &exp_avg_, &exp_avg_sq_, &host_grads_, &host_params_}) {
-        if (b->device != nullptr) device_.free(b->device);
-    }
+}
+
+io::FileSystem& Engine::file_system() const noexcept {
+    return options_.file_system != nullptr ? *options_.file_system : io::posix_file_system();
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& config,
-                                               model::Mlp& model, Device& device, Compute& compute,
-                                               zero::Communicator& communicator) {
-    const auto& zc = config.zero;
-    // Checks first, before anything is allocated (Offload::create checks its keys likewise).
-    if (device.kind() != DeviceKind::kCpu &&
-        zc.offload_optimizer.device == config::OffloadDevice::kNone) {
-        return Status::not_supported(
-            "zero_optimization.offload_optimizer.device: \"none\" on a GPU needs a device "
-            "optimizer, not implemented yet; use \"cpu\"");
+                                               model::Model& model, Device& device,
+                                               Compute& compute, zero::Communicator& communicator,
+                                               const EngineOptions& options) {
+    // Checks first, before anything is allocated (placement was checked by config::load).
+    if (model.batch_rows_max() < config.batch.train_micro_batch_size_per_gpu) {
+        return Status::invalid_argument(str_cat(
+            "train_micro_batch_size_per_gpu: ", config.batch.train_micro_batch_size_per_gpu,
+            " exceeds the model's batch_rows_max ", model.batch_rows_max()));
     }
-    if (model.config().batch_rows_max < config.batch.train_micro_batch_size_per_gpu) {
-        return Status::invalid_argument(
-            "train_micro_batch_size_per_gpu: " +
-            std::to_string(config.batch.train_micro_batch_size_per_gpu) +
-            " exceeds the model's batch_rows_max " + std::to_string(model.config().batch_rows_max));
-    }
-    ZINF_ASSIGN_OR_RETURN(auto kernel, kernels::OptimizerKernel::create(config.cpu_optimizer));
-    std::unique_ptr<Engine> e(
-        new Engine(config, model, device, compute, communicator, std::move(kernel)));
-    ZINF_TRY(kernels::validate(e->optimizer_params_));
-
-    zero::CoordinatorOptions co;
-    co.stage = zc.stage;
-    co.dtype = config.bf16.enabled   ? DType::kBFloat16
-               : config.fp16.enabled ? DType::kFloat16
-                                     : DType::kFloat32;
-    co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
-    co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
-    std::vector<std::size_t> numels;
-    for (const auto& info : model.parameters().all()) numels.push_back(info.numel);
-    const bool offloading = zc.offload_param.device != config::OffloadDevice::kNone ||
-                            zc.offload_optimizer.device == config::OffloadDevice::kNvme;
-    if (offloading) {
-        ZINF_ASSIGN_OR_RETURN(auto part, zero::Partitioning::create(
-                                             numels, communicator.world_size(), communicator.rank()));
-        const auto plan = zero::StagePlan::for_stage(zc.stage);
-        const std::size_t domain_numel =
-            plan.optimizer_partitioned ? part.partition_numel() : part.full_numel();
-        ZINF_ASSIGN_OR_RETURN(e->offload_, engine::Offload::create(config, part, co.dtype,
-                                                                   domain_numel, e->kernel_,
-                                                                   device));
-        co.offloaded_parameters = e->offload_->parameters();
-        co.host_gradients = plan.optimizer_partitioned && device.kind() == DeviceKind::kCpu &&
-                            (zc.offload_param.device != config::OffloadDevice::kNone ||
-                             zc.offload_optimizer.device == config::OffloadDevice::kNvme);
-    }
-    ZINF_ASSIGN_OR_RETURN(e->coordinator_, zero::ParameterCoordinator::create(
-                                               numels, co, device, compute, communicator));
-    e->adapter_ = std::make_unique<Adapter>(*e->coordinator_, model.parameters());
-    const auto& registry = model.parameters();
-    const std::uint64_t seed = config.seed;
-    ZINF_TRY(e->coordinator_->initialize(
-        [&](std::size_t index, std::size_t offset, std::span<float> out) {
-            model::initial_values(registry.info(static_cast<model::ParamId>(index)), seed, offset,
-                                  out);
-        },
-        e->stream()));
-    e->host_states_ = zc.offload_optimizer.device == config::OffloadDevice::kCpu;
-    e->nvme_states_ = zc.offload_optimizer.device == config::OffloadDevice::kNvme;
-    // The CPU optimizer reads gradients in host memory: a GPU's are copied there for the step.
-    e->host_gradient_copy_ =
-        e->host_states_ || (e->nvme_states_ && device.kind() != DeviceKind::kCpu);
-    ZINF_TRY(e->init_states());
-
-    const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
-    e->batch_rows_max_ = rows;
-    ZINF_ASSIGN_OR_RETURN(e->inputs_device_,
-                          device.allocate(rows * model.in_features() * sizeof(float)));
-    ZINF_ASSIGN_OR_RETURN(e->labels_device_, device.allocate(rows * sizeof(std::int32_t)));
-    ZINF_ASSIGN_OR_RETURN(e->correct_device_, device.allocate(sizeof(std::uint64_t)));
+    ZINF_TRY(engine::check_swap_directories(config));
+    engine::PlanInputs in;
+    for (const auto& info : model.parameters().all()) in.parameter_numels.push_back(info.numel);
+    in.world_size = communicator.world_size();
+    in.rank = communicator.rank();
+    in.device_kind = device.kind();
+    in.device_budget_bytes = device.budget_bytes();
+    ZINF_ASSIGN_OR_RETURN(engine::OffloadPlan plan, engine::make_offload_plan(config, in));
+    plan.io.file_system = options.file_system;
+    plan.io.faults = options.io_faults;
+    ZINF_TRY(kernels::validate(plan.optimizer));
+    ZINF_ASSIGN_OR_RETURN(auto kernel, make_kernel(plan));
+    ZINF_ASSIGN_OR_RETURN(auto part, zero::Partitioning::create(in.parameter_numels,
+                                                                in.world_size, in.rank));
+    std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
+                                         communicator, std::move(kernel), options));
+    ZINF_TRY(e->build(part));
     e->build_summary();
     // zinfinity-train prints the summary itself; an embedding program may call summary().
     log::debug(e->summary_);
     return e;
 }
 
-Status Engine::allocate_state(StateBuffer& buffer, std::size_t size_bytes, const char* what) {
-    buffer.size_bytes = size_bytes;
-    if (host_states_) {
-        auto b = AlignedBuffer::allocate(std::max<std::size_t>(size_bytes, 64));
-        if (!b.has_value()) return b.error().with_context(std::string("host ") + what);
-        buffer.host = std::move(*b);
-        std::memset(buffer.host.data(), 0, buffer.host.size());
-        return Status::ok();
+// Wires what the plan describes: the offload (host and NVMe homes), the coordinator with the
+// model's initial parameters, the optimizer's I/O and state store, the batch staging.
+Status Engine::build(const zero::Partitioning& part) {
+    zero::CoordinatorOptions co = plan_.coordinator;
+    if (plan_.parameters_offloaded() || plan_.needs_io) {
+        ZINF_ASSIGN_OR_RETURN(offload_, engine::Offload::create(plan_, part, kernel_, device_));
+        co.offloaded_parameters = offload_->parameters();
     }
-    auto p = device_.allocate(std::max<std::size_t>(size_bytes, 64));
-    if (!p.has_value()) return p.error().with_context(std::string("device ") + what);
-    buffer.device = *p;
-    return device_.fill_zero(buffer.device, size_bytes, stream());
+    std::vector<std::size_t> numels;
+    for (const auto& info : model_.parameters().all()) numels.push_back(info.numel);
+    ZINF_ASSIGN_OR_RETURN(coordinator_, zero::ParameterCoordinator::create(
+                                            numels, co, device_, compute_, communicator_));
+    adapter_ = std::make_unique<Adapter>(*coordinator_, model_.parameters());
+    const auto& registry = model_.parameters();
+    const std::uint64_t seed = config_.seed;
+    ZINF_TRY(coordinator_->initialize(
+        [&](std::size_t index, std::size_t offset, std::span<float> out) {
+            model::initial_values(registry.info(static_cast<model::ParamId>(index)), seed, offset,
+                                  out);
+        },
+        stream()));
+    ZINF_TRY(init_states());
+
+    const std::size_t rows = config_.batch.train_micro_batch_size_per_gpu;
+    const model::BatchShape shape = model_.batch_shape();
+    batch_rows_max_ = rows;
+    ZINF_ASSIGN_OR_RETURN(inputs_device_, DeviceBuffer::allocate(device_, rows * shape.input_numel * 4,
+                                                                 "batch inputs"));
+    ZINF_ASSIGN_OR_RETURN(labels_device_,
+                          DeviceBuffer::allocate(device_, rows * shape.label_numel * 4,
+                                                 "batch labels"));
+    ZINF_ASSIGN_OR_RETURN(correct_device_,
+                          DeviceBuffer::allocate(device_, sizeof(std::uint64_t), "accuracy"));
+    return Status::ok();
 }
 
 void Engine::initial_master(std::size_t offset, std::span<float> out) const {
@@ -270,47 +213,18 @@ void Engine::initial_master(std::size_t offset, std::span<float> out) const {
     }
 }
 
+// The optimizer's half: where it reads gradients and writes parameters, and the state store
+// the plan asks for, initialised with the fp32 values the parameters were rounded from.
 Status Engine::init_states() {
-    const auto& d = coordinator_->domain();
-    const auto kind = optimizer_params_.kind;
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    sub_group_numel_ = std::min<std::size_t>(
-        d.numel, std::max<std::size_t>(16, config_.zero.sub_group_size_numel / 16 * 16));
-    if (nvme_states_) {
-        swap::OptimizerSwapper* sw = offload_->optimizer();
-        sub_group_numel_ = static_cast<std::size_t>(sw->options().sub_group_numel);
-        if (d.dtype != DType::kFloat32) {
-            ZINF_ASSIGN_OR_RETURN(host_params_.host,
-                                  AlignedBuffer::allocate(std::max<std::size_t>(
-                                      sub_group_numel_ * eb, 64)));
-            host_params_.size_bytes = sub_group_numel_ * eb;
-        }
-        if (host_gradient_copy_) {
-            ZINF_ASSIGN_OR_RETURN(host_grads_.host, AlignedBuffer::allocate(std::max<std::size_t>(
-                                                        d.numel * eb, 64)));
-            host_grads_.size_bytes = d.numel * eb;
-        }
-        FnParamSource source(
-            [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
-        return sw->initialize(source).with_context("offload_optimizer nvme: writing initial states");
-    }
-    ZINF_TRY(allocate_state(master_, d.numel * 4, "fp32 master parameters"));
-    if (uses_exp_avg(kind)) ZINF_TRY(allocate_state(exp_avg_, d.numel * 4, "exp_avg"));
-    if (uses_exp_avg_sq(kind)) ZINF_TRY(allocate_state(exp_avg_sq_, d.numel * 4, "exp_avg_sq"));
-    if (host_states_) {
-        // DeepSpeed's CPU offload keeps the gradient partition in host memory for the step.
-        ZINF_TRY(allocate_state(host_grads_, d.numel * eb, "gradients"));
-    }
-    if (d.dtype != DType::kFloat32 && (host_states_ || coordinator_->parameters_offloaded())) {
-        auto b = AlignedBuffer::allocate(std::max<std::size_t>(sub_group_numel_ * eb, 64));
-        if (!b.has_value()) return b.error().with_context("host 16-bit parameters");
-        host_params_.host = std::move(*b);
-        host_params_.size_bytes = sub_group_numel_ * eb;
-    }
-    ZINF_TRY(device_.synchronize(stream()));
-    // The master copy starts from the same fp32 initial values the parameters were rounded from.
-    initial_master(0, std::span<float>(reinterpret_cast<float*>(master_.data()), d.numel));
-    return Status::ok();
+    ZINF_ASSERT_EQ(coordinator_->domain().numel, plan_.domain_numel);
+    ZINF_ASSIGN_OR_RETURN(optimizer_io_,
+                          engine::OptimizerIo::create(plan_, *coordinator_, device_));
+    ZINF_ASSIGN_OR_RETURN(states_, engine::make_state_store(
+                                       plan_, device_, kernel_,
+                                       offload_ ? offload_->optimizer() : nullptr));
+    FnParamSource source(
+        [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
+    return states_->initialize(source);
 }
 
 double Engine::current_lr() const noexcept {
@@ -318,17 +232,13 @@ double Engine::current_lr() const noexcept {
 }
 
 Result<std::vector<float>> Engine::master_parameters() {
-    const std::size_t n = coordinator_->domain().numel;
-    std::vector<float> out(n);
-    if (!nvme_states_) {
-        std::memcpy(out.data(), master_.data(), n * sizeof(float));
-        return out;
-    }
-    swap::OptimizerSwapper* sw = offload_->optimizer();
-    for (std::size_t g = 0; g < sw->sub_group_count(); ++g) {
-        const std::size_t at = static_cast<std::size_t>(sw->sub_group_offset_numel(g));
-        const std::size_t len = static_cast<std::size_t>(sw->sub_group_numel(g));
-        ZINF_TRY(sw->read_sub_group(g, std::span<float>(out.data() + at, len), {}, {}));
+    std::vector<float> out(states_->numel());
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const std::size_t n = states_->chunk_length(k);
+        std::vector<float> m(engine::keeps_exp_avg(states_->kind()) ? n : 0);
+        std::vector<float> v(engine::keeps_exp_avg_sq(states_->kind()) ? n : 0);
+        ZINF_TRY(states_->read_chunk(
+            k, {std::span<float>(out.data() + k * states_->chunk_numel(), n), m, v}));
     }
     return out;
 }
@@ -353,60 +263,27 @@ std::string Engine::residency_summary() const {
 }
 
 void Engine::build_summary() {
-    const auto& zc = config_.zero;
-    const auto& d = coordinator_->domain();
     const auto& part = coordinator_->partitioning();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    const char* states_at = host_states_ ? "cpu" : "device";
-    std::size_t state_bytes = master_.size_bytes + exp_avg_.size_bytes + exp_avg_sq_.size_bytes;
-    std::string s;
-    s += "zinfinity engine: ";
-    s += std::string(kernels::optimizer_kind_name(optimizer_params_.kind)) + " (cpu kernel " +
-         std::string(kernels::isa_name(kernel_.isa())) + ", " + std::to_string(kernel_.threads()) +
-         " threads), lr " + exact(config_.optimizer.lr);
-    s += "; ZeRO stage " + std::to_string(zc.stage) + " over " + std::to_string(part.world_size()) +
-         " rank(s) (" + std::string(communicator_.name()) + ")";
-    s += "; dtype " + std::string(dtype_name(d.dtype));
-    if (config_.fp16.enabled)
-        s += " (loss scale " + exact(scaler_.scale()) +
-             (scaler_.dynamic() ? ", dynamic)" : ", static)");
-    s += "\n  model: " + std::to_string(part.model_numel()) + " parameters in " +
-         std::to_string(part.parameter_count()) + " tensors";
-    const bool offloaded = coordinator_->parameters_offloaded();
-    const std::size_t param_bytes =
-        (coordinator_->plan().parameters_partitioned ? part.partition_numel() : part.full_numel()) *
-        eb;
-    if (offloaded) {
-        s += "\n  parameters: partitions (" + mib(param_bytes) + ") under offload_param " +
-             std::string(config::offload_device_name(zc.offload_param.device)) + ", gathered to " +
-             std::string(device_.name()) + " per use";
-    } else {
-        s += "\n  parameters: " + std::string(device_.name()) + " (" + mib(param_bytes) +
-             (coordinator_->plan().parameters_partitioned ? ", partitioned, gathered per use)"
-                                                          : ")");
+    std::string s = str_cat(
+        "zinfinity engine: ", kernels::optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
+        kernels::isa_name(kernel_.isa()), ", ", kernel_.threads(), " threads), lr ",
+        exact(config_.optimizer.lr), "; model ", model_.name(), "; ZeRO stage ", plan_.stage,
+        " over ", part.world_size(), " rank(s) (", communicator_.name(), ")");
+    if (config_.fp16.enabled) {
+        s += str_cat("; loss scale ", exact(scaler_.scale()),
+                     scaler_.dynamic() ? " (dynamic)" : " (static)");
     }
-    s += "\n  gradients: " +
-         std::string(coordinator_->gradients_on_host() ? "host memory" : device_.name()) + " (" +
-         mib((coordinator_->plan().gradients_partitioned ? part.partition_numel()
-                                                         : part.full_numel()) *
-             eb) +
-         ")";
-    if (nvme_states_) {
-        s += "\n  optimizer states (fp32 master + moments): nvme (" +
-             mib(d.numel * 4 * swap::OptimizerSwapper::state_count(optimizer_params_.kind)) + ")";
-    } else {
-        s += "\n  optimizer states (fp32 master + moments): " + std::string(states_at) + " (" +
-             mib(state_bytes) + ")";
-    }
+    s += str_cat("\n", plan_.describe(), "\n  optimizer states held: ",
+                 mib(states_->state_bytes()), " (", engine::home_name(states_->home()), ")");
     if (offload_) s += offload_->summary();
-    s += "\n  device budget " + mib(device_.budget_bytes()) + ", in use " +
-         mib(device_.used_bytes());
-    s += "\n  batch: train_batch_size " + std::to_string(train_batch_size()) + " = micro " +
-         std::to_string(train_micro_batch_size_per_gpu()) + " x accumulation " +
-         std::to_string(gradient_accumulation_steps()) + " x world " +
-         std::to_string(part.world_size());
-    if (config_.gradient_clipping > 0)
-        s += "; gradient clipping " + exact(config_.gradient_clipping);
+    s += str_cat("\n  device ", device_.name(), ": budget ", mib(device_.budget_bytes()),
+                 ", in use ", mib(device_.used_bytes()), "\n  batch: train_batch_size ",
+                 train_batch_size(), " = micro ", train_micro_batch_size_per_gpu(),
+                 " x accumulation ", gradient_accumulation_steps(), " x world ",
+                 part.world_size());
+    if (config_.gradient_clipping > 0) {
+        s += str_cat("; gradient clipping ", exact(config_.gradient_clipping));
+    }
     summary_ = std::move(s);
 }
 
@@ -419,33 +296,47 @@ Status Engine::check_usable() const {
 
 void Engine::end_iteration_if_open() noexcept {
     if (!in_iteration_) return;
-    offload_->parameters()->end_iteration();
+    coordinator_->end_iteration();
     in_iteration_ = false;
 }
 
-Result<float> Engine::forward(const Batch& batch) {
+// Copies one micro-batch to the device, checked against the model's batch shape.
+Status Engine::stage_batch(const Batch& batch) {
+    const model::BatchShape shape = model_.batch_shape();
     ZINF_ASSERT_GE(batch.rows, 1u);
     ZINF_ASSERT_LE(batch.rows, batch_rows_max_);
-    ZINF_ASSERT_EQ(batch.inputs.size(), batch.rows * model_.in_features());
-    ZINF_ASSERT_EQ(batch.labels.size(), batch.rows);
+    ZINF_ASSERT_EQ(batch.labels.size(), batch.rows * shape.label_numel);
+    std::span<const std::byte> inputs;
+    if (shape.input_kind == model::InputKind::kFloat32) {
+        ZINF_ASSERT_EQ(batch.inputs.size(), batch.rows * shape.input_numel);
+        inputs = std::as_bytes(batch.inputs);
+    } else {
+        ZINF_ASSERT_EQ(batch.tokens.size(), batch.rows * shape.input_numel);
+        inputs = std::as_bytes(batch.tokens);
+    }
+    ZINF_TRY(device_.copy_to_device(inputs_device_.data(), inputs.data(), inputs.size(),
+                                    stream()));
+    ZINF_TRY(device_.copy_to_device(labels_device_.data(), batch.labels.data(),
+                                    batch.labels.size_bytes(), stream()));
+    rows_staged_ = batch.rows;
+    return Status::ok();
+}
+
+Result<float> Engine::forward(const Batch& batch) {
     ZINF_TRY(check_usable());
     TraceScope span(trace_, "forward", "compute", 0);
     if (micro_steps_ % gradient_accumulation_steps() == 0 && !backward_done_ && !forward_done_) {
         coordinator_->begin_accumulation();
         window_scale_ = scaler_.scale();
     }
-    ZINF_TRY(device_.copy_to_device(inputs_device_, batch.inputs.data(), batch.inputs.size_bytes(),
-                                    stream()));
-    ZINF_TRY(device_.copy_to_device(labels_device_, batch.labels.data(), batch.labels.size_bytes(),
-                                    stream()));
-    zero::PartitionStorage* storage = offload_ ? offload_->parameters() : nullptr;
-    if (storage != nullptr && !in_iteration_) {
-        storage->begin_iteration();
+    ZINF_TRY(stage_batch(batch));
+    if (!in_iteration_) {
+        coordinator_->begin_iteration();
         in_iteration_ = true;
     }
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
-    Status fwd = model_.forward(ctx, static_cast<const float*>(inputs_device_),
-                                static_cast<const std::int32_t*>(labels_device_), batch.rows);
+    Status fwd = model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
+                                batch.rows);
     Result<float> loss = fwd.is_ok() ? model_.read_loss(stream()) : Result<float>(fwd);
     if (!loss.has_value()) {
         end_iteration_if_open();
@@ -479,12 +370,7 @@ Status Engine::backward() {
 Result<kernels::GradStats> Engine::gradient_stats() {
     const auto& d = coordinator_->domain();
     const std::size_t eb = dtype_size_bytes(d.dtype);
-    const std::byte* grads = static_cast<const std::byte*>(d.gradients);
-    if (host_gradient_copy_) {
-        ZINF_TRY(device_.copy_to_host(host_grads_.data(), d.gradients, d.numel * eb, stream()));
-        ZINF_TRY(device_.synchronize(stream()));
-        grads = host_grads_.data();
-    }
+    ZINF_ASSIGN_OR_RETURN(const std::byte* grads, optimizer_io_->prepare(stream()));
     kernels::GradStats total;
     for (std::size_t off = 0; off < d.numel; off += kNormChunkNumel) {
         const std::size_t n = std::min(kNormChunkNumel, d.numel - off);
@@ -497,75 +383,11 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     return total;
 }
 
-Status Engine::optimizer_step(double grad_scale, double lr) {
-    const auto& d = coordinator_->domain();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    kernels::OptimizerParams p = optimizer_params_;
-    p.step = optimizer_updates_ + 1;
-    p.lr = lr;
-    p.grad_scale = grad_scale;
-    const std::byte* grads =
-        host_gradient_copy_ ? host_grads_.data() : static_cast<const std::byte*>(d.gradients);
-    if (nvme_states_) {
-        // On the CPU device the gradients are read in place; a GPU's were copied to the host.
-        SwapGradients source(*this, grads);
-        swap::OptimizerSwapper* sw = offload_->optimizer();
-        const Status s = sw->step(p, source);
-        optimizer_read_wait_seconds_ += sw->last_step_stats().read_wait_seconds;
-        ZINF_TRY(s);
-        return device_.synchronize(stream());
-    }
-    auto* master = reinterpret_cast<float*>(master_.data());
-    auto* m = reinterpret_cast<float*>(exp_avg_.data());
-    auto* v = reinterpret_cast<float*>(exp_avg_sq_.data());
-    const bool via_host = host_states_ || coordinator_->parameters_offloaded();
-    auto* params = static_cast<std::byte*>(d.parameters);
-    for (std::size_t off = 0; off < d.numel; off += sub_group_numel_) {
-        const std::size_t n = std::min(sub_group_numel_, d.numel - off);
-        kernels::OptimizerState state;
-        state.params = {master + off, n};
-        if (m != nullptr && exp_avg_.size_bytes > 0) state.exp_avg = {m + off, n};
-        if (v != nullptr && exp_avg_sq_.size_bytes > 0) state.exp_avg_sq = {v + off, n};
-        const kernels::GradView g{grads + off * eb, n, kernel_dtype(d.dtype)};
-        if (d.dtype == DType::kFloat32) {
-            ZINF_TRY(kernel_.step(p, state, g));
-            if (coordinator_->parameters_offloaded()) {
-                ZINF_TRY(coordinator_->write_domain_parameters(
-                    off, std::as_bytes(std::span<const float>(master + off, n)), stream()));
-            } else {
-                ZINF_TRY(device_.copy_to_device(params + off * 4, master + off, n * 4, stream()));
-            }
-        } else {
-            auto* out = via_host ? reinterpret_cast<std::uint16_t*>(host_params_.data())
-                                 : reinterpret_cast<std::uint16_t*>(params + off * eb);
-            const kernels::ParamCopy copy{out, n, kernel_dtype(d.dtype)};
-            ZINF_TRY(kernel_.step(p, state, g, copy));
-            if (via_host) {
-                // Blocks until copied: host_params_ is reused by the next sub-group.
-                ZINF_TRY(coordinator_->write_domain_parameters(
-                    off, std::span<const std::byte>(host_params_.data(), n * eb), stream()));
-            }
-        }
-    }
-    return device_.synchronize(stream());
-}
-
-Status Engine::step() {
-    ZINF_ASSERT(backward_done_);
-    backward_done_ = false;
-    last_step_ = StepReport{};
-    last_step_.loss_scale = window_scale_;
-    const bool boundary = (micro_steps_ + 1) % gradient_accumulation_steps() == 0;
-    ++micro_steps_;
-    global_samples_ +=
-        train_micro_batch_size_per_gpu() * static_cast<std::uint64_t>(communicator_.world_size());
-    if (!boundary) return Status::ok();
-    last_step_.boundary = true;
+// The optimizer part of a boundary step: overflow check, clipping, the store's step, publishing
+// the new parameters. `unscale` turns the gradients' sum of squares into the true norm.
+Status Engine::run_optimizer(double unscale) {
     TraceScope span(trace_, "optimizer", "optimizer", 2);
-    ZINF_TRY(coordinator_->reduce_gradients(stream()));
-    ZINF_TRY(device_.synchronize(stream()));
     ZINF_ASSIGN_OR_RETURN(auto stats, gradient_stats());
-    const double unscale = 1.0 / (window_scale_ * communicator_.world_size());
     last_step_.lr = current_lr();
     if (stats.has_inf_nan && config_.fp16.enabled) {
         const double before = scaler_.scale();
@@ -585,7 +407,14 @@ Status Engine::step() {
     if (config_.gradient_clipping > 0 && norm > config_.gradient_clipping) {
         coef = config_.gradient_clipping / (norm + 1e-6);
     }
-    if (Status s = optimizer_step(unscale * coef, last_step_.lr); !s.is_ok()) {
+    kernels::OptimizerParams p = plan_.optimizer;
+    p.step = optimizer_updates_ + 1;
+    p.lr = last_step_.lr;
+    p.grad_scale = unscale * coef;
+    Status s = states_->step(p, *optimizer_io_);
+    optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
+    if (s.is_ok()) s = device_.synchronize(stream());
+    if (!s.is_ok()) {
         broken_ = "the optimizer step " + std::to_string(global_steps_ + 1) + " failed part-way (" +
                   s.to_string() + ")";
         return s;
@@ -600,6 +429,22 @@ Status Engine::step() {
     return Status::ok();
 }
 
+Status Engine::step() {
+    ZINF_ASSERT(backward_done_);
+    backward_done_ = false;
+    last_step_ = StepReport{};
+    last_step_.loss_scale = window_scale_;
+    const bool boundary = (micro_steps_ + 1) % gradient_accumulation_steps() == 0;
+    ++micro_steps_;
+    global_samples_ +=
+        train_micro_batch_size_per_gpu() * static_cast<std::uint64_t>(communicator_.world_size());
+    if (!boundary) return Status::ok();
+    last_step_.boundary = true;
+    ZINF_TRY(coordinator_->reduce_gradients(stream()));
+    ZINF_TRY(device_.synchronize(stream()));
+    return run_optimizer(1.0 / (window_scale_ * communicator_.world_size()));
+}
+
 Status Engine::io_only_step() {
     if (!offload_) return Status::ok();
     ZINF_TRY(check_usable());
@@ -607,21 +452,19 @@ Status Engine::io_only_step() {
     ZINF_ASSERT(!backward_done_);
     end_iteration_if_open();
     TraceScope span(trace_, "io-only step", "io", 1);
-    zero::PartitionStorage* storage = offload_->parameters();
     // The parameters' reads of one step: the residency manager's recorded trace (one
     // accumulation window), replayed once.
     if (offload_->tiered_parameters() != nullptr) {
         ZINF_TRY(offload_->tiered_parameters()->replay_trace());
     }
-    if (nvme_states_) ZINF_TRY(offload_->optimizer()->io_only_pass());
-    if (storage != nullptr) {
-        // The new parameters' write-back: the same values written back, sub-group by sub-group.
-        const auto& d = coordinator_->domain();
-        const std::size_t eb = dtype_size_bytes(d.dtype);
-        std::vector<std::byte> piece(sub_group_numel_ * eb);
-        for (std::size_t off = 0; off < d.numel; off += sub_group_numel_) {
-            const std::size_t n = std::min(sub_group_numel_, d.numel - off);
-            const auto bytes = std::span<std::byte>(piece.data(), n * eb);
+    ZINF_TRY(states_->io_only_pass());
+    if (offload_->parameters() != nullptr) {
+        // The new parameters' write-back: the same values written back, chunk by chunk.
+        const std::size_t eb = dtype_size_bytes(plan_.dtype);
+        std::vector<std::byte> piece(states_->chunk_numel() * eb);
+        for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+            const std::size_t off = k * states_->chunk_numel();
+            const auto bytes = std::span<std::byte>(piece.data(), states_->chunk_length(k) * eb);
             ZINF_TRY(coordinator_->read_domain_parameters(off, bytes, stream()));
             ZINF_TRY(coordinator_->write_domain_parameters(off, bytes, stream()));
         }
@@ -630,135 +473,122 @@ Status Engine::io_only_step() {
 }
 
 Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
-    ZINF_ASSERT_GE(batch.rows, 1u);
-    ZINF_ASSERT_LE(batch.rows, batch_rows_max_);
     ZINF_ASSERT(!forward_done_);
-    ZINF_TRY(device_.copy_to_device(inputs_device_, batch.inputs.data(), batch.inputs.size_bytes(),
-                                    stream()));
-    ZINF_TRY(device_.copy_to_device(labels_device_, batch.labels.data(), batch.labels.size_bytes(),
-                                    stream()));
+    ZINF_TRY(check_usable());
+    ZINF_TRY(stage_batch(batch));
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
-    ZINF_TRY(model_.forward(ctx, static_cast<const float*>(inputs_device_),
-                            static_cast<const std::int32_t*>(labels_device_), batch.rows));
-    ZINF_TRY(model_.count_correct(ctx, static_cast<std::uint64_t*>(correct_device_), false));
+    ZINF_TRY(model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
+                            batch.rows));
+    ZINF_TRY(model_.count_correct(ctx, correct_device_.as<std::uint64_t>(), false));
     std::uint64_t correct = 0;
-    ZINF_TRY(device_.copy_to_host(&correct, correct_device_, sizeof correct, stream()));
+    ZINF_TRY(device_.copy_to_host(&correct, correct_device_.data(), sizeof correct, stream()));
     ZINF_TRY(device_.synchronize(stream()));
-    if (coordinator_->parameters_offloaded()) {
-        // Persistent parameters gathered here would stay and shorten the next training step's
-        // fetch sequence, which the tiered store would take for a change of access order.
-        ZINF_TRY(coordinator_->drop_gathered(stream()));
-    }
+    ZINF_TRY(coordinator_->end_evaluation(stream()));
     return correct;
 }
 
-// Checkpoint files, written piece by piece so that states on NVMe never need to fit in memory:
-// master.fp32, exp_avg.fp32, exp_avg_sq.fp32 (those the optimizer keeps) and parameters.<dtype>
-// (the optimizer domain). The same files whatever the offload config, so a checkpoint resumes
-// under any placement.
+Result<std::vector<std::int32_t>> Engine::predict(const Batch& batch) {
+    ZINF_ASSERT(!forward_done_);
+    ZINF_TRY(check_usable());
+    ZINF_TRY(stage_batch(batch));
+    model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
+    ZINF_TRY(model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
+                            batch.rows));
+    std::vector<std::int32_t> predicted(batch.rows * model_.batch_shape().label_numel);
+    ZINF_TRY(model_.read_predictions(stream(), predicted));
+    ZINF_TRY(coordinator_->end_evaluation(stream()));
+    return predicted;
+}
+
+// Checkpoint files, written chunk by chunk of the state store so that states on NVMe never need
+// to fit in memory: master.fp32, exp_avg.fp32, exp_avg_sq.fp32 (those the optimizer keeps) and
+// parameters.<dtype> (the optimizer domain). The same files whatever the placement, so a
+// checkpoint resumes under any config.
+namespace {
+
+struct StateFiles {
+    engine::CheckpointFile master, exp_avg, exp_avg_sq;
+};
+
+std::span<std::byte> floats(std::span<float> v) { return std::as_writable_bytes(v); }
+
+}  // namespace
+
 Status Engine::save_states(engine::CheckpointWriter& w) {
-    const auto& d = coordinator_->domain();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    const auto kind = optimizer_params_.kind;
-    const std::size_t chunk = std::max<std::size_t>(1, std::min(sub_group_numel_, d.numel));
-    std::vector<float> pbuf(chunk), mbuf(uses_exp_avg(kind) ? chunk : 0),
-        vbuf(uses_exp_avg_sq(kind) ? chunk : 0);
-    ZINF_ASSIGN_OR_RETURN(auto fm, w.begin_file("master.fp32"));
-    engine::CheckpointFile fa, fv;
-    if (uses_exp_avg(kind)) {
-        ZINF_ASSIGN_OR_RETURN(fa, w.begin_file("exp_avg.fp32"));
+    const auto kind = states_->kind();
+    const bool keeps_m = engine::keeps_exp_avg(kind);
+    const bool keeps_v = engine::keeps_exp_avg_sq(kind);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
+    std::vector<float> pbuf(chunk), mbuf(keeps_m ? chunk : 0), vbuf(keeps_v ? chunk : 0);
+    StateFiles f;
+    ZINF_ASSIGN_OR_RETURN(f.master, w.begin_file("master.fp32"));
+    if (keeps_m) {
+        ZINF_ASSIGN_OR_RETURN(f.exp_avg, w.begin_file("exp_avg.fp32"));
     }
-    if (uses_exp_avg_sq(kind)) {
-        ZINF_ASSIGN_OR_RETURN(fv, w.begin_file("exp_avg_sq.fp32"));
+    if (keeps_v) {
+        ZINF_ASSIGN_OR_RETURN(f.exp_avg_sq, w.begin_file("exp_avg_sq.fp32"));
     }
-    auto floats = [](const float* p, std::size_t n) {
-        return std::as_bytes(std::span<const float>(p, n));
-    };
-    swap::OptimizerSwapper* sw = nvme_states_ ? offload_->optimizer() : nullptr;
-    for (std::size_t off = 0; off < d.numel; off += chunk) {
-        const std::size_t n = std::min(chunk, d.numel - off);
-        const float* pm = nullptr;
-        const float* pa = nullptr;
-        const float* pv = nullptr;
-        if (sw == nullptr) {
-            pm = reinterpret_cast<const float*>(master_.data()) + off;
-            if (uses_exp_avg(kind)) pa = reinterpret_cast<const float*>(exp_avg_.data()) + off;
-            if (uses_exp_avg_sq(kind)) pv = reinterpret_cast<const float*>(exp_avg_sq_.data()) + off;
-        } else {
-            // chunk == the swapper's sub-group size: chunk k is sub-group k.
-            ZINF_TRY(sw->read_sub_group(off / chunk, std::span<float>(pbuf.data(), n),
-                                        std::span<float>(mbuf.data(), mbuf.empty() ? 0 : n),
-                                        std::span<float>(vbuf.data(), vbuf.empty() ? 0 : n)));
-            pm = pbuf.data();
-            pa = mbuf.data();
-            pv = vbuf.data();
-        }
-        ZINF_TRY(fm.append(floats(pm, n)));
-        if (uses_exp_avg(kind)) ZINF_TRY(fa.append(floats(pa, n)));
-        if (uses_exp_avg_sq(kind)) ZINF_TRY(fv.append(floats(pv, n)));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const std::size_t n = states_->chunk_length(k);
+        const engine::StateChunk c{std::span<float>(pbuf.data(), n),
+                                   std::span<float>(mbuf.data(), keeps_m ? n : 0),
+                                   std::span<float>(vbuf.data(), keeps_v ? n : 0)};
+        ZINF_TRY(states_->read_chunk(k, c));
+        ZINF_TRY(f.master.append(floats(c.master)));
+        if (keeps_m) ZINF_TRY(f.exp_avg.append(floats(c.exp_avg)));
+        if (keeps_v) ZINF_TRY(f.exp_avg_sq.append(floats(c.exp_avg_sq)));
     }
-    ZINF_TRY(w.end_file(fm));
-    if (uses_exp_avg(kind)) ZINF_TRY(w.end_file(fa));
-    if (uses_exp_avg_sq(kind)) ZINF_TRY(w.end_file(fv));
+    ZINF_TRY(w.end_file(f.master));
+    if (keeps_m) ZINF_TRY(w.end_file(f.exp_avg));
+    if (keeps_v) ZINF_TRY(w.end_file(f.exp_avg_sq));
     // The parameters (the optimizer domain), in their dtype.
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
     std::vector<std::byte> params(chunk * eb);
-    ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(d.dtype))));
-    for (std::size_t off = 0; off < d.numel; off += chunk) {
-        const std::size_t n = std::min(chunk, d.numel - off);
-        const auto piece = std::span<std::byte>(params.data(), n * eb);
-        ZINF_TRY(coordinator_->read_domain_parameters(off, piece, stream()));
+    ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const auto piece = std::span<std::byte>(params.data(), states_->chunk_length(k) * eb);
+        ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, piece, stream()));
         ZINF_TRY(fp.append(piece));
     }
     return w.end_file(fp);
 }
 
 Status Engine::load_states(const engine::CheckpointReader& r) {
-    const auto& d = coordinator_->domain();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
-    const auto kind = optimizer_params_.kind;
-    const std::size_t chunk = std::max<std::size_t>(1, std::min(sub_group_numel_, d.numel));
-    const std::uint64_t state_bytes = static_cast<std::uint64_t>(d.numel) * 4;
-    std::vector<float> pbuf(chunk), mbuf(uses_exp_avg(kind) ? chunk : 0),
-        vbuf(uses_exp_avg_sq(kind) ? chunk : 0);
-    ZINF_ASSIGN_OR_RETURN(auto fm, r.open_file("master.fp32", state_bytes));
-    engine::CheckpointFile fa, fv;
-    if (uses_exp_avg(kind)) {
-        ZINF_ASSIGN_OR_RETURN(fa, r.open_file("exp_avg.fp32", state_bytes));
+    const auto kind = states_->kind();
+    const bool keeps_m = engine::keeps_exp_avg(kind);
+    const bool keeps_v = engine::keeps_exp_avg_sq(kind);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
+    const std::uint64_t state_bytes = static_cast<std::uint64_t>(states_->numel()) * 4;
+    std::vector<float> pbuf(chunk), mbuf(keeps_m ? chunk : 0), vbuf(keeps_v ? chunk : 0);
+    StateFiles f;
+    ZINF_ASSIGN_OR_RETURN(f.master, r.open_file("master.fp32", state_bytes));
+    if (keeps_m) {
+        ZINF_ASSIGN_OR_RETURN(f.exp_avg, r.open_file("exp_avg.fp32", state_bytes));
     }
-    if (uses_exp_avg_sq(kind)) {
-        ZINF_ASSIGN_OR_RETURN(fv, r.open_file("exp_avg_sq.fp32", state_bytes));
+    if (keeps_v) {
+        ZINF_ASSIGN_OR_RETURN(f.exp_avg_sq, r.open_file("exp_avg_sq.fp32", state_bytes));
     }
-    auto floats = [](float* p, std::size_t n) { return std::as_writable_bytes(std::span<float>(p, n)); };
-    swap::OptimizerSwapper* sw = nvme_states_ ? offload_->optimizer() : nullptr;
-    for (std::size_t off = 0; off < d.numel; off += chunk) {
-        const std::size_t n = std::min(chunk, d.numel - off);
-        float* pm = sw ? pbuf.data() : reinterpret_cast<float*>(master_.data()) + off;
-        float* pa = sw ? mbuf.data()
-                       : (uses_exp_avg(kind) ? reinterpret_cast<float*>(exp_avg_.data()) + off
-                                             : nullptr);
-        float* pv = sw ? vbuf.data()
-                       : (uses_exp_avg_sq(kind) ? reinterpret_cast<float*>(exp_avg_sq_.data()) + off
-                                                : nullptr);
-        ZINF_TRY(fm.read(floats(pm, n)));
-        if (uses_exp_avg(kind)) ZINF_TRY(fa.read(floats(pa, n)));
-        if (uses_exp_avg_sq(kind)) ZINF_TRY(fv.read(floats(pv, n)));
-        if (sw != nullptr) {
-            ZINF_TRY(sw->write_sub_group(off / chunk, std::span<const float>(pm, n),
-                                         std::span<const float>(pa, pa ? n : 0),
-                                         std::span<const float>(pv, pv ? n : 0)));
-        }
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const std::size_t n = states_->chunk_length(k);
+        const engine::StateChunk c{std::span<float>(pbuf.data(), n),
+                                   std::span<float>(mbuf.data(), keeps_m ? n : 0),
+                                   std::span<float>(vbuf.data(), keeps_v ? n : 0)};
+        ZINF_TRY(f.master.read(floats(c.master)));
+        if (keeps_m) ZINF_TRY(f.exp_avg.read(floats(c.exp_avg)));
+        if (keeps_v) ZINF_TRY(f.exp_avg_sq.read(floats(c.exp_avg_sq)));
+        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq}));
     }
-    ZINF_TRY(r.end_file(fm));
-    if (uses_exp_avg(kind)) ZINF_TRY(r.end_file(fa));
-    if (uses_exp_avg_sq(kind)) ZINF_TRY(r.end_file(fv));
+    ZINF_TRY(r.end_file(f.master));
+    if (keeps_m) ZINF_TRY(r.end_file(f.exp_avg));
+    if (keeps_v) ZINF_TRY(r.end_file(f.exp_avg_sq));
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
     std::vector<std::byte> params(chunk * eb);
-    ZINF_ASSIGN_OR_RETURN(auto fp, r.open_file("parameters." + std::string(dtype_name(d.dtype)),
-                                               static_cast<std::uint64_t>(d.numel) * eb));
-    for (std::size_t off = 0; off < d.numel; off += chunk) {
-        const std::size_t n = std::min(chunk, d.numel - off);
-        const auto piece = std::span<std::byte>(params.data(), n * eb);
+    ZINF_ASSIGN_OR_RETURN(auto fp, r.open_file("parameters." + std::string(dtype_name(plan_.dtype)),
+                                               static_cast<std::uint64_t>(states_->numel()) * eb));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const auto piece = std::span<std::byte>(params.data(), states_->chunk_length(k) * eb);
         ZINF_TRY(fp.read(piece));
-        ZINF_TRY(coordinator_->write_domain_parameters(off, piece, stream()));
+        ZINF_TRY(coordinator_->write_domain_parameters(k * chunk, piece, stream()));
     }
     return r.end_file(fp);
 }
@@ -771,8 +601,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_TRY(check_usable());
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     ZINF_TRY(device_.synchronize(stream()));
-    const auto& d = coordinator_->domain();
-    ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(io::posix_file_system(), dir, tag));
+    ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(file_system(), dir, tag));
     ZINF_TRY(save_states(w));
     const auto& part = coordinator_->partitioning();
     w.set("step", std::to_string(global_steps_));
@@ -789,11 +618,11 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                                config_.canonical_json.data(), config_.canonical_json.size())))));
     w.set("world_size", std::to_string(part.world_size()));
     w.set("rank", std::to_string(part.rank()));
-    w.set("zero_stage", std::to_string(config_.zero.stage));
-    w.set("dtype", std::string(dtype_name(d.dtype)));
+    w.set("zero_stage", std::to_string(plan_.stage));
+    w.set("dtype", std::string(dtype_name(plan_.dtype)));
     w.set("master_dtype", "fp32");
-    w.set("optimizer", std::string(kernels::optimizer_kind_name(optimizer_params_.kind)));
-    w.set("domain_numel", std::to_string(d.numel));
+    w.set("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind)));
+    w.set("domain_numel", std::to_string(plan_.domain_numel));
     w.set("model_numel", std::to_string(part.model_numel()));
     ZINF_TRY(w.commit());
     times_.checkpoint_seconds += span.end();
@@ -801,12 +630,9 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     return Status::ok();
 }
 
-Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-    ZINF_ASSERT(!forward_done_);
-    ZINF_ASSERT(!backward_done_);
-    TraceScope span(trace_, "load_checkpoint", "io", 1);
-    ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(io::posix_file_system(), dir, tag));
-    const auto& d = coordinator_->domain();
+// The checkpoint fits this engine: same world size, dtype, optimizer and sizes. A different
+// config digest is only a warning (a learning-rate change is a legitimate resume).
+Status Engine::check_loadable(const engine::CheckpointReader& r) const {
     const auto& part = coordinator_->partitioning();
     auto expect = [&](const char* key, const std::string& want) -> Status {
         ZINF_ASSIGN_OR_RETURN(auto got, r.get(key));
@@ -817,10 +643,9 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         return Status::ok();
     };
     ZINF_TRY(expect("world_size", std::to_string(part.world_size())));
-    ZINF_TRY(expect("dtype", std::string(dtype_name(d.dtype))));
-    ZINF_TRY(
-        expect("optimizer", std::string(kernels::optimizer_kind_name(optimizer_params_.kind))));
-    ZINF_TRY(expect("domain_numel", std::to_string(d.numel)));
+    ZINF_TRY(expect("dtype", std::string(dtype_name(plan_.dtype))));
+    ZINF_TRY(expect("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind))));
+    ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
     ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
     ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));
     const auto own = hex64(engine::checksum(std::as_bytes(
@@ -829,13 +654,10 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         log::warning("checkpoint ", r.path(), ": saved with a different config (digest ", digest,
                      ", now ", own, "); continuing");
     }
-    // From here on a failure leaves states half-restored.
-    if (Status s = load_states(r); !s.is_ok()) {
-        broken_ = "loading checkpoint " + r.path() + " failed part-way (" + s.to_string() + ")";
-        return s;
-    }
-    ZINF_TRY(coordinator_->publish_parameters(stream()));
-    ZINF_TRY(device_.synchronize(stream()));
+    return Status::ok();
+}
+
+Status Engine::restore_counters(const engine::CheckpointReader& r) {
     ZINF_ASSIGN_OR_RETURN(global_steps_, r.get_u64("step"));
     ZINF_ASSIGN_OR_RETURN(micro_steps_, r.get_u64("micro_steps"));
     ZINF_ASSIGN_OR_RETURN(skipped_steps_, r.get_u64("skipped_steps"));
@@ -849,6 +671,24 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSIGN_OR_RETURN(auto hyst, r.get_u64("loss_scale_hysteresis_left"));
     ss.hysteresis_left = static_cast<int>(hyst);
     scaler_.restore(ss);
+    return Status::ok();
+}
+
+Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+    ZINF_ASSERT(!forward_done_);
+    ZINF_ASSERT(!backward_done_);
+    TraceScope span(trace_, "load_checkpoint", "io", 1);
+    ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(file_system(), dir, tag));
+    ZINF_TRY(check_loadable(r));
+    // From here on a failure leaves states half-restored.
+    Status s = load_states(r);
+    if (s.is_ok()) s = coordinator_->publish_parameters(stream());
+    if (s.is_ok()) s = device_.synchronize(stream());
+    if (s.is_ok()) s = restore_counters(r);
+    if (!s.is_ok()) {
+        broken_ = "loading checkpoint " + r.path() + " failed part-way (" + s.to_string() + ")";
+        return s;
+    }
     broken_.clear();
     times_.checkpoint_seconds += span.end();
     log::info("checkpoint loaded: ", r.path(), " (step ", global_steps_, ")");

@@ -1,39 +1,68 @@
 // zinf::Engine: the public training API, in the shape of deepspeed.initialize's engine:
 // forward(batch) returns the loss, backward(), step() (an optimizer step at each gradient
-// accumulation boundary), save_checkpoint / load_checkpoint. It composes the ZeRO parameter
-// coordinator (zero/), the model (src/model) and the CPU optimizer kernels (kernels/), with the
-// optimizer states where offload_optimizer puts them.
+// accumulation boundary), save_checkpoint / load_checkpoint. It trains any model::Model: it
+// computes an engine::OffloadPlan once, then composes the ZeRO parameter coordinator (zero/),
+// the model (src/model), the CPU optimizer kernels (kernels/) and an engine::StateStore that
+// holds the optimizer states where the plan puts them, with one code path for every placement.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/optimizer.h"
-#include "src/base/aligned.h"
+#include "io/file_system.h"
 #include "src/base/compute.h"
 #include "src/base/config.h"
 #include "src/base/device.h"
+#include "src/base/device_buffer.h"
 #include "src/base/status.h"
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/offload.h"
+#include "src/engine/offload_plan.h"
 #include "src/engine/schedule.h"
+#include "src/engine/state_store.h"
 #include "src/engine/trace.h"
-#include "src/model/mlp.h"
+#include "src/model/model.h"
 #include "zero/communicator.h"
 #include "zero/parameter_coordinator.h"
 
 namespace zinf {
 
-// One micro-batch in host memory: rows x features inputs and rows labels.
+// One micro-batch in host memory, shaped as the model's batch_shape() says: rows x input_numel
+// float `inputs` (or int32 `tokens` for a model of token ids) and rows x label_numel labels.
 struct Batch {
+    Batch() = default;
+    Batch(std::span<const float> inputs_, std::span<const std::int32_t> labels_,
+          std::size_t rows_) noexcept
+        : inputs(inputs_), labels(labels_), rows(rows_) {}
+    static Batch of_tokens(std::span<const std::int32_t> tokens, std::span<const std::int32_t> labels,
+                           std::size_t rows) noexcept {
+        Batch b;
+        b.tokens = tokens;
+        b.labels = labels;
+        b.rows = rows;
+        return b;
+    }
+
     std::span<const float> inputs;
     std::span<const std::int32_t> labels;
     std::size_t rows = 0;
+    std::span<const std::int32_t> tokens;
+};
+
+// What an embedding program or a test may change besides the config.
+struct EngineOptions {
+    // Where checkpoints and swap files are opened, synced and renamed (borrowed; outlives the
+    // engine). Null: the operating system's. A FaultyFileSystem here injects file faults.
+    io::FileSystem* file_system = nullptr;
+    // When set, the swap I/O engine's backends are wrapped in a FaultyBackend (io::FaultPlan).
+    std::optional<io::FaultPlan> io_faults;
 };
 
 // What the last step() did.
@@ -65,15 +94,17 @@ struct IoFigures {
 class Engine {
 public:
     // Creates the engine for `model` (its parameters registered, built on `device`). device,
-    // compute, model and communicator are borrowed and outlive the engine. Allocates every
-    // buffer now: parameters and gradients on the device (per ZeRO stage), optimizer states per
-    // offload_optimizer, host staging. Initialises the parameters from config.seed. Errors:
-    // kInvalidArgument/kNotSupported for a config this build cannot run (naming the key),
-    // kNoSpace from the device budget.
+    // compute, model and communicator are borrowed and outlive the engine. Plans every state's
+    // place and size (engine::make_offload_plan), then allocates every buffer: parameters and
+    // gradients on the device (per ZeRO stage), optimizer states in the plan's StateStore, host
+    // staging. Initialises the parameters from config.seed. Errors: kInvalidArgument /
+    // kNotSupported for a config this build cannot run (naming the key), kNoSpace from the
+    // device budget.
     static Result<std::unique_ptr<Engine>> create(const config::EngineConfig& config,
-                                                  model::Mlp& model, Device& device,
+                                                  model::Model& model, Device& device,
                                                   Compute& compute,
-                                                  zero::Communicator& communicator);
+                                                  zero::Communicator& communicator,
+                                                  const EngineOptions& options = {});
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -88,9 +119,11 @@ public:
     // and communicator.
     Status step();
 
-    // Evaluation: forward without training; returns the number of rows whose prediction
-    // equals the label.
+    // Evaluation: forward without training; returns the number of labels the prediction
+    // matches.
     Result<std::uint64_t> evaluate(const Batch& batch);
+    // Forward without training; the predicted label of each row (rows x label_numel).
+    Result<std::vector<std::int32_t>> predict(const Batch& batch);
 
     // Writes every state to <dir>/<tag> atomically (see checkpoint_files.h).
     Status save_checkpoint(const std::string& dir, const std::string& tag);
@@ -119,7 +152,9 @@ public:
     const StepReport& last_step() const noexcept { return last_step_; }
     const EngineTimes& times() const noexcept { return times_; }
     const config::EngineConfig& config() const noexcept { return config_; }
+    const engine::OffloadPlan& plan() const noexcept { return plan_; }
     const zero::ParameterCoordinator& coordinator() const noexcept { return *coordinator_; }
+    const model::Model& model() const noexcept { return model_; }
 
     // The I/O of one optimizer step without its compute (zinfinity-train --measure-overlap):
     // every micro-step's parameter reads along the recorded fetch trace, the optimizer states'
@@ -148,64 +183,54 @@ public:
 
 private:
     class Adapter;
-    class SwapGradients;
-    struct StateBuffer {
-        // Exactly one is used: device memory (offload none) or host memory (offload cpu).
-        void* device = nullptr;
-        AlignedBuffer host;
-        std::size_t size_bytes = 0;
-        std::byte* data() const noexcept;
-    };
 
-    Engine(const config::EngineConfig& config, model::Mlp& model, Device& device, Compute& compute,
-           zero::Communicator& communicator, kernels::OptimizerKernel kernel);
+    Engine(const config::EngineConfig& config, engine::OffloadPlan plan, model::Model& model,
+           Device& device, Compute& compute, zero::Communicator& communicator,
+           kernels::OptimizerKernel kernel, const EngineOptions& options);
+    Status build(const zero::Partitioning& part);
     Status init_states();
     // Initial master values of domain elements [offset, offset + out.size()) (padding: zero).
     void initial_master(std::size_t offset, std::span<float> out) const;
     Status save_states(engine::CheckpointWriter& w);
     Status load_states(const engine::CheckpointReader& r);
-    Status allocate_state(StateBuffer& buffer, std::size_t size_bytes, const char* what);
-    Status optimizer_step(double grad_scale, double lr);
+    Status check_loadable(const engine::CheckpointReader& r) const;
+    Status restore_counters(const engine::CheckpointReader& r);
+    Status stage_batch(const Batch& batch);
+    Status run_optimizer(double norm_unscale);
     Result<kernels::GradStats> gradient_stats();
     void build_summary();
+    Status check_usable() const;
+    void end_iteration_if_open() noexcept;
+    io::FileSystem& file_system() const noexcept;
     StreamId stream() const noexcept { return 0; }
 
     config::EngineConfig config_;
-    model::Mlp& model_;
+    engine::OffloadPlan plan_;
+    model::Model& model_;
     Device& device_;
     Compute& compute_;
     zero::Communicator& communicator_;
     kernels::OptimizerKernel kernel_;
-    kernels::OptimizerParams optimizer_params_;
+    EngineOptions options_;
     // Declared before the coordinator, which reads parameters through it: destroyed after.
     std::unique_ptr<engine::Offload> offload_;
     std::unique_ptr<zero::ParameterCoordinator> coordinator_;
     std::unique_ptr<Adapter> adapter_;
+    std::unique_ptr<engine::StateStore> states_;
+    std::unique_ptr<engine::OptimizerIo> optimizer_io_;
     engine::LossScaler scaler_;
-    bool host_states_ = false;  // offload_optimizer: cpu
-    bool nvme_states_ = false;  // offload_optimizer: nvme (states in offload_->optimizer())
-    bool host_gradient_copy_ = false;  // gradients copied to host_grads_ for the CPU optimizer
     bool in_iteration_ = false;
     // A step or a checkpoint load failed part-way: the states may disagree with each other
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
-    Status check_usable() const;
-    void end_iteration_if_open() noexcept;
     double optimizer_read_wait_seconds_ = 0.0;
 
-    StateBuffer master_;
-    StateBuffer exp_avg_;
-    StateBuffer exp_avg_sq_;
-    StateBuffer host_grads_;   // offload cpu: the gradients of one sub-group, host copy
-    // 16-bit dtype with offloaded states or parameters: new 16-bit values of a sub-group.
-    StateBuffer host_params_;
-    std::size_t sub_group_numel_ = 0;
-
     // Device staging of one micro-batch.
-    void* inputs_device_ = nullptr;
-    void* labels_device_ = nullptr;
-    void* correct_device_ = nullptr;
+    DeviceBuffer inputs_device_;
+    DeviceBuffer labels_device_;
+    DeviceBuffer correct_device_;
     std::size_t batch_rows_max_ = 0;
+    std::size_t rows_staged_ = 0;
 
     std::uint64_t global_steps_ = 0;
     std::uint64_t micro_steps_ = 0;

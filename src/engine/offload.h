@@ -15,10 +15,11 @@
 #include "io/engine.h"
 #include "kernels/optimizer.h"
 #include "src/base/aligned.h"
-#include "src/base/config.h"
 #include "src/base/device.h"
+#include "src/base/config.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
+#include "src/engine/offload_plan.h"
 #include "src/engine/trace.h"
 #include "src/tier/residency_manager.h"
 #include "src/tier/store_mover.h"
@@ -29,6 +30,12 @@
 #include "zero/partition_storage.h"
 
 namespace zinf::engine {
+
+// The nvme_path directories of the config's NVMe sections: created when missing (as DeepSpeed
+// does), then checked to be writable directories no other user controls
+// (io::check_trusted_directory). The engine calls it first, before planning or allocating.
+// Errors name the key: kNotFound / kIo / kInvalidArgument.
+Status check_swap_directories(const config::EngineConfig& config);
 
 // offload_param "cpu": every slice in one pageable host buffer, registered with the (CPU) device
 // so that its copies read the slices in place.
@@ -100,14 +107,14 @@ struct OffloadFigures {
 
 class Offload {
 public:
-    // Checks every offload key against the model's partitioning before allocating anything
-    // (buffer sizes, budgets, nvme paths writable), then builds what the config asks for. `part`:
-    // the rank's partitioning; `dtype`: parameters' dtype; `domain_numel`: the optimizer's
-    // elements. Errors: kInvalidArgument / kNotSupported naming the key, kNoSpace (disk, pinned
-    // budget), kBusy (another run holds an nvme_path).
-    static Result<std::unique_ptr<Offload>> create(const config::EngineConfig& config,
-                                                   const zero::Partitioning& part, DType dtype,
-                                                   std::size_t domain_numel,
+    // Builds what the plan places on the host or on NVMe (sized there): the I/O engine, the swap
+    // store(s) (whose run directories check their base again), the optimizer swapper with its
+    // pinned pool, and the parameter tiers.
+    // `part`: the rank's partitioning; `kernel` is borrowed for the offload's life. Errors:
+    // kInvalidArgument naming the key (an unusable directory), kNoSpace (disk), kBusy (another
+    // run holds an nvme_path), the I/O engine's.
+    static Result<std::unique_ptr<Offload>> create(const OffloadPlan& plan,
+                                                   const zero::Partitioning& part,
                                                    const kernels::OptimizerKernel& kernel,
                                                    Device& device);
     ~Offload();
@@ -125,18 +132,21 @@ public:
     OffloadFigures figures() const;
     // Parameter moves (demand and prefetch) go to `recorder` as spans (borrowed; null: none).
     void set_trace(TraceRecorder* recorder);
-    // Lines for the engine's start-up summary.
+    // Lines for the engine's start-up summary (what the plan does not say: the I/O backend).
     std::string summary() const;
     std::size_t pinned_bytes() const noexcept;
 
 private:
     class MoveTrace;
     Offload() = default;
-    Status open_stores(const config::EngineConfig& config);
+    Status open_stores(const OffloadPlan& plan, const zero::Partitioning& part,
+                       const kernels::OptimizerKernel& kernel, Device& device);
+    Status build_parameter_tiers(const OffloadPlan& plan, const zero::Partitioning& part,
+                                 Device& device);
 
     // Declaration order is teardown order reversed: memory registered with the I/O engine
     // outlives it; stores outlive their users.
-    AlignedBuffer host_region_;  // the host tier of the residency manager
+    std::unique_ptr<swap::PinnedPool> host_tier_;  // the residency manager's host tier
     std::unique_ptr<swap::PinnedPool> optimizer_pool_;
     std::unique_ptr<io::Engine> io_;
     std::unique_ptr<swap::SwapStore> param_store_;
@@ -148,9 +158,6 @@ private:
     std::unique_ptr<swap::OptimizerSwapper> optimizer_;
     std::unique_ptr<MoveTrace> move_trace_;
     TieredPartitionStorage* tiered_ = nullptr;  // parameters_, when it is the tiered storage
-    bool host_region_locked_ = false;
-    std::string param_where_;
-    std::string optimizer_where_;
 };
 
 }  // namespace zinf::engine

@@ -3,6 +3,7 @@
 
 #include "src/device/cpu_compute.h"
 #include "src/device/cpu_device.h"
+#include "src/engine/model_registry.h"
 #include "zero/single_rank_communicator.h"
 
 namespace zinf {
@@ -14,18 +15,6 @@ TrainingStack::~TrainingStack() {
     communicator.reset();
     compute.reset();
     device.reset();
-}
-
-model::MlpConfig mlp_config(const config::EngineConfig& config) {
-    model::MlpConfig m;
-    m.layer_sizes.assign(config.model.layers.begin(), config.model.layers.end());
-    m.activation =
-        config.model.activation == "gelu" ? model::Activation::kGelu : model::Activation::kRelu;
-    m.dropout_prob = static_cast<float>(config.model.dropout);
-    m.layer_norm = config.model.layernorm;
-    m.batch_rows_max = config.batch.train_micro_batch_size_per_gpu;
-    m.seed = config.seed;
-    return m;
 }
 
 Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) {
@@ -52,7 +41,7 @@ Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config
     s.device = std::move(device);
     s.compute = std::move(compute);
     s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
-    ZINF_ASSIGN_OR_RETURN(s.model, model::Mlp::create(mlp_config(config), *s.device));
+    ZINF_ASSIGN_OR_RETURN(s.model, engine::build_model(config, *s.device));
     ZINF_ASSIGN_OR_RETURN(s.engine,
                           Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator));
     return s;

@@ -1,5 +1,6 @@
 // TrainingStack: everything an Engine runs on, built from the config alone: the device (the
-// `device` block), its Compute, the single-rank communicator, the model (the `model` block) and
+// `device` block), its Compute, the single-rank communicator, the model (the `model` block,
+// through the model registry) and
 // the Engine. What zinfinity-train and the tests use; an embedding program may build the pieces
 // itself and call Engine::create.
 #pragma once
@@ -10,7 +11,7 @@
 #include "src/base/config.h"
 #include "src/base/device.h"
 #include "src/engine/engine.h"
-#include "src/model/mlp.h"
+#include "src/model/model.h"
 #include "zero/communicator.h"
 
 namespace zinf {
@@ -19,7 +20,7 @@ struct TrainingStack {
     std::unique_ptr<Device> device;
     std::unique_ptr<Compute> compute;
     std::unique_ptr<zero::Communicator> communicator;
-    std::unique_ptr<model::Mlp> model;
+    std::unique_ptr<model::Model> model;
     std::unique_ptr<Engine> engine;  // declared last: destroyed first
 
     // Errors: kNotSupported for device.type "cuda" (see create_cuda_training_stack), and
@@ -38,8 +39,5 @@ struct TrainingStack {
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
                                               std::unique_ptr<Compute> compute);
-
-// The model the `model` block describes, for `rows_max` rows per batch.
-model::MlpConfig mlp_config(const config::EngineConfig& config);
 
 }  // namespace zinf

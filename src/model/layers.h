@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "src/base/device.h"
-#include "src/model/device_buffer.h"
+#include "src/base/device_buffer.h"
 #include "src/model/module.h"
 #include "src/model/parameter.h"
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "src/base/log.h"
 #include "src/base/philox.h"
@@ -161,6 +162,21 @@ Status Mlp::count_correct(const Context& ctx, std::uint64_t* correct_count, bool
     ZINF_ASSERT(labels_ != nullptr);
     return ctx.compute.count_correct(logits(), labels_, rows_, classes(), correct_count, accumulate,
                                      ctx.stream);
+}
+
+Status Mlp::read_predictions(StreamId stream, std::span<std::int32_t> out) const {
+    ZINF_ASSERT_EQ(out.size(), rows_);
+    const std::size_t classes = this->classes();
+    std::vector<float> logits(rows_ * classes);
+    ZINF_TRY(device_.copy_to_host(logits.data(), this->logits(), logits.size() * sizeof(float),
+                                  stream));
+    ZINF_TRY(device_.synchronize(stream));
+    for (std::size_t r = 0; r < rows_; ++r) {
+        const float* row = logits.data() + r * classes;
+        // The first maximum, as Compute::count_correct takes it.
+        out[r] = static_cast<std::int32_t>(std::max_element(row, row + classes) - row);
+    }
+    return Status::ok();
 }
 
 }  // namespace zinf::model

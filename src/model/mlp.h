@@ -12,8 +12,9 @@
 
 #include "src/base/device.h"
 #include "src/base/status.h"
-#include "src/model/device_buffer.h"
+#include "src/base/device_buffer.h"
 #include "src/model/layers.h"
+#include "src/model/model.h"
 #include "src/model/module.h"
 #include "src/model/parameter.h"
 
@@ -36,18 +37,35 @@ struct MlpConfig {
 
 // Parameter names: "layers.<i>.weight" / "layers.<i>.bias" for the i-th Linear,
 // "norms.<i>.weight" / "norms.<i>.bias" for the LayerNorm after it.
-class Mlp {
+class Mlp final : public Model {
 public:
     // Builds the modules and registers the parameters; allocates activations, gradients and
     // scratch on `device` (borrowed, outlives the model). Errors: kInvalidArgument for a bad
     // config (message names the field), kNoSpace from the device budget.
     static Result<std::unique_ptr<Mlp>> create(const MlpConfig& config, Device& device);
-    ~Mlp();
+    ~Mlp() override;
     Mlp(const Mlp&) = delete;
     Mlp& operator=(const Mlp&) = delete;
 
+    // ---- Model ----
+    std::string_view name() const noexcept override { return "mlp"; }
+    const ParameterRegistry& parameters() const noexcept override { return registry_; }
+    BatchShape batch_shape() const noexcept override {
+        return BatchShape{InputKind::kFloat32, in_features(), 1, classes()};
+    }
+    std::size_t batch_rows_max() const noexcept override { return config_.batch_rows_max; }
+    std::size_t workspace_bytes() const noexcept override { return workspace_bytes_; }
+    Status forward(const Context& ctx, const void* inputs, const std::int32_t* labels,
+                   std::size_t rows) override {
+        return forward(ctx, static_cast<const float*>(inputs), labels, rows);
+    }
+    Status backward(const Context& ctx, float grad_scale) override;
+    Result<float> read_loss(StreamId stream) const override;
+    Status count_correct(const Context& ctx, std::uint64_t* correct_count,
+                         bool accumulate) const override;
+    Status read_predictions(StreamId stream, std::span<std::int32_t> out) const override;
+
     const MlpConfig& config() const noexcept { return config_; }
-    const ParameterRegistry& parameters() const noexcept { return registry_; }
     std::size_t in_features() const noexcept { return config_.layer_sizes.front(); }
     std::size_t classes() const noexcept { return config_.layer_sizes.back(); }
     std::size_t module_count() const noexcept { return modules_.size(); }
@@ -55,27 +73,15 @@ public:
         ZINF_ASSERT_LT(index, modules_.size());
         return *modules_[index];
     }
-    // Device bytes the model holds besides its parameters (activations, gradients, scratch).
-    std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
-
     // Runs the modules over x (rows x in_features, device memory, rows in [1, batch_rows_max]).
     // With labels (rows int32 in [0, classes), device memory) it also computes the mean loss
     // into loss_device(). x and labels stay borrowed until backward. The context's grad_scratch
     // is ignored (the model supplies its own).
     Status forward(const Context& ctx, const float* x, const std::int32_t* labels,
                    std::size_t rows);
-    // Accumulates d(loss * grad_scale)/d(parameter) into ctx.grads for the last forward, which
-    // must have been a training forward with labels.
-    Status backward(const Context& ctx, float grad_scale = 1.0f);
-
     // Outputs of the last forward, in device memory.
     const float* logits() const noexcept { return activations_.back().as<float>(); }
     const float* loss_device() const noexcept { return scalars_.as<float>(); }
-    // Copies the last loss to the host; blocks until `stream` has produced it.
-    Result<float> read_loss(StreamId stream) const;
-    // Adds the number of rows of the last forward whose argmax equals the label to
-    // *correct_count (device memory), or writes it when !accumulate.
-    Status count_correct(const Context& ctx, std::uint64_t* correct_count, bool accumulate) const;
 
 private:
     Mlp(const MlpConfig& config, Device& device) : config_(config), device_(device) {}

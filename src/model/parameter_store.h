@@ -10,7 +10,7 @@
 
 #include "src/base/compute.h"
 #include "src/base/device.h"
-#include "src/model/device_buffer.h"
+#include "src/base/device_buffer.h"
 #include "src/model/parameter.h"
 
 namespace zinf::model {

@@ -168,7 +168,7 @@ TEST_P(MlpGradientTest, BackwardMatchesFiniteDifferencesOfDoubleReference) {
     ASSERT_TRUE((*mlp)->forward(ctx, x_device.as<float>(), labels_device.as<std::int32_t>(), rows));
     auto loss = (*mlp)->read_loss(0);
     ASSERT_TRUE(loss.has_value());
-    ASSERT_TRUE((*mlp)->backward(ctx));
+    ASSERT_TRUE((*mlp)->backward(ctx, 1.0f));
     EXPECT_EQ((*store)->live_fetch_count(), 0u);
 
     // The masks the model drew, for the reference.
@@ -238,7 +238,7 @@ TEST(Mlp, FetchesEachParameterAroundUseAndSkipsTheFirstInputGradient) {
     ASSERT_TRUE((*mlp)->forward(ctx, x.as<float>(), labels.as<std::int32_t>(), 4));
     EXPECT_EQ((*store)->total_fetch_count(), 10u);  // every parameter once
     EXPECT_EQ((*store)->live_fetch_count(), 0u);
-    ASSERT_TRUE((*mlp)->backward(ctx));
+    ASSERT_TRUE((*mlp)->backward(ctx, 1.0f));
     // Backward fetches each Linear weight but the first (for dx) and each LayerNorm gamma.
     EXPECT_EQ((*store)->total_fetch_count(), 10u + 2u + 2u);
     EXPECT_EQ((*store)->live_fetch_count(), 0u);
@@ -279,7 +279,7 @@ TEST(Mlp, FetchFailuresReturnTheErrorAndLeaveNothingFetched) {
         FailingSource source(**store, n);
         Context ctx{*machine.compute, source, **store};
         Status status = (*mlp)->forward(ctx, x.as<float>(), labels.as<std::int32_t>(), 4);
-        if (status.is_ok()) status = (*mlp)->backward(ctx);
+        if (status.is_ok()) status = (*mlp)->backward(ctx, 1.0f);
         ASSERT_FALSE(status.is_ok()) << "fetch " << n;
         EXPECT_EQ(status.code(), StatusCode::kIo);
         EXPECT_NE(status.message().find("injected"), std::string::npos);

@@ -107,7 +107,7 @@ struct Trainer {
         Context ctx{*machine.compute, *store, *store};
         ctx.step = step;
         ZINF_ASSERT(mlp->forward(ctx, x.as<float>(), labels.as<std::int32_t>(), rows));
-        ZINF_ASSERT(mlp->backward(ctx));
+        ZINF_ASSERT(mlp->backward(ctx, 1.0f));
         const auto loss = mlp->read_loss(0);  // synchronizes stream 0
         ZINF_ASSERT(loss.has_value());
         return *loss;

@@ -107,7 +107,7 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
                                        " --measure-overlap --overlap-steps 2 --trace " +
                                        dir.file("trace.json"));
     ASSERT_EQ(r.exit_code, 0) << r.out;
-    EXPECT_NE(r.out.find("offload_param nvme"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("parameters: nvme ("), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("I/O read "), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("I/O read 0 B"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("compute-only:"), std::string::npos) << r.out;

@@ -1,0 +1,49 @@
+// The model registry's table.
+#include "src/engine/model_registry.h"
+
+#include "src/model/mlp.h"
+
+namespace zinf::engine {
+namespace {
+
+Result<std::unique_ptr<model::Model>> build_mlp(const config::EngineConfig& config,
+                                                Device& device) {
+    model::MlpConfig m;
+    m.layer_sizes.assign(config.model.layers.begin(), config.model.layers.end());
+    m.activation =
+        config.model.activation == "gelu" ? model::Activation::kGelu : model::Activation::kRelu;
+    m.dropout_prob = static_cast<float>(config.model.dropout);
+    m.layer_norm = config.model.layernorm;
+    m.batch_rows_max = config.batch.train_micro_batch_size_per_gpu;
+    m.seed = config.seed;
+    ZINF_ASSIGN_OR_RETURN(auto mlp, model::Mlp::create(m, device));
+    return std::unique_ptr<model::Model>(std::move(mlp));
+}
+
+struct Entry {
+    config::ModelType type;
+    std::string_view name;
+    Result<std::unique_ptr<model::Model>> (*build)(const config::EngineConfig&, Device&);
+};
+
+constexpr Entry kModels[] = {
+    {config::ModelType::kMlp, "mlp", &build_mlp},
+};
+
+}  // namespace
+
+Result<std::unique_ptr<model::Model>> build_model(const config::EngineConfig& config,
+                                                  Device& device) {
+    for (const Entry& e : kModels) {
+        if (e.type == config.model.type) return e.build(config, device);
+    }
+    return Status::not_supported("model.type: no model of this type is registered");
+}
+
+std::vector<std::string_view> model_types() {
+    std::vector<std::string_view> names;
+    for (const Entry& e : kModels) names.push_back(e.name);
+    return names;
+}
+
+}  // namespace zinf::engine

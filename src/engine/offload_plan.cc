@@ -1,0 +1,282 @@
+// make_offload_plan: placement and sizing of every state, from the config and the model's sizes.
+#include "src/engine/offload_plan.h"
+
+#include <algorithm>
+
+#include "src/base/log.h"
+#include "src/base/units.h"
+
+namespace zinf::engine {
+namespace {
+
+constexpr std::size_t kPageBytes = 4096;
+
+Home home_of(config::OffloadDevice device) noexcept {
+    switch (device) {
+        case config::OffloadDevice::kNone: return Home::kDevice;
+        case config::OffloadDevice::kCpu: return Home::kHost;
+        case config::OffloadDevice::kNvme: return Home::kNvme;
+    }
+    return Home::kDevice;
+}
+
+std::string joined(const std::vector<std::string>& paths) {
+    std::string s;
+    for (const auto& p : paths) s += (s.empty() ? "" : ", ") + p;
+    return s;
+}
+
+// DeepSpeed's optimizer names and flags to the kernel's kinds (Adam with adam_w_mode is AdamW).
+kernels::OptimizerParams optimizer_params(const config::OptimizerConfig& c) noexcept {
+    kernels::OptimizerParams p;
+    switch (c.type) {
+        case config::OptimizerType::kAdam:
+            p.kind = c.adam_w_mode ? kernels::OptimizerKind::kAdamW : kernels::OptimizerKind::kAdam;
+            break;
+        case config::OptimizerType::kAdamW: p.kind = kernels::OptimizerKind::kAdamW; break;
+        case config::OptimizerType::kAdagrad: p.kind = kernels::OptimizerKind::kAdagrad; break;
+        case config::OptimizerType::kLion: p.kind = kernels::OptimizerKind::kLion; break;
+    }
+    p.lr = c.lr;
+    p.beta1 = c.beta1;
+    p.beta2 = c.beta2;
+    p.eps = c.eps;
+    p.weight_decay = c.weight_decay;
+    return p;
+}
+
+// offload_param "nvme": the pinned host tier and the device tier, checked against the largest
+// parameter partition.
+Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs& in,
+                            OffloadPlan& plan) {
+    const auto& zc = config.zero;
+    const auto& op = zc.offload_param;
+    const std::size_t eb = dtype_size_bytes(plan.dtype);
+    const std::size_t largest = plan.largest_partition_numel;
+    if (op.buffer_size_numel < largest) {
+        return Status::invalid_argument(str_cat(
+            "zero_optimization.offload_param.buffer_size: ", op.buffer_size_numel,
+            " elements is smaller than the largest parameter partition (", largest,
+            " elements); raise it to at least that"));
+    }
+    if (op.buffer_count < 2) {
+        return Status::invalid_argument(
+            str_cat("zero_optimization.offload_param.buffer_count: ", op.buffer_count,
+                    "; at least 2 buffers are needed (one in use, one arriving)"));
+    }
+    if (op.max_in_cpu_numel < 2 * largest) {
+        return Status::invalid_argument(str_cat(
+            "zero_optimization.offload_param.max_in_cpu: ", op.max_in_cpu_numel,
+            " elements cannot hold two of the largest parameter partitions (", largest,
+            " elements each); raise it to at least ", 2 * largest));
+    }
+    std::uint64_t host = align_up(static_cast<std::size_t>(std::min<std::uint64_t>(
+                                      static_cast<std::uint64_t>(op.buffer_count) *
+                                          op.buffer_size_numel,
+                                      op.max_in_cpu_numel)) *
+                                      eb,
+                                  kPageBytes);
+    // Host extents are page-aligned (O_DIRECT): tiny partitions take a page each.
+    const std::uint64_t two_pages = 2 * align_up(largest * eb, kPageBytes);
+    if (host < two_pages) {
+        log::info("offload_param: host tier raised from ", format_bytes(host), " to ",
+                  format_bytes(two_pages), " (two page-aligned partitions)");
+        host = two_pages;
+    }
+    // The device tier holds gathered-from slices: bounded by stage3_max_live_parameters and by a
+    // quarter of the device budget, at least two of the largest slices.
+    const std::uint64_t two = 2 * align_up(largest * eb, std::size_t{256});
+    const std::uint64_t live = zc.stage3_max_live_parameters_numel * eb;
+    const std::uint64_t device_tier =
+        std::max<std::uint64_t>(two, std::min<std::uint64_t>(live, in.device_budget_bytes / 4));
+    if (device_tier > in.device_budget_bytes / 2) {
+        return Status::invalid_argument(str_cat(
+            "device.memory_budget: ", in.device_budget_bytes,
+            " bytes cannot hold two of the largest parameter partitions (", two,
+            " bytes) in half of it; raise it to at least ", 2 * two));
+    }
+    plan.parameter_host_tier_bytes = host;
+    plan.parameter_device_tier_bytes = device_tier;
+
+    plan.parameter_store.paths = op.nvme_path;
+    plan.parameter_store.verify_checksums = config.swap.verify_checksums;
+    plan.parameter_store.name = "parameters";
+    plan.lock_parameter_host_tier = op.pin_memory;
+    // pin_memory false: a pageable host tier (a GPU stages its copies through the driver).
+    plan.mover.register_with_device = op.pin_memory || in.device_kind == DeviceKind::kCpu;
+    tier::ResidencyOptions& ro = plan.residency;
+    ro.dtype = plan.dtype;
+    ro.device_budget_bytes = static_cast<std::size_t>(device_tier);
+    // buffer_count x buffer_size and max_in_cpu are folded into the host tier above.
+    ro.host_budget_bytes = static_cast<std::size_t>(host);
+    ro.prefetch_bucket_numel = zc.stage3_prefetch_bucket_size_numel;
+    ro.max_live_numel = zc.stage3_max_live_parameters_numel;
+    ro.partition_capacity = std::max<std::size_t>(in.parameter_numels.size(), 1);
+    return Status::ok();
+}
+
+// offload_optimizer "nvme": the swapper's sub-groups and its pinned buffers.
+void size_optimizer_swap(const config::EngineConfig& config, std::size_t first_partition,
+                         OffloadPlan& plan) {
+    const auto& zc = config.zero;
+    const auto& oo = zc.offload_optimizer;
+    swap::OptimizerSwapperOptions& so = plan.optimizer_swapper;
+    so.numel = plan.domain_numel;
+    so.sub_group_numel = plan.sub_group_numel;
+    so.kind = plan.optimizer.kind;
+    so.pipeline_read = oo.pipeline_read;
+    so.pipeline_write = oo.pipeline_write;
+    so.first_partition = static_cast<swap::PartitionId>(first_partition);
+    const auto buffer_bytes = static_cast<std::size_t>(
+        swap::OptimizerSwapper::buffer_size_bytes(plan.sub_group_numel, so.kind));
+    plan.optimizer_pool.name = "offload_optimizer";
+    plan.optimizer_pool.buffer_count = swap::OptimizerSwapper::buffers_needed(so);
+    plan.optimizer_pool.buffer_size_bytes = buffer_bytes;
+    plan.optimizer_pool.allow_unlocked = true;
+    plan.optimizer_pinned_bytes =
+        plan.optimizer_pool.buffer_count * align_up(buffer_bytes, kPageBytes);
+    plan.optimizer_store.paths = oo.nvme_path;
+    plan.optimizer_store.verify_checksums = config.swap.verify_checksums;
+    plan.optimizer_store.name = "optimizer";
+    plan.stores_shared = plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
+}
+
+}  // namespace
+
+std::string_view home_name(Home home) noexcept {
+    switch (home) {
+        case Home::kDevice: return "device";
+        case Home::kHost: return "cpu";
+        case Home::kNvme: return "nvme";
+    }
+    return "device";
+}
+
+Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const PlanInputs& in) {
+    const auto& zc = config.zero;
+    OffloadPlan plan;
+    plan.stage = zc.stage;
+    plan.stage_plan = zero::StagePlan::for_stage(zc.stage);
+    plan.dtype = config.bf16.enabled   ? DType::kBFloat16
+                 : config.fp16.enabled ? DType::kFloat16
+                                       : DType::kFloat32;
+    ZINF_ASSIGN_OR_RETURN(auto part,
+                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
+    plan.model_numel = part.model_numel();
+    plan.domain_numel =
+        plan.stage_plan.optimizer_partitioned ? part.partition_numel() : part.full_numel();
+    for (std::size_t i = 0; i < part.parameter_count(); ++i) {
+        plan.largest_partition_numel =
+            std::max(plan.largest_partition_numel, part.slot(i).slice_numel);
+    }
+    plan.optimizer = optimizer_params(config.optimizer);
+    plan.cpu_isa = config.cpu_optimizer.isa;
+    plan.cpu_threads = config.cpu_optimizer.threads;
+    plan.state_count = swap::OptimizerSwapper::state_count(plan.optimizer.kind);
+
+    // Placement. What may combine with what was checked by config::load, once.
+    plan.parameters = home_of(zc.offload_param.device);
+    plan.optimizer_states = home_of(zc.offload_optimizer.device);
+    const bool cpu_device = in.device_kind == DeviceKind::kCpu;
+    // DeepSpeed keeps the gradient partition in host memory under offload; on the CPU device
+    // that is registered host memory outside the budget, read in place by the optimizer.
+    const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
+                                (plan.parameters_offloaded() ||
+                                 plan.optimizer_states == Home::kNvme);
+    plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
+    // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
+    // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
+    plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
+                                    (plan.optimizer_states == Home::kNvme && !cpu_device);
+    if (plan.parameters_offloaded() || !cpu_device) {
+        plan.parameter_update = ParameterUpdate::kThroughCoordinator;
+    } else {
+        plan.parameter_update = plan.dtype == DType::kFloat32 ? ParameterUpdate::kCopyMaster
+                                                              : ParameterUpdate::kInPlace;
+    }
+
+    // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
+    // the kernels' alignment; the NVMe swapper takes it as given), at most the domain.
+    const std::uint64_t sgs = zc.sub_group_size_numel;
+    plan.sub_group_numel =
+        plan.optimizer_states == Home::kNvme
+            ? static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16),
+                                                               plan.domain_numel))
+            : std::min<std::size_t>(plan.domain_numel,
+                                    std::max<std::size_t>(16, static_cast<std::size_t>(sgs / 16 * 16)));
+
+    zero::CoordinatorOptions& co = plan.coordinator;
+    co.stage = zc.stage;
+    co.dtype = plan.dtype;
+    co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
+    co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
+    co.host_gradients = host_gradients;
+
+    if (plan.parameters == Home::kNvme) ZINF_TRY(size_parameter_tiers(config, in, plan));
+    if (plan.optimizer_states == Home::kNvme) {
+        size_optimizer_swap(config, part.parameter_count(), plan);
+        plan.optimizer_pool_registered_with_device = !cpu_device && zc.offload_optimizer.pin_memory;
+    }
+    plan.needs_io = plan.parameters == Home::kNvme || plan.optimizer_states == Home::kNvme;
+    plan.io.aio = config.aio;
+
+    plan.host_budget_bytes = config.device.host_memory_budget_bytes;
+    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;
+    if (plan.host_budget_bytes > 0 && pinned > plan.host_budget_bytes) {
+        return Status::invalid_argument(str_cat(
+            "device.host_memory_budget: ", plan.host_budget_bytes,
+            " bytes is less than the pinned memory the offload config needs: ",
+            plan.parameter_host_tier_bytes,
+            " bytes for parameters (offload_param buffer_count x buffer_size) + ",
+            plan.optimizer_pinned_bytes, " bytes for optimizer sub-groups (sub_group_size ",
+            plan.sub_group_numel, "); raise it to at least ", pinned));
+    }
+    return plan;
+}
+
+std::string OffloadPlan::describe() const {
+    const std::size_t eb = dtype_size_bytes(dtype);
+    std::string s = str_cat("  plan: ZeRO stage ", stage, ", ", dtype_name(dtype),
+                            " parameters and gradients, ", model_numel, " parameters, ",
+                            domain_numel, " in this rank's optimizer domain");
+    s += "\n    parameters: ";
+    switch (parameters) {
+        case Home::kDevice:
+            s += stage_plan.parameters_partitioned ? "device (partitioned, gathered per use)"
+                                                   : "device";
+            break;
+        case Home::kHost:
+            s += "cpu (pageable host memory, gathered to the device per use)";
+            break;
+        case Home::kNvme:
+            s += str_cat("nvme (", joined(parameter_store.paths), "; host tier ",
+                         format_bytes(parameter_host_tier_bytes),
+                         lock_parameter_host_tier ? " pinned" : " pageable", ", device tier ",
+                         format_bytes(parameter_device_tier_bytes), ", prefetch ",
+                         format_bytes(residency.prefetch_depth_bytes()), " ahead, checksums ",
+                         parameter_store.verify_checksums ? "on" : "off", ")");
+            break;
+    }
+    s += str_cat("\n    gradients: ", gradients == Home::kHost ? "host memory" : "device",
+                 gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "",
+                 ", ", format_bytes(domain_numel * eb), " in the optimizer domain");
+    s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " moment",
+                 state_count == 2 ? "" : "s", ", ",
+                 format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),
+                 "): ", home_name(optimizer_states), ", sub-groups of ", sub_group_numel,
+                 " elements");
+    if (optimizer_states == Home::kNvme) {
+        s += str_cat(" (", joined(optimizer_store.paths),
+                     stores_shared ? ", the parameters' store" : "", "; ",
+                     optimizer_swapper.pipeline_read ? "pipelined reads" : "serial reads", ", ",
+                     optimizer_swapper.pipeline_write ? "pipelined writes" : "serial writes",
+                     "; pinned ", format_bytes(optimizer_pinned_bytes), ")");
+    }
+    if (host_budget_bytes > 0) {
+        s += str_cat("\n    host budget ", format_bytes(host_budget_bytes), ", pinned ",
+                     format_bytes(parameter_host_tier_bytes + optimizer_pinned_bytes));
+    }
+    return s;
+}
+
+}  // namespace zinf::engine

@@ -1,0 +1,327 @@
+// The three state stores (device memory, host memory, NVMe) and OptimizerIo.
+#include "src/engine/state_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/base/log.h"
+
+namespace zinf::engine {
+namespace {
+
+kernels::Dtype kernel_dtype(DType dtype) noexcept {
+    switch (dtype) {
+        case DType::kFloat32: return kernels::Dtype::kFp32;
+        case DType::kBFloat16: return kernels::Dtype::kBf16;
+        case DType::kFloat16: return kernels::Dtype::kFp16;
+    }
+    return kernels::Dtype::kFp32;
+}
+
+// The states in one flat array each, in host-addressable memory: what the device and host
+// stores share. They differ only in where the arrays come from.
+class InMemoryStateStore : public StateStore {
+public:
+    Status initialize(swap::ParamSource& initial) override {
+        for (std::size_t k = 0; k < chunk_count(); ++k) {
+            const std::size_t at = k * chunk_numel();
+            ZINF_TRY(initial.fill(k, at, std::span<float>(master_ + at, chunk_length(k))));
+        }
+        return Status::ok();
+    }
+
+    Status step(const kernels::OptimizerParams& params, swap::GradientSource& io) override {
+        ZINF_ASSERT(params.kind == kind());
+        for (std::size_t k = 0; k < chunk_count(); ++k) {
+            const std::size_t at = k * chunk_numel();
+            const std::size_t n = chunk_length(k);
+            kernels::OptimizerState state;
+            state.params = {master_ + at, n};
+            if (exp_avg_ != nullptr) state.exp_avg = {exp_avg_ + at, n};
+            if (exp_avg_sq_ != nullptr) state.exp_avg_sq = {exp_avg_sq_ + at, n};
+            ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, io.gradients(k, at, n));
+            ZINF_TRY(kernel_.step(params, state, g, io.param_copy(k, at, n)));
+            ZINF_TRY(io.updated(k, at, state.params));
+        }
+        return Status::ok();
+    }
+
+    Status read_chunk(std::size_t k, const StateChunk& out) override {
+        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size());
+        const std::size_t at = k * chunk_numel();
+        copy_out(master_ + at, out.master);
+        if (exp_avg_ != nullptr) copy_out(exp_avg_ + at, out.exp_avg);
+        if (exp_avg_sq_ != nullptr) copy_out(exp_avg_sq_ + at, out.exp_avg_sq);
+        return Status::ok();
+    }
+
+    Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
+        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size());
+        const std::size_t at = k * chunk_numel();
+        copy_in(in.master, master_ + at);
+        if (exp_avg_ != nullptr) copy_in(in.exp_avg, exp_avg_ + at);
+        if (exp_avg_sq_ != nullptr) copy_in(in.exp_avg_sq, exp_avg_sq_ + at);
+        return Status::ok();
+    }
+
+protected:
+    InMemoryStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
+        : StateStore(plan.domain_numel, plan.sub_group_numel, plan.optimizer.kind),
+          kernel_(kernel) {}
+    // Points the store at its arrays (each numel() floats, zeroed; null for a moment not kept).
+    void adopt(float* master, float* exp_avg, float* exp_avg_sq) noexcept {
+        master_ = master;
+        exp_avg_ = exp_avg;
+        exp_avg_sq_ = exp_avg_sq;
+    }
+
+private:
+    static void copy_out(const float* from, std::span<float> to) noexcept {
+        if (!to.empty()) std::memcpy(to.data(), from, to.size_bytes());
+    }
+    static void copy_in(std::span<const float> from, float* to) noexcept {
+        if (!from.empty()) std::memcpy(to, from.data(), from.size_bytes());
+    }
+
+    const kernels::OptimizerKernel& kernel_;
+    float* master_ = nullptr;
+    float* exp_avg_ = nullptr;
+    float* exp_avg_sq_ = nullptr;
+};
+
+// offload_optimizer "none": the states in device memory, counted against the device budget. The
+// CPU optimizer reads them in place, so the device's memory must be host memory (the CPU device;
+// config::load refuses "none" on a GPU).
+class DeviceStateStore final : public InMemoryStateStore {
+public:
+    static Result<std::unique_ptr<StateStore>> create(const OffloadPlan& plan, Device& device,
+                                                      const kernels::OptimizerKernel& kernel) {
+        ZINF_ASSERT(device.kind() == DeviceKind::kCpu);
+        std::unique_ptr<DeviceStateStore> s(new DeviceStateStore(plan, kernel));
+        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
+        auto allocate = [&](DeviceBuffer& b, const char* what) -> Status {
+            ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what));
+            return device.fill_zero(b.data(), bytes, 0);
+        };
+        ZINF_TRY(allocate(s->master_, "device fp32 master parameters"));
+        if (keeps_exp_avg(plan.optimizer.kind)) ZINF_TRY(allocate(s->exp_avg_, "device exp_avg"));
+        if (keeps_exp_avg_sq(plan.optimizer.kind)) {
+            ZINF_TRY(allocate(s->exp_avg_sq_, "device exp_avg_sq"));
+        }
+        ZINF_TRY(device.synchronize(0));
+        s->adopt(s->master_.as<float>(), s->exp_avg_.as<float>(), s->exp_avg_sq_.as<float>());
+        return std::unique_ptr<StateStore>(std::move(s));
+    }
+    Home home() const noexcept override { return Home::kDevice; }
+
+private:
+    DeviceStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
+        : InMemoryStateStore(plan, kernel) {}
+    DeviceBuffer master_;
+    DeviceBuffer exp_avg_;
+    DeviceBuffer exp_avg_sq_;
+};
+
+// offload_optimizer "cpu": the states in host memory outside the device budget.
+class HostStateStore final : public InMemoryStateStore {
+public:
+    static Result<std::unique_ptr<StateStore>> create(const OffloadPlan& plan,
+                                                      const kernels::OptimizerKernel& kernel) {
+        std::unique_ptr<HostStateStore> s(new HostStateStore(plan, kernel));
+        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
+        auto allocate = [&](AlignedBuffer& b, const char* what) -> Status {
+            auto r = AlignedBuffer::allocate(bytes, kDefaultAlignmentBytes, /*zero_fill=*/true);
+            if (!r.has_value()) return r.error().with_context(what);
+            b = std::move(*r);
+            return Status::ok();
+        };
+        ZINF_TRY(allocate(s->master_, "host fp32 master parameters"));
+        if (keeps_exp_avg(plan.optimizer.kind)) ZINF_TRY(allocate(s->exp_avg_, "host exp_avg"));
+        if (keeps_exp_avg_sq(plan.optimizer.kind)) {
+            ZINF_TRY(allocate(s->exp_avg_sq_, "host exp_avg_sq"));
+        }
+        s->adopt(s->master_.as<float>(), s->exp_avg_.empty() ? nullptr : s->exp_avg_.as<float>(),
+                 s->exp_avg_sq_.empty() ? nullptr : s->exp_avg_sq_.as<float>());
+        return std::unique_ptr<StateStore>(std::move(s));
+    }
+    Home home() const noexcept override { return Home::kHost; }
+
+private:
+    HostStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
+        : InMemoryStateStore(plan, kernel) {}
+    AlignedBuffer master_;
+    AlignedBuffer exp_avg_;
+    AlignedBuffer exp_avg_sq_;
+};
+
+// offload_optimizer "nvme": the states in the swap store, each chunk one sub-group of the
+// swapper (read i+1, update i, write i-1).
+class NvmeStateStore final : public StateStore {
+public:
+    NvmeStateStore(const OffloadPlan& plan, swap::OptimizerSwapper& swapper)
+        : StateStore(plan.domain_numel, plan.sub_group_numel, plan.optimizer.kind),
+          swapper_(swapper) {
+        ZINF_ASSERT_EQ(swapper.options().sub_group_numel, plan.sub_group_numel);
+        ZINF_ASSERT_EQ(swapper.sub_group_count(), chunk_count());
+    }
+    Home home() const noexcept override { return Home::kNvme; }
+
+    Status initialize(swap::ParamSource& initial) override {
+        return swapper_.initialize(initial).with_context(
+            "offload_optimizer nvme: writing initial states");
+    }
+    Status step(const kernels::OptimizerParams& params, swap::GradientSource& io) override {
+        const Status s = swapper_.step(params, io);
+        read_wait_seconds_ = swapper_.last_step_stats().read_wait_seconds;
+        return s;
+    }
+    Status read_chunk(std::size_t k, const StateChunk& out) override {
+        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size());
+        return swapper_.read_sub_group(k, out.master, out.exp_avg, out.exp_avg_sq);
+    }
+    Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
+        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size());
+        return swapper_.write_sub_group(k, in.master, in.exp_avg, in.exp_avg_sq);
+    }
+    Status io_only_pass() override { return swapper_.io_only_pass(); }
+    double last_read_wait_seconds() const noexcept override { return read_wait_seconds_; }
+
+private:
+    swap::OptimizerSwapper& swapper_;
+    double read_wait_seconds_ = 0.0;
+};
+
+}  // namespace
+
+bool keeps_exp_avg(kernels::OptimizerKind kind) noexcept {
+    return kind != kernels::OptimizerKind::kAdagrad;
+}
+bool keeps_exp_avg_sq(kernels::OptimizerKind kind) noexcept {
+    return kind != kernels::OptimizerKind::kLion;
+}
+
+std::size_t StateStore::chunk_length(std::size_t k) const noexcept {
+    const std::size_t at = k * chunk_numel_;
+    return at >= numel_ ? 0 : std::min(chunk_numel_, numel_ - at);
+}
+
+std::uint64_t StateStore::state_bytes() const noexcept {
+    const std::uint64_t arrays =
+        1 + (keeps_exp_avg(kind_) ? 1 : 0) + (keeps_exp_avg_sq(kind_) ? 1 : 0);
+    return arrays * numel_ * sizeof(float);
+}
+
+void StateStore::check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
+                             std::size_t exp_avg_sq) const {
+    ZINF_ASSERT_LT(k, chunk_count());
+    const std::size_t n = chunk_length(k);
+    ZINF_ASSERT_EQ(master, n);
+    ZINF_ASSERT_EQ(exp_avg, keeps_exp_avg(kind_) ? n : 0);
+    ZINF_ASSERT_EQ(exp_avg_sq, keeps_exp_avg_sq(kind_) ? n : 0);
+}
+
+Result<std::unique_ptr<StateStore>> make_state_store(const OffloadPlan& plan, Device& device,
+                                                     const kernels::OptimizerKernel& kernel,
+                                                     swap::OptimizerSwapper* swapper) {
+    switch (plan.optimizer_states) {
+        case Home::kDevice: return DeviceStateStore::create(plan, device, kernel);
+        case Home::kHost: return HostStateStore::create(plan, kernel);
+        case Home::kNvme:
+            ZINF_ASSERT(swapper != nullptr);
+            return std::unique_ptr<StateStore>(new NvmeStateStore(plan, *swapper));
+    }
+    return Status::internal("make_state_store: unknown home");
+}
+
+// ---- OptimizerIo ---------------------------------------------------------------------------
+
+OptimizerIo::OptimizerIo(const OffloadPlan& plan, zero::ParameterCoordinator& coordinator,
+                         Device& device)
+    : coordinator_(coordinator),
+      device_(device),
+      dtype_(plan.dtype),
+      update_(plan.parameter_update),
+      copy_gradients_(plan.gradients_copied_to_host) {}
+
+Result<std::unique_ptr<OptimizerIo>> OptimizerIo::create(const OffloadPlan& plan,
+                                                         zero::ParameterCoordinator& coordinator,
+                                                         Device& device) {
+    std::unique_ptr<OptimizerIo> io(new OptimizerIo(plan, coordinator, device));
+    const std::size_t eb = dtype_size_bytes(plan.dtype);
+    if (plan.gradients_copied_to_host) {
+        auto b = AlignedBuffer::allocate(std::max<std::size_t>(plan.domain_numel * eb, 64),
+                                         kDefaultAlignmentBytes, /*zero_fill=*/true);
+        if (!b.has_value()) return b.error().with_context("host copy of the gradients");
+        io->host_grads_ = std::move(*b);
+    }
+    if (plan.parameter_update == ParameterUpdate::kThroughCoordinator &&
+        plan.dtype != DType::kFloat32) {
+        auto b = AlignedBuffer::allocate(std::max<std::size_t>(plan.sub_group_numel * eb, 64));
+        if (!b.has_value()) return b.error().with_context("host 16-bit parameters");
+        io->staging_ = std::move(*b);
+    }
+    return io;
+}
+
+Result<const std::byte*> OptimizerIo::prepare(StreamId stream) {
+    const auto& d = coordinator_.domain();
+    grads_ = static_cast<const std::byte*>(d.gradients);
+    if (copy_gradients_) {
+        ZINF_TRY(device_.copy_to_host(host_grads_.data(), d.gradients,
+                                      d.numel * dtype_size_bytes(d.dtype), stream));
+        ZINF_TRY(device_.synchronize(stream));
+        grads_ = host_grads_.data();
+    }
+    return grads_;
+}
+
+Result<kernels::GradView> OptimizerIo::gradients(std::size_t, std::uint64_t offset_numel,
+                                                 std::uint64_t numel) {
+    ZINF_ASSERT(grads_ != nullptr);  // prepare() came first
+    return kernels::GradView{grads_ + offset_numel * dtype_size_bytes(dtype_),
+                             static_cast<std::size_t>(numel), kernel_dtype(dtype_)};
+}
+
+kernels::ParamCopy OptimizerIo::param_copy(std::size_t, std::uint64_t offset_numel,
+                                           std::uint64_t numel) {
+    if (dtype_ == DType::kFloat32) return kernels::ParamCopy::none();
+    const auto n = static_cast<std::size_t>(numel);
+    switch (update_) {
+        case ParameterUpdate::kInPlace: {
+            auto* params = static_cast<std::byte*>(coordinator_.domain().parameters);
+            return kernels::ParamCopy{
+                reinterpret_cast<std::uint16_t*>(params + offset_numel * dtype_size_bytes(dtype_)),
+                n, kernel_dtype(dtype_)};
+        }
+        case ParameterUpdate::kThroughCoordinator:
+            return kernels::ParamCopy{staging_.as<std::uint16_t>(), n, kernel_dtype(dtype_)};
+        case ParameterUpdate::kCopyMaster:
+            break;
+    }
+    return kernels::ParamCopy::none();
+}
+
+Status OptimizerIo::updated(std::size_t, std::uint64_t offset_numel,
+                            std::span<const float> params) {
+    switch (update_) {
+        case ParameterUpdate::kInPlace:
+            return Status::ok();  // the kernel wrote them
+        case ParameterUpdate::kCopyMaster: {
+            auto* device_params = static_cast<std::byte*>(coordinator_.domain().parameters);
+            return device_.copy_to_device(device_params + offset_numel * sizeof(float),
+                                          params.data(), params.size_bytes(), 0);
+        }
+        case ParameterUpdate::kThroughCoordinator: {
+            // Blocks until copied: the staging buffer is reused by the next chunk.
+            const std::span<const std::byte> bytes =
+                dtype_ == DType::kFloat32
+                    ? std::as_bytes(params)
+                    : std::span<const std::byte>(staging_.data(),
+                                                 params.size() * dtype_size_bytes(dtype_));
+            return coordinator_.write_domain_parameters(offset_numel, bytes, 0);
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace zinf::engine

@@ -1,0 +1,139 @@
+// StateStore: the fp32 master parameters and optimizer moments of one rank's optimizer domain,
+// wherever the plan puts them — device memory, host memory or NVMe (through
+// swap::OptimizerSwapper) — behind one interface: initialise, step over every sub-group, and
+// read or write the states chunk by chunk (checkpoints, tests). The engine has one code path
+// over it. OptimizerIo is the other half of a step: where the gradients are read and where the
+// new parameters go, chosen once from the plan.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/optimizer.h"
+#include "src/base/aligned.h"
+#include "src/base/device.h"
+#include "src/base/device_buffer.h"
+#include "src/base/status.h"
+#include "src/engine/offload_plan.h"
+#include "swap/optimizer_swapper.h"
+#include "zero/parameter_coordinator.h"
+
+namespace zinf::engine {
+
+// The states of elements [offset, offset + master.size()) of the domain. A moment the optimizer
+// does not keep has an empty span.
+struct StateChunk {
+    std::span<float> master;
+    std::span<float> exp_avg;
+    std::span<float> exp_avg_sq;
+};
+struct ConstStateChunk {
+    std::span<const float> master;
+    std::span<const float> exp_avg;
+    std::span<const float> exp_avg_sq;
+};
+
+// Which moments the optimizer keeps: Adam/AdamW both, Adagrad exp_avg_sq, Lion exp_avg.
+bool keeps_exp_avg(kernels::OptimizerKind kind) noexcept;
+bool keeps_exp_avg_sq(kernels::OptimizerKind kind) noexcept;
+
+class StateStore {
+public:
+    virtual ~StateStore() = default;
+
+    virtual Home home() const noexcept = 0;
+    std::size_t numel() const noexcept { return numel_; }
+    // The unit of a step and of chunked reads and writes: chunk k holds elements
+    // [k * chunk_numel(), min((k + 1) * chunk_numel(), numel())).
+    std::size_t chunk_numel() const noexcept { return chunk_numel_; }
+    std::size_t chunk_count() const noexcept {
+        return chunk_numel_ == 0 ? 0 : (numel_ + chunk_numel_ - 1) / chunk_numel_;
+    }
+    // The elements of chunk k.
+    std::size_t chunk_length(std::size_t k) const noexcept;
+    kernels::OptimizerKind kind() const noexcept { return kind_; }
+    // Bytes of states held (in the store's home).
+    std::uint64_t state_bytes() const noexcept;
+
+    // Master values from `initial` (chunk by chunk), moments zero. Blocks until stored.
+    virtual Status initialize(swap::ParamSource& initial) = 0;
+    // One optimizer step over every chunk in order: gradients from `io`, new parameters handed
+    // to `io` after each chunk. params.kind must be the store's kind. Errors: the kernel's
+    // kInvalidArgument (nothing changed), `io`'s, the NVMe store's I/O errors (naming the
+    // partition); after an error the chunks already stepped keep the new values, so the caller
+    // restores a checkpoint before stepping again.
+    virtual Status step(const kernels::OptimizerParams& params, swap::GradientSource& io) = 0;
+    // Copies chunk k's states out (`out` spans of chunk_length(k), moments empty when not
+    // kept) or in. Block. Errors: the NVMe store's I/O errors and kCorruption.
+    virtual Status read_chunk(std::size_t k, const StateChunk& out) = 0;
+    virtual Status write_chunk(std::size_t k, const ConstStateChunk& in) = 0;
+    // The reads and writes of a step without its compute (NVMe only; nothing elsewhere).
+    virtual Status io_only_pass() { return Status::ok(); }
+    // Seconds the last step waited for reads (NVMe only).
+    virtual double last_read_wait_seconds() const noexcept { return 0.0; }
+
+protected:
+    StateStore(std::size_t numel, std::size_t chunk_numel, kernels::OptimizerKind kind) noexcept
+        : numel_(numel), chunk_numel_(chunk_numel), kind_(kind) {}
+    void check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
+                     std::size_t exp_avg_sq) const;
+
+private:
+    std::size_t numel_;
+    std::size_t chunk_numel_;
+    kernels::OptimizerKind kind_;
+};
+
+// The store the plan asks for: device memory (plan.optimizer_states kDevice; a host-addressable
+// device), host memory (kHost) or NVMe (kNvme: `swapper`, borrowed, must be non-null). `device`
+// and `kernel` are borrowed for the store's life. Allocates every state now (zeroed).
+// Errors: kNoSpace from the device budget or the host allocation.
+Result<std::unique_ptr<StateStore>> make_state_store(const OffloadPlan& plan, Device& device,
+                                                     const kernels::OptimizerKernel& kernel,
+                                                     swap::OptimizerSwapper* swapper);
+
+// Where a step reads the gradients and where the new parameters go, as the plan says: the
+// domain's gradients in place or a host copy of them (gradients_copied_to_host, refreshed by
+// prepare()); the new parameters written by the kernel in place, copied from the master, or
+// handed to the coordinator through a host staging buffer (plan.parameter_update).
+class OptimizerIo final : public swap::GradientSource {
+public:
+    // Allocates the host copy of the gradients and the 16-bit staging buffer when the plan
+    // needs them. `coordinator` and `device` are borrowed for the object's life.
+    static Result<std::unique_ptr<OptimizerIo>> create(const OffloadPlan& plan,
+                                                       zero::ParameterCoordinator& coordinator,
+                                                       Device& device);
+
+    // Makes the gradients readable by the CPU optimizer (copies them to host memory when the
+    // plan says so) and returns where they are. Blocks until copied.
+    Result<const std::byte*> prepare(StreamId stream);
+    // The gradients prepare() made readable, for the norm.
+    const std::byte* gradients() const noexcept { return grads_; }
+
+    Result<kernels::GradView> gradients(std::size_t sub_group, std::uint64_t offset_numel,
+                                        std::uint64_t numel) override;
+    kernels::ParamCopy param_copy(std::size_t sub_group, std::uint64_t offset_numel,
+                                  std::uint64_t numel) override;
+    Status updated(std::size_t sub_group, std::uint64_t offset_numel,
+                   std::span<const float> params) override;
+
+    // Host bytes held (the gradient copy and the staging buffer).
+    std::size_t host_bytes() const noexcept { return host_grads_.size() + staging_.size(); }
+
+private:
+    OptimizerIo(const OffloadPlan& plan, zero::ParameterCoordinator& coordinator, Device& device);
+
+    zero::ParameterCoordinator& coordinator_;
+    Device& device_;
+    DType dtype_;
+    ParameterUpdate update_;
+    bool copy_gradients_;
+    AlignedBuffer host_grads_;  // the domain's gradients, when copied to host memory
+    AlignedBuffer staging_;     // one chunk of new 16-bit parameters (kThroughCoordinator)
+    const std::byte* grads_ = nullptr;
+};
+
+}  // namespace zinf::engine

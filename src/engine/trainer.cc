@@ -1,0 +1,328 @@
+// Trainer: the loop, its cadences and figures; evaluation, prediction, overlap measurement.
+#include "src/engine/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "src/base/log.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+Batch batch_of(std::span<const float> inputs, std::span<const std::int32_t> labels,
+               std::size_t rows, std::size_t features) {
+    Batch b;
+    b.inputs = inputs.first(rows * features);
+    b.labels = labels.first(rows);
+    b.rows = rows;
+    return b;
+}
+
+}  // namespace
+
+Result<Datasets> load_datasets(const config::EngineConfig& c) {
+    Datasets d;
+    if (c.data.dataset == "fashion-mnist") {
+        data::FashionMnistOptions o;
+        o.directory = c.data.path;
+        o.split = data::Split::kTrain;
+        ZINF_ASSIGN_OR_RETURN(d.train, data::load_fashion_mnist(o));
+        o.split = data::Split::kTest;
+        ZINF_ASSIGN_OR_RETURN(d.test, data::load_fashion_mnist(o));
+    } else {
+        data::SyntheticOptions o;
+        o.count = c.data.synthetic_samples;
+        o.features = c.model.layers.front();
+        o.classes = c.model.layers.back();
+        o.seed = c.seed;
+        ZINF_ASSIGN_OR_RETURN(d.train, data::SyntheticDataset::create(o));
+    }
+    return d;
+}
+
+Status check_datasets(const Datasets& d, const model::BatchShape& shape) {
+    if (d.train->features() != shape.input_numel) {
+        return Status::invalid_argument(str_cat("model.layers[0]: ", shape.input_numel,
+                                                " but the dataset has ", d.train->features(),
+                                                " features"));
+    }
+    if (d.train->classes() != shape.classes) {
+        return Status::invalid_argument(str_cat("model.layers[-1]: ", shape.classes,
+                                                " but the dataset has ", d.train->classes(),
+                                                " classes"));
+    }
+    return Status::ok();
+}
+
+// The figures of one run(), between prints.
+struct Trainer::RunState {
+    Clock::time_point start = Clock::now();
+    Clock::time_point last_print = Clock::now();
+    std::uint64_t start_step = 0;
+    std::uint64_t start_samples = 0;
+    IoFigures last_io;
+    double loss_sum = 0;
+    std::uint64_t loss_count = 0;
+    float last_loss = 0;
+    double data_seconds = 0;
+    std::optional<double> accuracy;
+};
+
+Trainer::Trainer(Engine& engine, const data::DataSource& train, const data::DataSource& eval,
+                 const TrainerOptions& options, data::Batcher batcher)
+    : engine_(engine),
+      train_(train),
+      eval_(eval),
+      options_(options),
+      batcher_(std::move(batcher)) {}
+
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer::~Trainer() = default;
+
+Result<Trainer> Trainer::create(Engine& engine, const data::DataSource& train,
+                                const data::DataSource* eval, const TrainerOptions& options) {
+    const config::EngineConfig& config = engine.config();
+    data::BatcherOptions bo;
+    bo.batch_rows = config.batch.train_micro_batch_size_per_gpu;
+    bo.shuffle = config.data.shuffle;
+    bo.seed = config.seed;
+    ZINF_ASSIGN_OR_RETURN(auto batcher, data::Batcher::create(train, bo));
+    Trainer t(engine, train, eval != nullptr ? *eval : train, options, std::move(batcher));
+    t.eval_is_test_ = eval != nullptr;
+    const std::uint64_t gas = config.batch.gradient_accumulation_steps;
+    t.steps_per_epoch_ = t.batcher_.batches_per_epoch() / gas;
+    if (t.steps_per_epoch_ == 0) {
+        return Status::invalid_argument(str_cat(
+            "gradient_accumulation_steps: ", gas, " is more than the ",
+            t.batcher_.batches_per_epoch(), " micro-batches of an epoch"));
+    }
+    t.total_steps_ = t.steps_per_epoch_ * config.data.epochs;
+    const std::uint64_t max_steps = options.max_steps != 0 ? options.max_steps
+                                                           : config.data.max_steps;
+    if (max_steps != 0) t.total_steps_ = std::min(t.total_steps_, max_steps);
+    t.inputs_.resize(bo.batch_rows * train.features());
+    t.labels_.resize(bo.batch_rows);
+    return t;
+}
+
+// One micro-step on the next batch of the epoch the engine's micro-step count is in (so a
+// resumed run continues the same data order).
+Status Trainer::train_one(TrainerObserver& observer) {
+    const std::uint64_t gas = engine_.gradient_accumulation_steps();
+    const std::uint64_t micro = engine_.micro_steps();
+    const std::uint64_t epoch = micro / (steps_per_epoch_ * gas);
+    const std::uint64_t index = micro % (steps_per_epoch_ * gas);
+    if (batcher_.epoch() != epoch || micro == 0) batcher_.start_epoch(epoch);
+    const auto t0 = Clock::now();
+    const std::size_t n = batcher_.fill(index, inputs_, labels_);
+    if (options_.trace != nullptr) options_.trace->span("load batch", "data", t0, Clock::now(), 4);
+    run_->data_seconds += seconds_since(t0);
+    ZINF_ASSIGN_OR_RETURN(const float loss,
+                          engine_.forward(batch_of(inputs_, labels_, n, train_.features())));
+    ZINF_TRY(engine_.backward().with_context("backward"));
+    ZINF_TRY(engine_.step().with_context("step"));
+    run_->last_loss = loss;
+    run_->loss_sum += loss;
+    ++run_->loss_count;
+    return observer.on_micro_step(engine_.micro_steps(), loss);
+}
+
+// After an optimizer step: progress, the periodic print, the checkpoint and epoch cadences.
+Status Trainer::after_step(TrainerObserver& observer) {
+    const std::uint64_t step = engine_.global_steps();
+    const double elapsed = seconds_since(run_->start);
+    const double samples_per_s =
+        static_cast<double>(engine_.global_samples() - run_->start_samples) / elapsed;
+    observer.on_step(step, total_steps_, run_->last_loss, samples_per_s);
+    if (step % engine_.config().steps_per_print == 0) {
+        const IoFigures io = engine_.io_figures();
+        const double interval = std::max(1e-9, seconds_since(run_->last_print));
+        PrintFigures f;
+        f.step = step;
+        f.loss = run_->last_loss;
+        f.mean_loss = run_->loss_sum / static_cast<double>(run_->loss_count);
+        f.lr = engine_.last_step().lr;
+        f.grad_norm = engine_.last_step().grad_norm;
+        f.loss_scale = engine_.loss_scale();
+        f.samples_per_second = samples_per_s;
+        f.io = io;
+        f.read_gb_per_second =
+            static_cast<double>(io.bytes_read - run_->last_io.bytes_read) / 1e9 / interval;
+        f.write_gb_per_second =
+            static_cast<double>(io.bytes_written - run_->last_io.bytes_written) / 1e9 / interval;
+        f.data_seconds = run_->data_seconds;
+        observer.on_print(f);
+        run_->last_io = io;
+        run_->last_print = Clock::now();
+        run_->loss_sum = 0;
+        run_->loss_count = 0;
+    }
+    if (!options_.save_dir.empty() && options_.save_every != 0 &&
+        step % options_.save_every == 0) {
+        ZINF_TRY(save(observer));
+    }
+    if (step % steps_per_epoch_ == 0 && options_.evaluate_each_epoch) {
+        ZINF_TRY(evaluate_epoch(observer, step / steps_per_epoch_ - 1));
+    }
+    return Status::ok();
+}
+
+Status Trainer::save(TrainerObserver& observer) {
+    const std::string tag = str_cat("global_step", engine_.global_steps());
+    ZINF_TRY(engine_.save_checkpoint(options_.save_dir, tag).with_context("checkpoint"));
+    observer.on_checkpoint(options_.save_dir, tag);
+    return Status::ok();
+}
+
+Status Trainer::evaluate_epoch(TrainerObserver& observer, std::uint64_t epoch) {
+    ZINF_ASSIGN_OR_RETURN(const double accuracy, evaluate());
+    run_->accuracy = accuracy;
+    observer.on_evaluation(epoch, accuracy, eval_is_test_);
+    return Status::ok();
+}
+
+Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
+    run_ = std::make_unique<RunState>();
+    run_->start_step = engine_.global_steps();
+    run_->start_samples = engine_.global_samples();
+    run_->last_io = engine_.io_figures();
+    while (engine_.global_steps() < total_steps_) {
+        ZINF_TRY(train_one(observer));
+        if (engine_.last_step().boundary) ZINF_TRY(after_step(observer));
+    }
+    TrainSummary s;
+    s.seconds = seconds_since(run_->start);
+    if (!run_->accuracy.has_value() && options_.evaluate_each_epoch) {
+        ZINF_TRY(evaluate_epoch(observer, engine_.global_steps() / steps_per_epoch_));
+    }
+    const std::uint64_t every = std::max<std::uint64_t>(options_.save_every, 1);
+    if (!options_.save_dir.empty() &&
+        (options_.save_every == 0 || engine_.global_steps() % every != 0)) {
+        ZINF_TRY(save(observer));
+    }
+    s.steps_run = engine_.global_steps() - run_->start_step;
+    s.skipped_steps = engine_.skipped_steps();
+    s.samples_per_second =
+        static_cast<double>(engine_.global_samples() - run_->start_samples) / s.seconds;
+    s.last_loss = run_->last_loss;
+    s.accuracy = run_->accuracy;
+    s.accuracy_on_test = eval_is_test_;
+    s.data_seconds = run_->data_seconds;
+    return s;
+}
+
+Result<double> Trainer::evaluate() {
+    TraceScope span(options_.trace, "evaluate", "compute", 0);
+    data::BatcherOptions o;
+    o.batch_rows = engine_.train_micro_batch_size_per_gpu();
+    o.shuffle = false;
+    o.drop_last = false;
+    ZINF_ASSIGN_OR_RETURN(auto batcher, data::Batcher::create(eval_, o));
+    std::vector<float> x(o.batch_rows * eval_.features());
+    std::vector<std::int32_t> y(o.batch_rows);
+    std::uint64_t correct = 0, total = 0;
+    for (std::size_t b = 0; b < batcher.batches_per_epoch(); ++b) {
+        const std::size_t n = batcher.fill(b, x, y);
+        ZINF_ASSIGN_OR_RETURN(auto c, engine_.evaluate(batch_of(x, y, n, eval_.features())));
+        correct += c;
+        total += n;
+    }
+    return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total);
+}
+
+Result<std::vector<Prediction>> Trainer::predict(std::size_t count, std::uint64_t seed) {
+    count = std::min(count, eval_.count());
+    std::vector<std::uint32_t> order(eval_.count());
+    std::iota(order.begin(), order.end(), 0u);
+    std::mt19937_64 rng(seed);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::size_t rows_max = engine_.train_micro_batch_size_per_gpu();
+    const std::size_t features = eval_.features();
+    std::vector<Prediction> out;
+    std::vector<float> x(rows_max * features);
+    std::vector<std::int32_t> y(rows_max);
+    for (std::size_t at = 0; at < count; at += rows_max) {
+        const std::size_t n = std::min(rows_max, count - at);
+        const auto indices = std::span<const std::uint32_t>(order).subspan(at, n);
+        eval_.gather(indices, std::span<float>(x).first(n * features),
+                     std::span<std::int32_t>(y).first(n));
+        ZINF_ASSIGN_OR_RETURN(auto predicted, engine_.predict(batch_of(x, y, n, features)));
+        for (std::size_t r = 0; r < n; ++r) {
+            Prediction p;
+            p.index = indices[r];
+            p.label = y[r];
+            p.predicted = predicted[r];
+            p.inputs.assign(x.begin() + static_cast<std::ptrdiff_t>(r * features),
+                            x.begin() + static_cast<std::ptrdiff_t>((r + 1) * features));
+            out.push_back(std::move(p));
+        }
+    }
+    return out;
+}
+
+Status Trainer::train_steps(Engine& engine, data::Batcher& batcher, std::uint64_t steps) {
+    const std::size_t rows = engine.train_micro_batch_size_per_gpu();
+    std::vector<float> x(rows * train_.features());
+    std::vector<std::int32_t> y(rows);
+    const std::uint64_t per_epoch = batcher.batches_per_epoch();
+    for (std::uint64_t s = 0; s < steps * engine.gradient_accumulation_steps(); ++s) {
+        const std::uint64_t micro = engine.micro_steps();
+        if (batcher.epoch() != micro / per_epoch) batcher.start_epoch(micro / per_epoch);
+        const std::size_t n = batcher.fill(micro % per_epoch, x, y);
+        ZINF_TRY(engine.forward(batch_of(x, y, n, train_.features())).status());
+        ZINF_TRY(engine.backward());
+        ZINF_TRY(engine.step());
+    }
+    return Status::ok();
+}
+
+Result<OverlapFigures> Trainer::measure_overlap(
+    std::uint64_t steps,
+    const std::function<Result<TrainingStack>(const config::EngineConfig&)>& make_stack) {
+    const config::EngineConfig& config = engine_.config();
+    if (!engine_.plan().needs_io) {
+        return Status::invalid_argument(
+            "needs offload_param or offload_optimizer on \"nvme\" (without I/O there is no "
+            "I/O-only pass to compare with)");
+    }
+    OverlapFigures f;
+    auto t0 = Clock::now();
+    ZINF_TRY(train_steps(engine_, batcher_, steps));
+    f.real_seconds = seconds_since(t0) / static_cast<double>(steps);
+    ZINF_TRY(engine_.io_only_step());  // warm-up, as the real pass had training before it
+    t0 = Clock::now();
+    for (std::uint64_t i = 0; i < steps; ++i) ZINF_TRY(engine_.io_only_step());
+    f.io_only_seconds = seconds_since(t0) / static_cast<double>(steps);
+    // Compute-only: the same model and arithmetic with every state in memory.
+    config::EngineConfig c = config;
+    c.zero.offload_param.device = config::OffloadDevice::kNone;
+    c.zero.offload_optimizer.device = config::OffloadDevice::kCpu;
+    // CPU device: a number (host memory is used as needed); GPU: what is free.
+    c.device.memory_budget_bytes = c.device.type == "cuda" ? 0 : std::uint64_t{1} << 40;
+    c.device.host_memory_budget_bytes = 0;
+    const log::Level level = log::level();
+    log::set_level(log::Level::kWarning);
+    auto stack = make_stack(c);
+    log::set_level(level);
+    if (!stack.has_value()) return stack.error().with_context("compute-only engine");
+    data::BatcherOptions bo;
+    bo.batch_rows = c.batch.train_micro_batch_size_per_gpu;
+    bo.shuffle = c.data.shuffle;
+    bo.seed = c.seed;
+    ZINF_ASSIGN_OR_RETURN(auto compute_batcher, data::Batcher::create(train_, bo));
+    ZINF_TRY(train_steps(*stack->engine, compute_batcher, 1));  // warm-up
+    t0 = Clock::now();
+    ZINF_TRY(train_steps(*stack->engine, compute_batcher, steps));
+    f.compute_only_seconds = seconds_since(t0) / static_cast<double>(steps);
+    return f;
+}
+
+}  // namespace zinf

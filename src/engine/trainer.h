@@ -1,0 +1,163 @@
+// Trainer: the training loop around an Engine — epochs of shuffled batches, gradient
+// accumulation windows, the checkpoint cadence, evaluation after each epoch, and the figures
+// (loss, throughput, I/O) — reported to a TrainerObserver, so that zinfinity-train is flag
+// parsing and printing. Also evaluation and prediction from a checkpoint, and the overlap
+// measurement (real vs I/O-only vs compute-only steps).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/base/config.h"
+#include "src/base/status.h"
+#include "src/data/batcher.h"
+#include "src/data/dataset.h"
+#include "src/engine/engine.h"
+#include "src/engine/stack.h"
+#include "src/engine/trace.h"
+
+namespace zinf {
+
+// The datasets the `data` block names: train, and test (null: none; evaluation uses train).
+struct Datasets {
+    std::unique_ptr<data::DataSource> train;
+    std::unique_ptr<data::DataSource> test;
+};
+// Loads them (before the engine is built, so a missing dataset fails before anything large is
+// allocated). Errors: the dataset's (kNotFound naming the path and the Debian package).
+Result<Datasets> load_datasets(const config::EngineConfig& config);
+// Checks them against the model's batch shape: kInvalidArgument naming model.layers when the
+// features or classes disagree.
+Status check_datasets(const Datasets& datasets, const model::BatchShape& shape);
+
+struct TrainerOptions {
+    std::uint64_t max_steps = 0;  // optimizer steps in total; 0: data.max_steps, then epochs
+    std::string save_dir;         // empty: no checkpoints
+    std::uint64_t save_every = 0;  // steps; 0: only at the end
+    bool evaluate_each_epoch = true;
+    TraceRecorder* trace = nullptr;  // borrowed; null: none
+};
+
+// Figures of the last steps_per_print steps (or fewer at the end).
+struct PrintFigures {
+    std::uint64_t step = 0;
+    float loss = 0;
+    double mean_loss = 0;  // over the micro-steps since the last print
+    double lr = 0;
+    double grad_norm = 0;
+    double loss_scale = 1;
+    double samples_per_second = 0;
+    IoFigures io;
+    double read_gb_per_second = 0;   // since the last print
+    double write_gb_per_second = 0;
+    double data_seconds = 0;  // cumulative time spent gathering batches
+};
+
+struct TrainSummary {
+    std::uint64_t steps_run = 0;
+    std::uint64_t skipped_steps = 0;
+    double seconds = 0;
+    double samples_per_second = 0;
+    float last_loss = 0;
+    std::optional<double> accuracy;  // the last evaluation, if any ran
+    bool accuracy_on_test = false;
+    double data_seconds = 0;
+};
+
+// What the loop reports. Called on the training thread; the default does nothing.
+class TrainerObserver {
+public:
+    virtual ~TrainerObserver() = default;
+    // Every micro-step, with the engine's micro-step count after it.
+    virtual Status on_micro_step(std::uint64_t /*micro_step*/, float /*loss*/) {
+        return Status::ok();
+    }
+    // Every optimizer step (boundary), for a progress line.
+    virtual void on_step(std::uint64_t /*step*/, std::uint64_t /*total_steps*/, float /*loss*/,
+                         double /*samples_per_second*/) {}
+    // Every steps_per_print steps.
+    virtual void on_print(const PrintFigures& /*figures*/) {}
+    virtual void on_evaluation(std::uint64_t /*epoch*/, double /*accuracy*/, bool /*test*/) {}
+    virtual void on_checkpoint(const std::string& /*dir*/, const std::string& /*tag*/) {}
+};
+
+// One evaluated sample: its index in the evaluation set, its label and the prediction, and its
+// inputs (features), for showing.
+struct Prediction {
+    std::uint32_t index = 0;
+    std::int32_t label = 0;
+    std::int32_t predicted = 0;
+    std::vector<float> inputs;
+};
+
+// The three timings of --measure-overlap, seconds per step.
+struct OverlapFigures {
+    double real_seconds = 0;
+    double io_only_seconds = 0;
+    double compute_only_seconds = 0;
+    double ratio() const noexcept {
+        const double bound = std::max(io_only_seconds, compute_only_seconds);
+        return bound > 0 ? real_seconds / bound : 0.0;
+    }
+};
+
+class Trainer {
+public:
+    // Borrows the engine and the sources (they outlive the trainer); `eval` null: evaluate on
+    // `train`. The config is the engine's. Errors: kInvalidArgument for an epoch shorter than one accumulation window or a
+    // source too small for one batch.
+    static Result<Trainer> create(Engine& engine, const data::DataSource& train,
+                                  const data::DataSource* eval, const TrainerOptions& options);
+    Trainer(Trainer&&) noexcept;
+    ~Trainer();
+
+    std::uint64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
+    // The step the run stops at: steps_per_epoch x data.epochs, capped by max_steps.
+    std::uint64_t total_steps() const noexcept { return total_steps_; }
+
+    // Trains from the engine's current step to total_steps(), evaluating after each epoch and
+    // at the end (unless options say not to), saving checkpoints every save_every steps and at
+    // the end. Errors: the engine's, the observer's, the checkpoints'.
+    Result<TrainSummary> run(TrainerObserver& observer);
+    // The fraction of the evaluation set predicted right.
+    Result<double> evaluate();
+    // `count` samples of the evaluation set, drawn without replacement by `seed`, predicted.
+    Result<std::vector<Prediction>> predict(std::size_t count, std::uint64_t seed);
+    // Trains `steps` steps on, then times `steps` I/O-only steps (the same reads and writes, no
+    // compute) and `steps` compute-only steps on a second engine with every state in memory,
+    // built by `make_stack` from this config with offload off. Needs NVMe offload.
+    Result<OverlapFigures> measure_overlap(
+        std::uint64_t steps,
+        const std::function<Result<TrainingStack>(const config::EngineConfig&)>& make_stack);
+
+private:
+    Trainer(Engine& engine, const data::DataSource& train, const data::DataSource& eval,
+            const TrainerOptions& options, data::Batcher batcher);
+    Status train_steps(Engine& engine, data::Batcher& batcher, std::uint64_t steps);
+    Status train_one(TrainerObserver& observer);
+    Status after_step(TrainerObserver& observer);
+    Status save(TrainerObserver& observer);
+    Status evaluate_epoch(TrainerObserver& observer, std::uint64_t epoch);
+
+    Engine& engine_;
+    const data::DataSource& train_;
+    const data::DataSource& eval_;
+    bool eval_is_test_ = false;
+    TrainerOptions options_;
+    data::Batcher batcher_;
+    std::uint64_t steps_per_epoch_ = 0;
+    std::uint64_t total_steps_ = 0;
+    std::vector<float> inputs_;
+    std::vector<std::int32_t> labels_;
+
+    // Figures of the current run.
+    struct RunState;
+    std::unique_ptr<RunState> run_;
+};
+
+}  // namespace zinf
