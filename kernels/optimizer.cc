@@ -118,6 +118,10 @@ Status validate(const OptimizerParams& p) {
     ZINF_TRY(check("eps", p.eps, p.eps >= 0.0));
     ZINF_TRY(check("weight_decay", p.weight_decay, p.weight_decay >= 0.0));
     ZINF_TRY(check("grad_scale", p.grad_scale, true));
+    if (p.amsgrad && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
+        return Status::invalid_argument(str_cat("optimizer amsgrad: only Adam and AdamW have it, ",
+                                                "got true for ", optimizer_kind_name(p.kind)));
+    }
     return Status::ok();
 }
 
@@ -171,6 +175,8 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
     ZINF_ASSERT_EQ(grads.numel, numel);
     if (uses_exp_avg) ZINF_ASSERT_EQ(state.exp_avg.size(), numel);
     if (uses_exp_avg_sq) ZINF_ASSERT_EQ(state.exp_avg_sq.size(), numel);
+    // validate() has limited amsgrad to Adam and AdamW.
+    if (params.amsgrad) ZINF_ASSERT_EQ(state.max_exp_avg_sq.size(), numel);
     if (numel > 0) ZINF_ASSERT(grads.data != nullptr);
     int copy_index = 0;
     if (copy.data != nullptr) {
@@ -183,12 +189,13 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
     OptimizerKind kind = params.kind;
     if (kind == OptimizerKind::kAdam && params.weight_decay == 0.0) kind = OptimizerKind::kAdamW;
 
-    const detail::StepChunkFn fn =
-        table_->step[kind_index(kind)][static_cast<int>(grads.dtype)][copy_index];
+    const detail::StepChunkFn fn = table_->step[kind_index(kind)][params.amsgrad ? 1 : 0]
+                                               [static_cast<int>(grads.dtype)][copy_index];
     ZINF_ASSERT(fn != nullptr);
     const detail::StepArgs args{state.params.data(),
                                 uses_exp_avg ? state.exp_avg.data() : nullptr,
                                 uses_exp_avg_sq ? state.exp_avg_sq.data() : nullptr,
+                                params.amsgrad ? state.max_exp_avg_sq.data() : nullptr,
                                 grads.data,
                                 copy.data,
                                 detail::step_constants(params)};

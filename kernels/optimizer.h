@@ -45,22 +45,30 @@ struct OptimizerParams {
     // unscaling and clipping cost no extra pass.
     double grad_scale = 1.0;
     bool bias_correction = true;  // Adam and AdamW
+    // Adam and AdamW (torch's amsgrad=True): divide by the square root of the running maximum
+    // of exp_avg_sq, kept in OptimizerState::max_exp_avg_sq, instead of exp_avg_sq's own.
+    bool amsgrad = false;
 
     // Maps `optimizer` (DeepSpeed's type names; Adam with adam_w_mode is AdamW). Step 1.
     static OptimizerParams from_config(const config::OptimizerConfig& config) noexcept;
 };
 
 // Checks ranges: step >= 1, lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0, all finite,
-// grad_scale finite. Returns kInvalidArgument naming the field and value.
+// grad_scale finite; amsgrad only with Adam or AdamW (torch's Adagrad and Lion have none, and a
+// flag that silently did nothing would hide a config mistake). Returns kInvalidArgument naming
+// the field and value.
 Status validate(const OptimizerParams& params);
 
 // The fp32 master parameters and optimizer states, borrowed for one call. Adam, AdamW and Lion
-// use exp_avg; Adam, AdamW and Adagrad use exp_avg_sq; a state the optimizer does not use is
+// use exp_avg; Adam, AdamW and Adagrad use exp_avg_sq; Adam and AdamW with amsgrad also use
+// max_exp_avg_sq (start it at zero, as torch does); a state the optimizer does not use is
 // ignored and may be empty.
 struct OptimizerState {
     std::span<float> params;
     std::span<float> exp_avg;
     std::span<float> exp_avg_sq;
+    // Defaulted so that callers without AMSGrad keep writing {params, exp_avg, exp_avg_sq}.
+    std::span<float> max_exp_avg_sq = {};
 };
 
 // Gradients of one of the three dtypes, borrowed for one call.
@@ -126,8 +134,9 @@ public:
     int sum_lanes() const noexcept;
 
     // Applies one optimizer step in place to every element, and writes `copy` when it has data.
-    // Preconditions (asserted): state.params, the states the kind uses, grads and copy (when
-    // given) have the same numel; copy is bf16 or fp16; no output overlaps another array.
+    // Preconditions (asserted): state.params, the states the kind uses (max_exp_avg_sq when
+    // params.amsgrad), grads and copy (when given) have the same numel; copy is bf16 or fp16; no
+    // output overlaps another array.
     // Returns kInvalidArgument (from validate) and changes nothing when params are out of range.
     // Elements are independent: the result of each is bitwise the same for any thread count,
     // chunking or alignment. Allocates nothing of its own; blocks until done.

@@ -48,6 +48,11 @@ struct Avx2Ops {
     static F div(F a, F b) noexcept { return _mm256_div_ps(a, b); }
     static F sqrt(F a) noexcept { return _mm256_sqrt_ps(a); }
     static F fmadd(F a, F b, F c) noexcept { return _mm256_fmadd_ps(a, b, c); }
+    // VMAXPS returns b unless a > b, so a NaN in b comes through but one in a would be dropped:
+    // the blend keeps it (NaN propagates from either side, like torch.maximum).
+    static F max(F a, F b) noexcept {
+        return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
     static F sign(F x) noexcept {
         const F magnitude_one =
             _mm256_or_ps(_mm256_and_ps(x, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));

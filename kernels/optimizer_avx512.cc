@@ -54,6 +54,10 @@ struct Avx512Ops {
     static F div(F a, F b) noexcept { return _mm512_div_ps(a, b); }
     static F sqrt(F a) noexcept { return _mm512_sqrt_ps(a); }
     static F fmadd(F a, F b, F c) noexcept { return _mm512_fmadd_ps(a, b, c); }
+    // As Avx2Ops::max: VMAXPS (b unless a > b), then a NaN in a is kept.
+    static F max(F a, F b) noexcept {
+        return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a);
+    }
     static F sign(F x) noexcept {
         const F magnitude_one =
             _mm512_or_ps(_mm512_and_ps(x, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));

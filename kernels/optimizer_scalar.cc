@@ -27,6 +27,11 @@ struct ScalarOps {
     static F div(F a, F b) noexcept { return a / b; }
     static F sqrt(F a) noexcept { return std::sqrt(a); }
     static F fmadd(F a, F b, F c) noexcept { return a * b + c; }  // unfused: see the file comment
+    // MAXPS's rule (b unless a > b), with a NaN in a kept: the SIMD variants' max, case by case.
+    static F max(F a, F b) noexcept {
+        if (a != a) return a;  // NaN
+        return a > b ? a : b;
+    }
     static F sign(F x) noexcept {
         if (x > 0.0f) return 1.0f;
         if (x < 0.0f) return -1.0f;

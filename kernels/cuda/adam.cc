@@ -10,13 +10,14 @@
 namespace zinf::kernels::cuda {
 
 Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
-                 float* exp_avg_sq, std::size_t numel, const AdamStepParams& p, void* param_copy,
-                 DType param_copy_dtype, Stream stream) {
+                 float* exp_avg_sq, float* max_exp_avg_sq, std::size_t numel,
+                 const AdamStepParams& p, void* param_copy, DType param_copy_dtype, Stream stream) {
     if (numel == 0) return Status::ok();
     ZINF_ASSERT(params != nullptr);
     ZINF_ASSERT(grads != nullptr);
     ZINF_ASSERT(exp_avg != nullptr);
     ZINF_ASSERT(exp_avg_sq != nullptr);
+    if (p.amsgrad) ZINF_ASSERT(max_exp_avg_sq != nullptr);
     ZINF_ASSERT_GE(p.step, std::int64_t{1});
     ZINF_ASSERT_GE(p.beta1, 0.0);
     ZINF_ASSERT_LT(p.beta1, 1.0);
@@ -33,8 +34,11 @@ Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_
     op.eps = p.eps;
     op.weight_decay = p.weight_decay;
     op.grad_scale = p.grad_scale;
+    op.bias_correction = p.bias_correction;
+    op.amsgrad = p.amsgrad;
     const kernels::detail::StepConstants constants = kernels::detail::step_constants(op);
-    return detail::launch_adam(params, grads, grad_dtype, exp_avg, exp_avg_sq, numel, constants, l2,
+    return detail::launch_adam(params, grads, grad_dtype, exp_avg, exp_avg_sq,
+                               p.amsgrad ? max_exp_avg_sq : nullptr, numel, constants, l2,
                                param_copy, param_copy_dtype, stream);
 }
 

@@ -1,6 +1,6 @@
 // The Adam / AdamW step on the GPU, for partitions whose optimizer states stay in device memory.
 // The math is PyTorch's (torch.optim.Adam / AdamW) and DeepSpeed's: bias-corrected moments,
-// decoupled weight decay in AdamW mode, L2 added to the gradient otherwise.
+// decoupled weight decay in AdamW mode, L2 added to the gradient otherwise, and AMSGrad.
 #pragma once
 
 #include <cstddef>
@@ -26,15 +26,21 @@ struct AdamStepParams {
     bool adam_w_mode = true;  // decoupled weight decay (AdamW); false: L2 added to the gradient
     std::int64_t step = 1;    // 1-based count of this step, for bias correction
     double grad_scale = 1.0;  // multiplies each gradient first (1 / loss scale, clipping factor)
+    bool bias_correction = true;  // false: the moments are used as they are (step ignored)
+    // Divide by the square root of the running maximum of exp_avg_sq (max_exp_avg_sq) instead
+    // of exp_avg_sq's own, as torch's amsgrad=True.
+    bool amsgrad = false;
 };
 
-// One step over `numel` elements, in place on device memory: fp32 `params`, `exp_avg` and
-// `exp_avg_sq`; `grads` of dtype `grad_dtype`. When `param_copy` is not null, the updated
-// parameters are also written there as `param_copy_dtype` (the bf16/fp16 working copy the model
-// reads). All buffers have numel elements and do not overlap. Asynchronous on `stream`; numel 0
-// launches nothing; does not block or allocate. Returns kCuda when the launch fails.
+// One step over `numel` elements, in place on device memory: fp32 `params`, `exp_avg`,
+// `exp_avg_sq` and, when step_params.amsgrad, `max_exp_avg_sq` (else it is ignored and may be
+// null); `grads` of dtype `grad_dtype`. When `param_copy` is not null, the updated parameters are
+// also written there as `param_copy_dtype` (the bf16/fp16 working copy the model reads). All
+// buffers have numel elements and do not overlap. Asynchronous on `stream`; numel 0 launches
+// nothing; does not block or allocate. Returns kCuda when the launch fails.
 Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
-                 float* exp_avg_sq, std::size_t numel, const AdamStepParams& step_params,
-                 void* param_copy, DType param_copy_dtype, Stream stream);
+                 float* exp_avg_sq, float* max_exp_avg_sq, std::size_t numel,
+                 const AdamStepParams& step_params, void* param_copy, DType param_copy_dtype,
+                 Stream stream);
 
 }  // namespace zinf::kernels::cuda

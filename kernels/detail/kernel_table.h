@@ -25,11 +25,13 @@ struct StepConstants {
 };
 
 // The operands of one step. Spans were checked by the caller; chunk functions index them with
-// [begin, end). Pointers the optimizer does not use are null (exp_avg_sq for Lion, ...).
+// [begin, end). Pointers the optimizer does not use are null (exp_avg_sq for Lion,
+// max_exp_avg_sq without AMSGrad, ...).
 struct StepArgs {
     float* params;
     float* exp_avg;
     float* exp_avg_sq;
+    float* max_exp_avg_sq;  // AMSGrad (Adam, AdamW): the running maximum of exp_avg_sq
     const void* grads;  // float or uint16_t (bf16, fp16): the table entry fixes which
     void* param_copy;   // uint16_t (bf16, fp16) or null
     StepConstants c;
@@ -41,8 +43,10 @@ inline constexpr int kKindAdamW = 1;
 inline constexpr int kKindAdagrad = 2;
 inline constexpr int kKindLion = 3;
 inline constexpr int kKindCount = 4;
-// The copy dtypes, in the order of the table's third index: none, bf16, fp16.
+// The copy dtypes, in the order of the table's last index: none, bf16, fp16.
 inline constexpr int kCopyCount = 3;
+// The table's second index: 0 plain, 1 AMSGrad (set for Adam and AdamW only; null otherwise).
+inline constexpr int kAmsgradCount = 2;
 
 // Updates elements [begin, end). Per-element results do not depend on begin or end.
 using StepChunkFn = void (*)(const StepArgs& args, std::size_t begin, std::size_t end) noexcept;
@@ -55,10 +59,11 @@ using CastFromFp32Fn = void (*)(const float* src, std::uint16_t* dst, std::size_
 using CastToFp32Fn = void (*)(const std::uint16_t* src, float* dst, std::size_t numel) noexcept;
 
 struct KernelTable {
-    StepChunkFn step[kKindCount][3][kCopyCount];  // [kind][grad Dtype][copy: none, bf16, fp16]
-    SumSquaresChunkFn sum_squares[3];             // [grad Dtype]
-    CastFromFp32Fn from_fp32[2];                  // [bf16, fp16]
-    CastToFp32Fn to_fp32[2];                      // [bf16, fp16]
+    // [kind][amsgrad][grad Dtype][copy: none, bf16, fp16]
+    StepChunkFn step[kKindCount][kAmsgradCount][3][kCopyCount];
+    SumSquaresChunkFn sum_squares[3];  // [grad Dtype]
+    CastFromFp32Fn from_fp32[2];       // [bf16, fp16]
+    CastToFp32Fn to_fp32[2];           // [bf16, fp16]
     int sum_lanes;
 };
 

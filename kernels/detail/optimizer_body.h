@@ -9,9 +9,11 @@
 //
 // V provides: F (the float vector), kLanes, load/store (fp32), load_bf16/load_fp16,
 // store_bf16/store_fp16, set1, add, mul, div, sqrt, fmadd(a, b, c) = a * b + c, sign (-1, 0, +1,
-// NaN stays NaN), and a sum-of-squares accumulator Acc with acc_zero, acc_add_squares and
-// acc_total. Operations are exact IEEE fp32 (no approximations), so two V with the same
-// fmadd give bitwise-identical results whatever their width.
+// NaN stays NaN), max(a, b) (a when a is NaN, else b when b is NaN, else the larger, b on a tie
+// such as +0 and -0: torch.maximum's NaN propagation, with every case pinned so that widths
+// agree), and a sum-of-squares accumulator Acc with acc_zero, acc_add_squares and acc_total.
+// Operations are exact IEEE fp32 (no approximations), so two V with the same fmadd give
+// bitwise-identical results whatever their width.
 #pragma once
 
 #include <cstddef>
@@ -78,11 +80,14 @@ void store_copy(void* copy, std::size_t index, typename V::F p) noexcept {
 }
 
 // One vector of elements at `index`. The operation order is the contract that the reference in
-// tests/kernels/optimizer_reference.h mirrors; change both together.
-template <class V, int kKind, int kGrad, int kCopy>
+// tests/kernels/optimizer_reference.h mirrors (and kernels/cuda/adam.cu copies); change them
+// together. kAmsgrad (Adam, AdamW only) keeps max_exp_avg_sq = max(max_exp_avg_sq, v) and divides
+// by its square root instead of v's, as torch.optim.Adam(amsgrad=True) does.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, float* exp_avg_sq,
-                const void* grads, void* copy, std::size_t index) noexcept {
+                float* max_exp_avg_sq, const void* grads, void* copy, std::size_t index) noexcept {
     using F = typename V::F;
+    static_assert(!kAmsgrad || kKind == kKindAdam || kKind == kKindAdamW);
     F g = V::mul(load_grad<V, kGrad>(grads, index), k.grad_scale);
     F p = V::load(params + index);
     if constexpr (kKind == kKindAdam || kKind == kKindAdamW) {
@@ -91,7 +96,12 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
         F v = V::load(exp_avg_sq + index);
         m = V::fmadd(k.beta1, m, V::mul(k.one_minus_beta1, g));
         v = V::fmadd(k.beta2, v, V::mul(V::mul(k.one_minus_beta2, g), g));
-        const F denom = V::fmadd(V::sqrt(v), k.inv_sqrt_bias_correction2, k.eps);
+        F second_moment = v;
+        if constexpr (kAmsgrad) {
+            second_moment = V::max(V::load(max_exp_avg_sq + index), v);
+            V::store(max_exp_avg_sq + index, second_moment);
+        }
+        const F denom = V::fmadd(V::sqrt(second_moment), k.inv_sqrt_bias_correction2, k.eps);
         if constexpr (kKind == kKindAdamW) p = V::mul(p, k.decay_factor);
         p = V::fmadd(k.step_size, V::div(m, denom), p);
         V::store(exp_avg + index, m);
@@ -116,7 +126,7 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
     store_copy<V, kCopy>(copy, index, p);
 }
 
-template <class V, int kKind, int kGrad, int kCopy>
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void step_chunk(const StepArgs& a, std::size_t begin, std::size_t end) noexcept {
     constexpr std::size_t kLanes = V::kLanes;
     constexpr bool kUsesExpAvg = kKind != kKindAdagrad;
@@ -124,8 +134,8 @@ void step_chunk(const StepArgs& a, std::size_t begin, std::size_t end) noexcept 
     const VectorConstants<V> k(a.c);
     std::size_t i = begin;
     for (; i + kLanes <= end; i += kLanes) {
-        step_lanes<V, kKind, kGrad, kCopy>(k, a.params, a.exp_avg, a.exp_avg_sq, a.grads,
-                                           a.param_copy, i);
+        step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, a.params, a.exp_avg, a.exp_avg_sq,
+                                                     a.max_exp_avg_sq, a.grads, a.param_copy, i);
     }
     if (i == end) return;
     // The tail runs the same vector code on zero-padded copies: every element then sees the
@@ -135,16 +145,19 @@ void step_chunk(const StepArgs& a, std::size_t begin, std::size_t end) noexcept 
     alignas(64) float p[kLanes] = {};
     alignas(64) float m[kLanes] = {};
     alignas(64) float v[kLanes] = {};
+    alignas(64) float v_max[kLanes] = {};
     alignas(64) G g[kLanes] = {};
     alignas(64) std::uint16_t copy[kLanes] = {};
     std::memcpy(p, a.params + i, rest * sizeof(float));
     if constexpr (kUsesExpAvg) std::memcpy(m, a.exp_avg + i, rest * sizeof(float));
     if constexpr (kUsesExpAvgSq) std::memcpy(v, a.exp_avg_sq + i, rest * sizeof(float));
+    if constexpr (kAmsgrad) std::memcpy(v_max, a.max_exp_avg_sq + i, rest * sizeof(float));
     std::memcpy(g, static_cast<const G*>(a.grads) + i, rest * sizeof(G));
-    step_lanes<V, kKind, kGrad, kCopy>(k, p, m, v, g, copy, 0);
+    step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, p, m, v, v_max, g, copy, 0);
     std::memcpy(a.params + i, p, rest * sizeof(float));
     if constexpr (kUsesExpAvg) std::memcpy(a.exp_avg + i, m, rest * sizeof(float));
     if constexpr (kUsesExpAvgSq) std::memcpy(a.exp_avg_sq + i, v, rest * sizeof(float));
+    if constexpr (kAmsgrad) std::memcpy(a.max_exp_avg_sq + i, v_max, rest * sizeof(float));
     if constexpr (kCopy != kCopyNone) {
         std::memcpy(static_cast<std::uint16_t*>(a.param_copy) + i, copy,
                     rest * sizeof(std::uint16_t));
@@ -193,27 +206,31 @@ void cast_to_fp32_chunk(const std::uint16_t* src, float* dst, std::size_t numel)
     std::memcpy(dst + i, d, (numel - i) * sizeof(float));
 }
 
-template <class V, int kKind, int kGrad>
+template <class V, int kKind, bool kAmsgrad, int kGrad>
 constexpr void set_step_entries(KernelTable& t) noexcept {
-    t.step[kKind][kGrad][kCopyNone] = &step_chunk<V, kKind, kGrad, kCopyNone>;
-    t.step[kKind][kGrad][kCopyBf16] = &step_chunk<V, kKind, kGrad, kCopyBf16>;
-    t.step[kKind][kGrad][kCopyFp16] = &step_chunk<V, kKind, kGrad, kCopyFp16>;
+    auto& entries = t.step[kKind][kAmsgrad ? 1 : 0][kGrad];
+    entries[kCopyNone] = &step_chunk<V, kKind, kAmsgrad, kGrad, kCopyNone>;
+    entries[kCopyBf16] = &step_chunk<V, kKind, kAmsgrad, kGrad, kCopyBf16>;
+    entries[kCopyFp16] = &step_chunk<V, kKind, kAmsgrad, kGrad, kCopyFp16>;
 }
 
-template <class V, int kKind>
+template <class V, int kKind, bool kAmsgrad>
 constexpr void set_kind_entries(KernelTable& t) noexcept {
-    set_step_entries<V, kKind, kGradFp32>(t);
-    set_step_entries<V, kKind, kGradBf16>(t);
-    set_step_entries<V, kKind, kGradFp16>(t);
+    set_step_entries<V, kKind, kAmsgrad, kGradFp32>(t);
+    set_step_entries<V, kKind, kAmsgrad, kGradBf16>(t);
+    set_step_entries<V, kKind, kAmsgrad, kGradFp16>(t);
 }
 
 template <class V>
 constexpr KernelTable make_kernel_table() noexcept {
     KernelTable t{};
-    set_kind_entries<V, kKindAdam>(t);
-    set_kind_entries<V, kKindAdamW>(t);
-    set_kind_entries<V, kKindAdagrad>(t);
-    set_kind_entries<V, kKindLion>(t);
+    set_kind_entries<V, kKindAdam, false>(t);
+    set_kind_entries<V, kKindAdamW, false>(t);
+    set_kind_entries<V, kKindAdagrad, false>(t);
+    set_kind_entries<V, kKindLion, false>(t);
+    // AMSGrad exists for Adam and AdamW only; the other kinds' entries stay null.
+    set_kind_entries<V, kKindAdam, true>(t);
+    set_kind_entries<V, kKindAdamW, true>(t);
     t.sum_squares[kGradFp32] = &sum_squares_chunk<V, kGradFp32>;
     t.sum_squares[kGradBf16] = &sum_squares_chunk<V, kGradBf16>;
     t.sum_squares[kGradFp16] = &sum_squares_chunk<V, kGradFp16>;

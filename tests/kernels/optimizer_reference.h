@@ -22,17 +22,18 @@ inline constexpr double kDenormalFloor = 4.0 * 0x1p-149;
 inline constexpr double kRelativeTolerance = 2e-6;
 
 struct ReferenceResult {
-    double params = 0, exp_avg = 0, exp_avg_sq = 0;
-    double params_scale = 0, exp_avg_scale = 0, exp_avg_sq_scale = 0;
+    double params = 0, exp_avg = 0, exp_avg_sq = 0, max_exp_avg_sq = 0;
+    double params_scale = 0, exp_avg_scale = 0, exp_avg_sq_scale = 0, max_exp_avg_sq_scale = 0;
 };
 
 struct ReferenceState {
-    double params = 0, exp_avg = 0, exp_avg_sq = 0;
+    double params = 0, exp_avg = 0, exp_avg_sq = 0, max_exp_avg_sq = 0;  // the last: AMSGrad
 };
 
 // One step for one element, in double, from the given inputs (`grad` is the gradient's value as
-// stored, already decoded from bf16/fp16). Follows torch.optim (Adam, AdamW, Adagrad) and the
-// Lion paper; the kernels' operation order is not assumed.
+// stored, already decoded from bf16/fp16). Follows torch.optim (Adam, AdamW with bias_correction
+// on or off and amsgrad, Adagrad) and the Lion paper; the kernels' operation order is not
+// assumed. max_exp_avg_sq is computed only with amsgrad.
 inline ReferenceResult reference_step(const OptimizerParams& o, const ReferenceState& s,
                                       double grad) {
     ReferenceResult r;
@@ -66,9 +67,27 @@ inline ReferenceResult reference_step(const OptimizerParams& o, const ReferenceS
             r.exp_avg_sq = o.beta2 * v + (1.0 - o.beta2) * g * g;
             r.exp_avg_sq_scale =
                 o.beta2 * std::fabs(v) + (1.0 - o.beta2) * g_scale * g_scale + tiny;
-            const double denom = std::sqrt(r.exp_avg_sq) / std::sqrt(bias_correction2) + o.eps;
+            double second_moment = r.exp_avg_sq;
+            double second_moment_scale = r.exp_avg_sq_scale;
+            if (o.amsgrad) {
+                // torch.maximum: a NaN on either side is the result.
+                const double old_max = s.max_exp_avg_sq;
+                r.max_exp_avg_sq = std::isnan(old_max) || std::isnan(r.exp_avg_sq)
+                                       ? std::numeric_limits<double>::quiet_NaN()
+                                       : (old_max > r.exp_avg_sq ? old_max : r.exp_avg_sq);
+                // The maximum moves no more than its arguments do, and the old maximum is an
+                // exact input: where fp32 rounding of exp_avg_sq makes the kernel pick the other
+                // side, the error is still exp_avg_sq's. Both terms are non-negative, so this
+                // scale stays close to the value, as the square root below needs.
+                r.max_exp_avg_sq_scale = std::fabs(old_max) + tiny > r.exp_avg_sq_scale
+                                             ? std::fabs(old_max) + tiny
+                                             : r.exp_avg_sq_scale;
+                second_moment = r.max_exp_avg_sq;
+                second_moment_scale = r.max_exp_avg_sq_scale;
+            }
+            const double denom = std::sqrt(second_moment) / std::sqrt(bias_correction2) + o.eps;
             const double denom_scale =
-                std::sqrt(r.exp_avg_sq_scale) / std::sqrt(bias_correction2) + o.eps;
+                std::sqrt(second_moment_scale) / std::sqrt(bias_correction2) + o.eps;
             const double step_size = o.lr / bias_correction1;
             r.params = p_decayed - step_size * r.exp_avg / denom;
             r.params_scale = std::fabs(p_decayed) + tiny +
@@ -122,7 +141,7 @@ inline bool matches(float actual, double expected, double scale, double rtol) {
 // Inputs of one step: fp32 master data and states, and gradients in every dtype (bf16 and fp16
 // are the fp32 gradients rounded; `grad_value` decodes the one in use).
 struct StepInputs {
-    std::vector<float> params, exp_avg, exp_avg_sq, grads_fp32;
+    std::vector<float> params, exp_avg, exp_avg_sq, max_exp_avg_sq, grads_fp32;
     std::vector<std::uint16_t> grads_bf16, grads_fp16;
 
     GradView grad_view(Dtype dtype) const {
@@ -205,6 +224,20 @@ inline StepInputs make_inputs(std::size_t numel, std::uint64_t seed, const Input
         in.grads_fp32[i] = awkward_value(rng, u(rng), -8, 2, true, mix, true);
         in.grads_bf16[i] = float_to_bf16(in.grads_fp32[i]);
         in.grads_fp16[i] = float_to_fp16(in.grads_fp32[i]);
+    }
+    // AMSGrad's maximum, drawn like exp_avg_sq and independently of it, so that about half the
+    // elements keep their old maximum and half take the new exp_avg_sq; with non-finite inputs,
+    // a few are NaN or +inf left by an earlier overflow (which the maximum keeps). Its own
+    // generator keeps the other arrays what they were for a given seed before this state existed.
+    std::mt19937_64 max_rng(seed ^ 0x9e3779b97f4a7c15u);
+    in.max_exp_avg_sq.resize(numel);
+    for (std::size_t i = 0; i < numel; ++i) {
+        const double pick = u(max_rng);
+        float value = awkward_value(max_rng, u(max_rng), -16, 2, false, mix, false);
+        if (mix.non_finite && pick < 0.02) value = std::numeric_limits<float>::quiet_NaN();
+        if (mix.non_finite && pick >= 0.02 && pick < 0.03)
+            value = std::numeric_limits<float>::infinity();
+        in.max_exp_avg_sq[i] = value;
     }
     return in;
 }

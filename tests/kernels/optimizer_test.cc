@@ -1,5 +1,6 @@
 // kernels/optimizer.h: every variant against the double-precision oracle, bias correction over
-// 1000 steps, bitwise equality across thread counts and offsets, and between SIMD widths.
+// 1000 steps, AMSGrad and bias correction off on every Adam kind, bitwise equality across thread
+// counts and offsets, and between SIMD widths.
 #include "kernels/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -58,26 +59,33 @@ OptimizerParams default_params(OptimizerKind kind, std::uint64_t step) {
 
 // The outputs of one step over a copy of `in`.
 struct StepOutputs {
-    std::vector<float> params, exp_avg, exp_avg_sq;
+    std::vector<float> params, exp_avg, exp_avg_sq, max_exp_avg_sq;
     std::vector<std::uint16_t> copy;
 };
 
+// Passes max_exp_avg_sq only with amsgrad, as a caller without AMSGrad would (an empty span).
+OptimizerState state_of(StepOutputs& out, const OptimizerParams& params) {
+    return {out.params, out.exp_avg, out.exp_avg_sq,
+            params.amsgrad ? std::span<float>(out.max_exp_avg_sq) : std::span<float>()};
+}
+
 StepOutputs run_step(const OptimizerKernel& kernel, const OptimizerParams& params,
                      const StepInputs& in, Dtype grad_dtype, Dtype copy_dtype, bool with_copy) {
-    StepOutputs out{in.params, in.exp_avg, in.exp_avg_sq, {}};
+    StepOutputs out{in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq, {}};
     out.copy.assign(in.params.size(), 0xdead);
     ParamCopy copy = ParamCopy::none();
     if (with_copy)
         copy = copy_dtype == Dtype::kBf16 ? ParamCopy::bf16(out.copy) : ParamCopy::fp16(out.copy);
-    const Status status = kernel.step(params, {out.params, out.exp_avg, out.exp_avg_sq},
-                                      in.grad_view(grad_dtype), copy);
+    const Status status =
+        kernel.step(params, state_of(out, params), in.grad_view(grad_dtype), copy);
     EXPECT_TRUE(status.is_ok()) << status.to_string();
     return out;
 }
 
 std::string describe(std::size_t i, const StepInputs& in, Dtype grad_dtype) {
     return str_cat("element ", i, ": p=", in.params[i], " m=", in.exp_avg[i],
-                   " v=", in.exp_avg_sq[i], " g=", in.grad_value(grad_dtype, i));
+                   " v=", in.exp_avg_sq[i], " v_max=", in.max_exp_avg_sq[i],
+                   " g=", in.grad_value(grad_dtype, i));
 }
 
 // Checks every output of a step against the oracle; stops after a few failures.
@@ -88,8 +96,9 @@ void expect_matches_reference(const OptimizerParams& params, const StepInputs& i
     const bool uses_exp_avg = params.kind != OptimizerKind::kAdagrad;
     const bool uses_exp_avg_sq = params.kind != OptimizerKind::kLion;
     for (std::size_t i = 0; i < in.params.size() && failures < 5; ++i) {
-        const auto r = reference_step(params, {in.params[i], in.exp_avg[i], in.exp_avg_sq[i]},
-                                      in.grad_value(grad_dtype, i));
+        const auto r = reference_step(
+            params, {in.params[i], in.exp_avg[i], in.exp_avg_sq[i], in.max_exp_avg_sq[i]},
+            in.grad_value(grad_dtype, i));
         bool ok = matches(out.params[i], r.params, r.params_scale, kRelativeTolerance);
         EXPECT_TRUE(ok) << describe(i, in, grad_dtype) << ": params " << out.params[i] << " vs "
                         << r.params;
@@ -113,6 +122,16 @@ void expect_matches_reference(const OptimizerParams& params, const StepInputs& i
             EXPECT_EQ(float_bits(out.exp_avg_sq[i]), float_bits(in.exp_avg_sq[i]))
                 << "unused exp_avg_sq changed";
         }
+        if (params.amsgrad) {
+            const bool max_ok = matches(out.max_exp_avg_sq[i], r.max_exp_avg_sq,
+                                        r.max_exp_avg_sq_scale, kRelativeTolerance);
+            EXPECT_TRUE(max_ok) << describe(i, in, grad_dtype) << ": max_exp_avg_sq "
+                                << out.max_exp_avg_sq[i] << " vs " << r.max_exp_avg_sq;
+            ok = ok && max_ok;
+        } else {
+            EXPECT_EQ(float_bits(out.max_exp_avg_sq[i]), float_bits(in.max_exp_avg_sq[i]))
+                << "max_exp_avg_sq changed without amsgrad";
+        }
         if (with_copy) {
             const std::uint16_t expected = copy_dtype == Dtype::kBf16
                                                ? float_to_bf16(out.params[i])
@@ -123,6 +142,65 @@ void expect_matches_reference(const OptimizerParams& params, const StepInputs& i
             EXPECT_EQ(out.copy[i], 0xdead) << "copy written without being asked for";
         }
         if (!ok) ++failures;
+    }
+}
+
+// Every output of `b` from element `offset` on has the bits of `a`'s.
+void expect_bitwise_equal(const StepOutputs& a, const StepOutputs& b, std::size_t offset) {
+    const std::size_t n = a.params.size() - offset;
+    const auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
+        return std::memcmp(x.data() + offset, y.data() + offset, n * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same(a.params, b.params)) << "params, from offset " << offset;
+    EXPECT_TRUE(same(a.exp_avg, b.exp_avg)) << "exp_avg, from offset " << offset;
+    EXPECT_TRUE(same(a.exp_avg_sq, b.exp_avg_sq)) << "exp_avg_sq, from offset " << offset;
+    EXPECT_TRUE(same(a.max_exp_avg_sq, b.max_exp_avg_sq)) << "max_exp_avg_sq, from " << offset;
+    EXPECT_EQ(
+        0, std::memcmp(a.copy.data() + offset, b.copy.data() + offset, n * sizeof(std::uint16_t)))
+        << "copy, from offset " << offset;
+}
+
+void expect_bitwise_across_thread_counts(Isa isa, const OptimizerParams& params, Dtype grad_dtype,
+                                         std::uint64_t seed) {
+    // Let oneTBB run more threads than this machine's cores, so that 7 really means 7.
+    tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+    const std::size_t numel = 7 * kChunkNumel + 5;
+    const StepInputs in = make_inputs(numel, seed);
+    std::vector<StepOutputs> results;
+    for (const int threads : {1, 2, 7}) {
+        const auto kernel = make_kernel(isa, threads);
+        ASSERT_EQ(kernel.threads(), threads);
+        results.push_back(run_step(kernel, params, in, grad_dtype, Dtype::kBf16, true));
+    }
+    for (std::size_t r = 1; r < results.size(); ++r) {
+        SCOPED_TRACE(str_cat("threads: 1 vs result ", r));
+        expect_bitwise_equal(results[0], results[r], 0);
+    }
+}
+
+// The same values at a different offset fall in different chunks, vectors and tails, and are
+// misaligned; each element must still get the same bits.
+void expect_bitwise_across_offsets(Isa isa, const OptimizerParams& params, Dtype grad_dtype,
+                                   std::uint64_t seed) {
+    const std::size_t numel = 2 * kChunkNumel + 21;
+    const StepInputs in = make_inputs(numel, seed);
+    const auto kernel = make_kernel(isa, 2);
+    const StepOutputs whole = run_step(kernel, params, in, grad_dtype, Dtype::kFp16, true);
+    for (const std::size_t offset : {std::size_t{1}, std::size_t{5}, kChunkNumel - 3}) {
+        StepOutputs part{in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq,
+                         std::vector<std::uint16_t>(numel)};
+        GradView g = in.grad_view(grad_dtype);
+        g.data = static_cast<const char*>(g.data) + offset * dtype_size_bytes(grad_dtype);
+        g.numel = numel - offset;
+        OptimizerState state = state_of(part, params);
+        state.params = state.params.subspan(offset);
+        state.exp_avg = state.exp_avg.subspan(offset);
+        state.exp_avg_sq = state.exp_avg_sq.subspan(offset);
+        if (params.amsgrad) state.max_exp_avg_sq = state.max_exp_avg_sq.subspan(offset);
+        const Status status =
+            kernel.step(params, state, g, ParamCopy::fp16(std::span(part.copy).subspan(offset)));
+        ASSERT_TRUE(status.is_ok()) << status.to_string();
+        expect_bitwise_equal(whole, part, offset);
     }
 }
 
@@ -174,58 +252,28 @@ TEST_P(OptimizerVariantTest, MatchesReferenceWithoutWeightDecayOrBiasCorrection)
     expect_matches_reference(params, in, out, grad_dtype_, false, Dtype::kBf16);
 }
 
-TEST_P(OptimizerVariantTest, BitwiseIdenticalForThreadCounts1And2And7) {
-    // Let oneTBB run more threads than this machine's cores, so that 7 really means 7.
-    tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
-    const std::size_t numel = 7 * kChunkNumel + 5;
-    const StepInputs in = make_inputs(numel, zinf::test::seed() + 29);
-    const OptimizerParams params = default_params(kind_, 5);
-    std::vector<StepOutputs> results;
-    for (const int threads : {1, 2, 7}) {
-        const auto kernel = make_kernel(isa_, threads);
-        ASSERT_EQ(kernel.threads(), threads);
-        results.push_back(run_step(kernel, params, in, grad_dtype_, Dtype::kBf16, true));
+// The kind's default step, and for Adam and AdamW also with amsgrad (bias correction changes only
+// the step's constants, not the per-element code).
+std::vector<OptimizerParams> code_paths(OptimizerKind kind, std::uint64_t step) {
+    std::vector<OptimizerParams> paths{default_params(kind, step)};
+    if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
+        paths.push_back(paths[0]);
+        paths.back().amsgrad = true;
     }
-    for (std::size_t r = 1; r < results.size(); ++r) {
-        EXPECT_EQ(0, std::memcmp(results[0].params.data(), results[r].params.data(),
-                                 numel * sizeof(float)));
-        EXPECT_EQ(0, std::memcmp(results[0].exp_avg.data(), results[r].exp_avg.data(),
-                                 numel * sizeof(float)));
-        EXPECT_EQ(0, std::memcmp(results[0].exp_avg_sq.data(), results[r].exp_avg_sq.data(),
-                                 numel * sizeof(float)));
-        EXPECT_EQ(results[0].copy, results[r].copy);
+    return paths;
+}
+
+TEST_P(OptimizerVariantTest, BitwiseIdenticalForThreadCounts1And2And7) {
+    for (const OptimizerParams& params : code_paths(kind_, 5)) {
+        SCOPED_TRACE(str_cat("amsgrad ", params.amsgrad));
+        expect_bitwise_across_thread_counts(isa_, params, grad_dtype_, zinf::test::seed() + 29);
     }
 }
 
 TEST_P(OptimizerVariantTest, ElementResultsDoNotDependOnOffsetOrChunking) {
-    // The same values at a different offset fall in different chunks, vectors and tails, and
-    // are misaligned; each element must still get the same bits.
-    const std::size_t numel = 2 * kChunkNumel + 21;
-    const StepInputs in = make_inputs(numel, zinf::test::seed() + 31);
-    const OptimizerParams params = default_params(kind_, 2);
-    const auto kernel = make_kernel(isa_, 2);
-    const StepOutputs whole = run_step(kernel, params, in, grad_dtype_, Dtype::kFp16, true);
-    for (const std::size_t offset : {std::size_t{1}, std::size_t{5}, kChunkNumel - 3}) {
-        StepOutputs part{in.params, in.exp_avg, in.exp_avg_sq, std::vector<std::uint16_t>(numel)};
-        const std::size_t n = numel - offset;
-        GradView g = in.grad_view(grad_dtype_);
-        g.data = static_cast<const char*>(g.data) + offset * dtype_size_bytes(grad_dtype_);
-        g.numel = n;
-        const Status status = kernel.step(
-            params,
-            {std::span(part.params).subspan(offset), std::span(part.exp_avg).subspan(offset),
-             std::span(part.exp_avg_sq).subspan(offset)},
-            g, ParamCopy::fp16(std::span(part.copy).subspan(offset)));
-        ASSERT_TRUE(status.is_ok()) << status.to_string();
-        EXPECT_EQ(0, std::memcmp(whole.params.data() + offset, part.params.data() + offset,
-                                 n * sizeof(float)))
-            << "offset " << offset;
-        EXPECT_EQ(0, std::memcmp(whole.exp_avg.data() + offset, part.exp_avg.data() + offset,
-                                 n * sizeof(float)));
-        EXPECT_EQ(0, std::memcmp(whole.exp_avg_sq.data() + offset, part.exp_avg_sq.data() + offset,
-                                 n * sizeof(float)));
-        EXPECT_EQ(0, std::memcmp(whole.copy.data() + offset, part.copy.data() + offset,
-                                 n * sizeof(std::uint16_t)));
+    for (const OptimizerParams& params : code_paths(kind_, 2)) {
+        SCOPED_TRACE(str_cat("amsgrad ", params.amsgrad));
+        expect_bitwise_across_offsets(isa_, params, grad_dtype_, zinf::test::seed() + 31);
     }
 }
 
@@ -241,6 +289,73 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, OptimizerVariantTest,
                                             ::testing::ValuesIn(kAllKinds),
                                             ::testing::ValuesIn(kAllGradDtypes)),
                          variant_name);
+
+// Adam and AdamW with amsgrad on and off and bias correction on and off: the options that change
+// the Adam kinds' arithmetic, on every variant and gradient dtype.
+using AdamOptions = std::tuple<Isa, OptimizerKind, Dtype, bool /*amsgrad*/, bool /*bias_corr*/>;
+
+class AdamOptionsTest : public ::testing::TestWithParam<AdamOptions> {
+protected:
+    void SetUp() override {
+        isa_ = std::get<0>(GetParam());
+        grad_dtype_ = std::get<2>(GetParam());
+        params_ = default_params(std::get<1>(GetParam()), 1);
+        params_.amsgrad = std::get<3>(GetParam());
+        params_.bias_correction = std::get<4>(GetParam());
+        if (!isa_supported(isa_)) {
+            GTEST_SKIP() << "this CPU lacks the " << isa_name(isa_)
+                         << " variant (detected: " << cpu_features().to_string() << ")";
+        }
+    }
+    Isa isa_ = Isa::kScalar;
+    Dtype grad_dtype_ = Dtype::kFp32;
+    OptimizerParams params_;
+};
+
+// Several steps, each checked against the oracle from the state the kernel left, with fresh
+// gradients every step and weight decay on odd steps only (Adam without it takes AdamW's path).
+TEST_P(AdamOptionsTest, MatchesReferenceOverStepsOnAwkwardSizes) {
+    const auto kernel = make_kernel(isa_, 2);
+    std::uint64_t seed = zinf::test::seed() + 59;
+    for (const std::size_t numel :
+         {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{17}, kChunkNumel + 3}) {
+        StepInputs in = make_inputs(numel, ++seed);
+        for (std::uint64_t step = 1; step <= 4; ++step) {
+            SCOPED_TRACE(str_cat("numel ", numel, ", step ", step));
+            OptimizerParams params = params_;
+            params.step = step;
+            params.weight_decay = step % 2 == 1 ? 0.01 : 0.0;
+            const bool with_copy = step % 2 == 0;
+            const StepOutputs out =
+                run_step(kernel, params, in, grad_dtype_, Dtype::kBf16, with_copy);
+            expect_matches_reference(params, in, out, grad_dtype_, with_copy, Dtype::kBf16);
+            if (HasFailure()) return;
+            // The next step starts from this one's state, with new gradients.
+            const StepInputs fresh = make_inputs(numel, ++seed);
+            in.params = out.params;
+            in.exp_avg = out.exp_avg;
+            in.exp_avg_sq = out.exp_avg_sq;
+            if (params.amsgrad) in.max_exp_avg_sq = out.max_exp_avg_sq;
+            in.grads_fp32 = fresh.grads_fp32;
+            in.grads_bf16 = fresh.grads_bf16;
+            in.grads_fp16 = fresh.grads_fp16;
+        }
+    }
+}
+
+std::string adam_options_name(const ::testing::TestParamInfo<AdamOptions>& info) {
+    return str_cat(
+        isa_name(std::get<0>(info.param)), "_", optimizer_kind_name(std::get<1>(info.param)), "_",
+        dtype_name(std::get<2>(info.param)), std::get<3>(info.param) ? "_amsgrad" : "_noamsgrad",
+        std::get<4>(info.param) ? "_biascorrection" : "_nobiascorrection");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllVariants, AdamOptionsTest,
+    ::testing::Combine(::testing::ValuesIn(kAllIsas),
+                       ::testing::Values(OptimizerKind::kAdam, OptimizerKind::kAdamW),
+                       ::testing::ValuesIn(kAllGradDtypes), ::testing::Bool(), ::testing::Bool()),
+    adam_options_name);
 
 class OptimizerIsaTest : public ::testing::TestWithParam<Isa> {
 protected:
@@ -261,48 +376,217 @@ TEST_P(OptimizerIsaTest, MatchesReferenceOnAMillionElements) {
     expect_matches_reference(params, in, out, Dtype::kFp32, true, Dtype::kBf16);
 }
 
-// Bias correction over 1000 steps: the kernel's trajectory stays on the double-precision one.
-// Errors compound over steps, so the bound is relative to how far the parameters have moved.
-TEST_P(OptimizerIsaTest, BiasCorrectionTracksReferenceOver1000Steps) {
+// The same size through the new arithmetic: Adam (L2) with amsgrad and without bias correction,
+// and AdamW with amsgrad, bias corrected.
+TEST_P(OptimizerIsaTest, AmsgradMatchesReferenceOnAMillionElements) {
+    const std::size_t numel = (std::size_t{1} << 20) + 3;
+    const StepInputs in = make_inputs(numel, zinf::test::seed() + 73);
+    const auto kernel = make_kernel(GetParam(), 0);
+    for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+        SCOPED_TRACE(optimizer_kind_name(kind));
+        OptimizerParams params = default_params(kind, 11);
+        params.amsgrad = true;
+        params.bias_correction = kind == OptimizerKind::kAdamW;
+        const StepOutputs out = run_step(kernel, params, in, Dtype::kBf16, Dtype::kFp16, true);
+        expect_matches_reference(params, in, out, Dtype::kBf16, true, Dtype::kFp16);
+    }
+}
+
+// Runs steps 1..`steps` of `base` from zero moments on the kernel and on the double oracle,
+// each with the gradient magnitude(step) * (a steady part + noise), so that the moments are far
+// from their start. Errors compound over steps, so they are measured relative to how far the
+// parameters have moved: each step moves a parameter by about lr; 1e-4 of the distance
+// travelled is allowed. Returns the worst error seen.
+double expect_tracks_reference(const OptimizerKernel& kernel, const OptimizerParams& base,
+                               std::uint64_t steps, float (*magnitude)(std::uint64_t step)) {
     const std::size_t numel = 1024 + 5;
+    std::mt19937_64 rng(zinf::test::seed() + 41);
+    StepInputs in = make_inputs(numel, zinf::test::seed() + 43, {false, false});
+    std::fill(in.exp_avg.begin(), in.exp_avg.end(), 0.0f);
+    std::fill(in.exp_avg_sq.begin(), in.exp_avg_sq.end(), 0.0f);
+    std::fill(in.max_exp_avg_sq.begin(), in.max_exp_avg_sq.end(), 0.0f);
+    std::vector<test::ReferenceState> ref(numel);
+    for (std::size_t i = 0; i < numel; ++i) ref[i] = {in.params[i], 0.0, 0.0, 0.0};
+    std::normal_distribution<float> noise(0.0f, 1.0f);
+    double worst = 0.0;
+    for (std::uint64_t step = 1; step <= steps; ++step) {
+        OptimizerParams params = base;
+        params.step = step;
+        for (std::size_t i = 0; i < numel; ++i) {
+            in.grads_fp32[i] =
+                magnitude(step) * (0.1f * static_cast<float>(i % 7) - 0.3f + noise(rng));
+        }
+        const Status status =
+            kernel.step(params, {in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq},
+                        in.grad_view(Dtype::kFp32));
+        EXPECT_TRUE(status.is_ok()) << status.to_string();
+        for (std::size_t i = 0; i < numel; ++i) {
+            const auto r = reference_step(params, ref[i], in.grads_fp32[i]);
+            ref[i] = {r.params, r.exp_avg, r.exp_avg_sq, r.max_exp_avg_sq};
+            const double scale = std::fabs(r.params) + params.lr * static_cast<double>(step);
+            const double error = std::fabs(in.params[i] - r.params) / scale;
+            worst = std::max(worst, error);
+            if (step == 1 || step == 2 || step == 10 || step == 100 || step == steps) {
+                EXPECT_LE(error, 1e-4) << "step " << step << " element " << i << ": "
+                                       << in.params[i] << " vs " << r.params;
+                if (error > 1e-4) return worst;
+            }
+        }
+    }
+    EXPECT_LE(worst, 1e-4);
+    return worst;
+}
+
+float unit_magnitude(std::uint64_t) {
+    return 1.0f;
+}
+
+// Bias correction over 1000 steps: the kernel's trajectory stays on the double-precision one.
+TEST_P(OptimizerIsaTest, BiasCorrectionTracksReferenceOver1000Steps) {
     const auto kernel = make_kernel(GetParam(), 2);
     for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
         SCOPED_TRACE(optimizer_kind_name(kind));
-        std::mt19937_64 rng(zinf::test::seed() + 41);
-        StepInputs in = make_inputs(numel, zinf::test::seed() + 43, {false, false});
-        std::fill(in.exp_avg.begin(), in.exp_avg.end(), 0.0f);
-        std::fill(in.exp_avg_sq.begin(), in.exp_avg_sq.end(), 0.0f);
-        std::vector<test::ReferenceState> ref(numel);
-        for (std::size_t i = 0; i < numel; ++i) ref[i] = {in.params[i], 0.0, 0.0};
-        std::normal_distribution<float> noise(0.0f, 1.0f);
-        double worst = 0.0;
-        for (std::uint64_t step = 1; step <= 1000; ++step) {
-            OptimizerParams params = default_params(kind, step);
-            params.grad_scale = 1.0;
-            // A gradient with a steady part, so that the moments are far from their start.
-            for (std::size_t i = 0; i < numel; ++i)
-                in.grads_fp32[i] = 0.1f * static_cast<float>(i % 7) - 0.3f + noise(rng);
-            ASSERT_TRUE(kernel
-                            .step(params, {in.params, in.exp_avg, in.exp_avg_sq},
-                                  in.grad_view(Dtype::kFp32))
-                            .is_ok());
-            for (std::size_t i = 0; i < numel; ++i) {
-                const auto r = reference_step(params, ref[i], in.grads_fp32[i]);
-                ref[i] = {r.params, r.exp_avg, r.exp_avg_sq};
-                // Each step moves a parameter by about lr; allow 1e-4 of the distance travelled.
-                const double scale = std::fabs(r.params) + params.lr * static_cast<double>(step);
-                const double error = std::fabs(in.params[i] - r.params) / scale;
-                worst = std::max(worst, error);
-                if (step == 1 || step == 2 || step == 10 || step == 100 || step == 1000) {
-                    ASSERT_LE(error, 1e-4) << "step " << step << " element " << i << ": "
-                                           << in.params[i] << " vs " << r.params;
-                }
-            }
-        }
+        OptimizerParams params = default_params(kind, 1);
+        params.grad_scale = 1.0;
+        const double worst = expect_tracks_reference(kernel, params, 1000, unit_magnitude);
         RecordProperty(str_cat("worst_relative_error_", optimizer_kind_name(kind)),
                        std::to_string(worst));
-        EXPECT_LE(worst, 1e-4);
     }
+}
+
+// Gradients ten times smaller after step 100, with beta2 = 0.99: exp_avg_sq shrinks for a
+// hundred steps while AMSGrad's maximum holds, so the maximum, not exp_avg_sq, sets the step.
+TEST_P(OptimizerIsaTest, AmsgradTracksReferenceOver300StepsOfShrinkingGradients) {
+    const auto kernel = make_kernel(GetParam(), 2);
+    for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
+        for (const bool bias_correction : {true, false}) {
+            SCOPED_TRACE(str_cat(optimizer_kind_name(kind), " bias_correction ", bias_correction));
+            OptimizerParams params = default_params(kind, 1);
+            params.grad_scale = 1.0;
+            params.beta2 = 0.99;
+            params.amsgrad = true;
+            params.bias_correction = bias_correction;
+            expect_tracks_reference(kernel, params, 300,
+                                    [](std::uint64_t step) { return step <= 100 ? 1.0f : 0.1f; });
+        }
+    }
+}
+
+// A step where exp_avg_sq shrinks (a gradient a hundred times smaller, beta2 = 0.5): with
+// amsgrad the denominator keeps the earlier, larger second moment, so the parameter moves less
+// than without it, by far more than rounding. A kernel that ignored the flag fails here.
+TEST_P(OptimizerIsaTest, AmsgradKeepsTheMaximumWhereExpAvgSqShrinks) {
+    const std::size_t numel = 37;  // vectors and a tail
+    const auto kernel = make_kernel(GetParam(), 1);
+    for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+        for (const bool bias_correction : {true, false}) {
+            SCOPED_TRACE(str_cat(optimizer_kind_name(kind), " bias_correction ", bias_correction));
+            OptimizerParams params = default_params(kind, 1);
+            params.grad_scale = 1.0;
+            params.lr = 1e-2;
+            params.beta2 = 0.5;
+            params.bias_correction = bias_correction;
+            std::vector<float> g(numel);
+            for (std::size_t i = 0; i < numel; ++i)
+                g[i] = (i % 2 == 0 ? 1.0f : -1.0f) * (0.5f + 0.1f * static_cast<float>(i));
+            StepOutputs plain{std::vector<float>(numel, 1.0f),
+                              std::vector<float>(numel, 0.0f),
+                              std::vector<float>(numel, 0.0f),
+                              std::vector<float>(numel, 0.0f),
+                              {}};
+            StepOutputs amsgrad = plain;
+            // Step 1 from zero: the maximum is exp_avg_sq itself, so both runs agree bitwise.
+            for (StepOutputs* run : {&plain, &amsgrad}) {
+                params.amsgrad = run == &amsgrad;
+                ASSERT_TRUE(kernel.step(params, state_of(*run, params), GradView::fp32(g)).is_ok());
+            }
+            EXPECT_EQ(plain.params, amsgrad.params);
+            EXPECT_EQ(amsgrad.max_exp_avg_sq, amsgrad.exp_avg_sq);
+            EXPECT_EQ(plain.max_exp_avg_sq, std::vector<float>(numel, 0.0f)) << "touched";
+            const StepOutputs before = amsgrad;
+            // Step 2: the gradient shrinks, and so does exp_avg_sq.
+            params.step = 2;
+            for (float& x : g) x *= 0.01f;
+            for (StepOutputs* run : {&plain, &amsgrad}) {
+                params.amsgrad = run == &amsgrad;
+                ASSERT_TRUE(kernel.step(params, state_of(*run, params), GradView::fp32(g)).is_ok());
+            }
+            // exp_avg_sq stays the plain moving average (torch keeps both).
+            EXPECT_EQ(amsgrad.exp_avg_sq, plain.exp_avg_sq);
+            EXPECT_EQ(amsgrad.max_exp_avg_sq, before.exp_avg_sq) << "the maximum must hold";
+            for (std::size_t i = 0; i < numel; ++i) {
+                ASSERT_LT(amsgrad.exp_avg_sq[i], before.exp_avg_sq[i]) << i;
+                params.amsgrad = true;
+                const auto r = reference_step(params,
+                                              {before.params[i], before.exp_avg[i],
+                                               before.exp_avg_sq[i], before.max_exp_avg_sq[i]},
+                                              g[i]);
+                EXPECT_TRUE(
+                    matches(amsgrad.params[i], r.params, r.params_scale, kRelativeTolerance))
+                    << i << ": " << amsgrad.params[i] << " vs " << r.params;
+                // Without amsgrad the denominator is sqrt(2) times smaller here: the two steps
+                // are about 0.24 lr apart (0.05 lr without bias correction), thousands of ulps.
+                const double moved_plain = std::fabs(plain.params[i] - before.params[i]);
+                const double moved_amsgrad = std::fabs(amsgrad.params[i] - before.params[i]);
+                EXPECT_GT(moved_plain - moved_amsgrad, 0.02 * params.lr)
+                    << i << ": amsgrad moved " << moved_amsgrad << ", plain " << moved_plain;
+            }
+        }
+    }
+}
+
+// torch.maximum keeps a NaN from either side, so a NaN gradient poisons max_exp_avg_sq for
+// good, as it does in PyTorch (grad_stats() is there to skip such steps). Checked explicitly
+// because x86's MAXPS alone would drop a NaN held in the old maximum.
+TEST_P(OptimizerIsaTest, AmsgradKeepsANaNFromEitherSide) {
+    const std::size_t numel = 19;
+    const auto kernel = make_kernel(GetParam(), 1);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    OptimizerParams params = default_params(OptimizerKind::kAdamW, 1);
+    params.amsgrad = true;
+    StepOutputs run{std::vector<float>(numel, 1.0f),
+                    std::vector<float>(numel, 0.0f),
+                    std::vector<float>(numel, 0.0f),
+                    std::vector<float>(numel, 0.0f),
+                    {}};
+    run.max_exp_avg_sq[0] = nan;   // old maximum NaN (in a vector)
+    run.max_exp_avg_sq[17] = nan;  // ... and in the tail
+    std::vector<float> g(numel, 0.5f);
+    g[1] = nan;  // new exp_avg_sq NaN
+    g[18] = nan;
+    for (std::uint64_t step = 1; step <= 2; ++step) {
+        params.step = step;
+        ASSERT_TRUE(kernel.step(params, state_of(run, params), GradView::fp32(g)).is_ok());
+        g[1] = g[18] = 0.5f;  // a finite gradient does not heal the maximum
+        for (const std::size_t i : {0, 1, 17, 18}) {
+            EXPECT_TRUE(std::isnan(run.max_exp_avg_sq[i])) << "step " << step << " element " << i;
+            EXPECT_TRUE(std::isnan(run.params[i])) << "step " << step << " element " << i;
+        }
+        for (const std::size_t i : {2, 16}) {
+            EXPECT_TRUE(std::isfinite(run.max_exp_avg_sq[i])) << i;
+            EXPECT_TRUE(std::isfinite(run.params[i])) << i;
+        }
+    }
+}
+
+TEST_P(OptimizerIsaTest, AmsgradIsRejectedForAdagradAndLionAndChangesNothing) {
+    const auto kernel = make_kernel(GetParam(), 1);
+    const StepInputs in = make_inputs(33, zinf::test::seed() + 71, {false, false});
+    StepOutputs run{in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq, {}};
+    for (const OptimizerKind kind : {OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
+        OptimizerParams params = default_params(kind, 1);
+        params.amsgrad = true;
+        const Status status =
+            kernel.step(params, state_of(run, params), in.grad_view(Dtype::kFp32));
+        EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << optimizer_kind_name(kind);
+        EXPECT_NE(status.message().find("optimizer amsgrad"), std::string::npos)
+            << status.message();
+        EXPECT_EQ(validate(params).code(), StatusCode::kInvalidArgument);
+    }
+    EXPECT_EQ(run.params, in.params);
+    EXPECT_EQ(run.exp_avg, in.exp_avg);
+    EXPECT_EQ(run.exp_avg_sq, in.exp_avg_sq);
+    EXPECT_EQ(run.max_exp_avg_sq, in.max_exp_avg_sq);
 }
 
 // With a constant gradient the bias-corrected moments are exactly g and g*g at every step, so
@@ -363,17 +647,21 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
     const auto avx2 = make_kernel(Isa::kAvx2, 2);
     const auto avx512 = make_kernel(Isa::kAvx512, 2);
     for (const OptimizerKind kind : kAllKinds) {
+        const bool adam = kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW;
         for (const Dtype grad_dtype : kAllGradDtypes) {
-            SCOPED_TRACE(str_cat(optimizer_kind_name(kind), " ", dtype_name(grad_dtype)));
-            const StepInputs in = make_inputs(numel, zinf::test::seed() + 53);
-            const OptimizerParams params = default_params(kind, 9);
-            const StepOutputs a = run_step(avx2, params, in, grad_dtype, Dtype::kBf16, true);
-            const StepOutputs b = run_step(avx512, params, in, grad_dtype, Dtype::kBf16, true);
-            EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), numel * sizeof(float)));
-            EXPECT_EQ(0, std::memcmp(a.exp_avg.data(), b.exp_avg.data(), numel * sizeof(float)));
-            EXPECT_EQ(0,
-                      std::memcmp(a.exp_avg_sq.data(), b.exp_avg_sq.data(), numel * sizeof(float)));
-            EXPECT_EQ(a.copy, b.copy);
+            // Adam kinds: every combination of amsgrad and bias correction.
+            for (int options = 0; options < (adam ? 4 : 1); ++options) {
+                OptimizerParams params = default_params(kind, 9);
+                params.amsgrad = (options & 1) != 0;
+                params.bias_correction = (options & 2) == 0;
+                SCOPED_TRACE(str_cat(optimizer_kind_name(kind), " ", dtype_name(grad_dtype),
+                                     " amsgrad ", params.amsgrad, " bias_correction ",
+                                     params.bias_correction));
+                const StepInputs in = make_inputs(numel, zinf::test::seed() + 53);
+                const StepOutputs a = run_step(avx2, params, in, grad_dtype, Dtype::kBf16, true);
+                const StepOutputs b = run_step(avx512, params, in, grad_dtype, Dtype::kBf16, true);
+                expect_bitwise_equal(a, b, 0);
+            }
         }
     }
 }

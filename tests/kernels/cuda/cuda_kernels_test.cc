@@ -182,19 +182,21 @@ TEST(CudaFlattenTest, FlattenThenUnflattenRestoresEveryTensor) {
     }
 }
 
-// Double-precision reference of one step (PyTorch's Adam/AdamW).
+// Double-precision reference of one step (PyTorch's Adam/AdamW, bias_correction and amsgrad as
+// in torch.optim; `v_max` is used only with amsgrad).
 void reference_adam(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m,
-                    std::vector<double>& v, const AdamStepParams& s) {
+                    std::vector<double>& v, std::vector<double>& v_max, const AdamStepParams& s) {
     const double b1 = s.beta1;
     const double b2 = s.beta2;
-    const double bias1 = 1.0 - std::pow(b1, static_cast<double>(s.step));
-    const double bias2 = 1.0 - std::pow(b2, static_cast<double>(s.step));
+    const double bias1 = s.bias_correction ? 1.0 - std::pow(b1, static_cast<double>(s.step)) : 1.0;
+    const double bias2 = s.bias_correction ? 1.0 - std::pow(b2, static_cast<double>(s.step)) : 1.0;
     for (std::size_t i = 0; i < p.size(); ++i) {
         double grad = g[i] * s.grad_scale;
         if (!s.adam_w_mode) grad += static_cast<double>(s.weight_decay) * p[i];
         m[i] = b1 * m[i] + (1.0 - b1) * grad;
         v[i] = b2 * v[i] + (1.0 - b2) * grad * grad;
-        const double denom = std::sqrt(v[i]) / std::sqrt(bias2) + s.eps;
+        if (s.amsgrad) v_max[i] = std::max(v_max[i], v[i]);
+        const double denom = std::sqrt(s.amsgrad ? v_max[i] : v[i]) / std::sqrt(bias2) + s.eps;
         if (s.adam_w_mode) p[i] *= 1.0 - static_cast<double>(s.lr) * s.weight_decay;
         p[i] -= static_cast<double>(s.lr) / bias1 * m[i] / denom;
     }
@@ -203,28 +205,49 @@ void reference_adam(std::vector<double>& p, const std::vector<double>& g, std::v
 TEST(CudaAdamTest, MatchesDoubleReferenceOverThreeSteps) {
     ZINF_SKIP_WITHOUT_CUDA();
     std::mt19937_64 rng(test::seed());
-    for (bool adam_w : {true, false}) {
+    struct Mode {
+        bool adam_w;
+        bool amsgrad;
+        bool bias_correction;
+    };
+    // Not Adam (L2) without bias correction: where the L2 term cancels the gradient, its first
+    // steps are too ill-conditioned for this plain tolerance (the CPU oracle, with per-element
+    // error scales, covers it; BitwiseTheCpuOptimizer ties the GPU to the CPU there).
+    const Mode modes[] = {
+        {true, false, true}, {false, false, true}, {true, true, true},
+        {false, true, true}, {true, true, false},
+    };
+    for (const Mode& mode : modes) {
+        const bool adam_w = mode.adam_w;
+        const bool amsgrad = mode.amsgrad;
         for (std::size_t n : test::awkward_sizes()) {
-            SCOPED_TRACE(testing::Message() << "adam_w " << adam_w << " n " << n);
+            SCOPED_TRACE(testing::Message()
+                         << "adam_w " << adam_w << " amsgrad " << amsgrad << " bias_correction "
+                         << mode.bias_correction << " n " << n);
             std::vector<float> p = random_floats(n, rng);
             DeviceArray<float> params(p);
             DeviceArray<float> m(std::vector<float>(n, 0.0f));
             DeviceArray<float> v(std::vector<float>(n, 0.0f));
+            DeviceArray<float> v_max(std::vector<float>(n, 0.0f));
             DeviceArray<std::uint16_t> copy(n);
-            std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
+            std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0), rv_max(n, 0.0);
             AdamStepParams s;
             s.lr = 1e-2;
             s.weight_decay = 0.1;
             s.adam_w_mode = adam_w;
             s.grad_scale = 0.5;
+            s.amsgrad = amsgrad;
+            s.bias_correction = mode.bias_correction;
             for (std::int64_t step = 1; step <= 3; ++step) {
                 s.step = step;
-                const std::vector<float> g = random_floats(n, rng);
+                // Shrinking gradients, so that AMSGrad's maximum differs from exp_avg_sq.
+                const std::vector<float> g =
+                    random_floats(n, rng, 1.0f / static_cast<float>(step * step));
                 DeviceArray<float> grads(g);
                 ASSERT_TRUE(adam_step(params.get(), grads.get(), DType::kFloat32, m.get(), v.get(),
-                                      n, s, copy.get(), DType::kBFloat16, nullptr)
+                                      v_max.get(), n, s, copy.get(), DType::kBFloat16, nullptr)
                                 .is_ok());
-                reference_adam(rp, std::vector<double>(g.begin(), g.end()), rm, rv, s);
+                reference_adam(rp, std::vector<double>(g.begin(), g.end()), rm, rv, rv_max, s);
             }
             const auto got = params.download();
             const auto got_copy = copy.download();
@@ -252,11 +275,11 @@ TEST(CudaAdamTest, Bf16GradientsAreWidenedExactly) {
     DeviceArray<float> params(p), m(std::vector<float>(n, 0.0f)), v(std::vector<float>(n, 0.0f));
     DeviceArray<std::uint16_t> grads(g16);
     AdamStepParams s;
-    ASSERT_TRUE(adam_step(params.get(), grads.get(), DType::kBFloat16, m.get(), v.get(), n, s,
-                          nullptr, DType::kFloat32, nullptr)
+    ASSERT_TRUE(adam_step(params.get(), grads.get(), DType::kBFloat16, m.get(), v.get(), nullptr, n,
+                          s, nullptr, DType::kFloat32, nullptr)
                     .is_ok());
-    std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
-    reference_adam(rp, std::vector<double>(g.begin(), g.end()), rm, rv, s);
+    std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0), rv_max;
+    reference_adam(rp, std::vector<double>(g.begin(), g.end()), rm, rv, rv_max, s);
     const auto got = params.download();
     for (std::size_t i = 0; i < n; ++i)
         ASSERT_NEAR(got[i], rp[i], 2e-6 + 1e-5 * std::abs(rp[i])) << i;
@@ -264,9 +287,10 @@ TEST(CudaAdamTest, Bf16GradientsAreWidenedExactly) {
 
 // The GPU step and the CPU optimizer's fused-multiply-add variants (kernels::OptimizerKernel,
 // AVX-512 or AVX2: the ones the engine uses; the scalar variant rounds products separately and
-// differs in the last bits) are bitwise the same over three steps, for every gradient dtype and copy, in both modes, with and without
-// weight decay, with an infinite and a NaN parameter, over a size that takes the grid more than
-// one pass.
+// differs in the last bits) are bitwise the same over three steps, for every gradient dtype and
+// copy, in both modes, with and without weight decay, amsgrad and bias correction, with an
+// infinite and a NaN parameter and a NaN maximum, over a size that takes the grid more than one
+// pass.
 TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
     ZINF_SKIP_WITHOUT_CUDA();
     std::mt19937_64 rng(test::seed());
@@ -282,6 +306,8 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
         DType copy;  // kFloat32: no copy
         bool adam_w;
         double weight_decay;
+        bool amsgrad = false;
+        bool bias_correction = true;
     };
     const Case cases[] = {
         {DType::kFloat32, DType::kFloat32, true, 0.01},
@@ -290,18 +316,29 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
         {DType::kBFloat16, DType::kFloat32, false, 0.0},
         {DType::kFloat16, DType::kFloat16, false, 0.1},
         {DType::kFloat16, DType::kFloat32, true, 0.1},
+        {DType::kFloat32, DType::kBFloat16, true, 0.01, true, true},
+        {DType::kBFloat16, DType::kFloat32, false, 0.1, true, false},
+        {DType::kFloat16, DType::kFloat16, false, 0.0, true, true},
+        {DType::kFloat32, DType::kFloat32, true, 0.0, false, false},
+        {DType::kBFloat16, DType::kFloat16, false, 0.1, false, false},
     };
     for (const std::size_t n : {std::size_t{1}, std::size_t{4099}, (std::size_t{3} << 21) + 5}) {
         for (const Case& c : cases) {
-            SCOPED_TRACE(testing::Message() << "n " << n << " grad " << dtype_name(c.grad)
-                                            << " copy " << dtype_name(c.copy) << " adam_w "
-                                            << c.adam_w << " wd " << c.weight_decay);
+            SCOPED_TRACE(testing::Message()
+                         << "n " << n << " grad " << dtype_name(c.grad) << " copy "
+                         << dtype_name(c.copy) << " adam_w " << c.adam_w << " wd " << c.weight_decay
+                         << " amsgrad " << c.amsgrad << " bias_correction " << c.bias_correction);
             std::vector<float> p = random_floats(n, rng), m(n, 0.0f), v(n, 0.0f);
+            // The maximum starts about where exp_avg_sq lands after step 1 (1e-3 g^2 with
+            // gradients of scale 0.25), so either side of max() is taken somewhere.
+            std::vector<float> v_max = random_floats(n, rng, 0.25f * 0.0316f);
+            for (float& x : v_max) x *= x;
             if (n > 2) {
                 p[0] = std::numeric_limits<float>::infinity();
                 p[1] = std::numeric_limits<float>::quiet_NaN();
+                v_max[2] = std::numeric_limits<float>::quiet_NaN();  // kept: torch.maximum's rule
             }
-            DeviceArray<float> dp(p), dm(m), dv(v);
+            DeviceArray<float> dp(p), dm(m), dv(v), dv_max(v_max);
             DeviceArray<std::uint16_t> dcopy(c.copy == DType::kFloat32 ? 0 : n);
             std::vector<std::uint16_t> cpu_copy(c.copy == DType::kFloat32 ? 0 : n);
             for (std::int64_t step = 1; step <= 3; ++step) {
@@ -315,6 +352,8 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
                 gp.adam_w_mode = c.adam_w;
                 gp.step = step;
                 gp.grad_scale = 0.25;
+                gp.amsgrad = c.amsgrad;
+                gp.bias_correction = c.bias_correction;
                 kernels::OptimizerParams op;
                 op.kind = c.adam_w ? kernels::OptimizerKind::kAdamW : kernels::OptimizerKind::kAdam;
                 op.step = static_cast<std::uint64_t>(step);
@@ -324,14 +363,17 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
                 op.eps = gp.eps;
                 op.weight_decay = gp.weight_decay;
                 op.grad_scale = gp.grad_scale;
-                const kernels::OptimizerState state{p, m, v};
+                op.amsgrad = gp.amsgrad;
+                op.bias_correction = gp.bias_correction;
+                const kernels::OptimizerState state{p, m, v, v_max};
                 const kernels::ParamCopy copy =
                     c.copy == DType::kBFloat16  ? kernels::ParamCopy::bf16(cpu_copy)
                     : c.copy == DType::kFloat16 ? kernels::ParamCopy::fp16(cpu_copy)
                                                 : kernels::ParamCopy::none();
                 if (c.grad == DType::kFloat32) {
                     DeviceArray<float> dg(g32);
-                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(), n, gp,
+                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(),
+                                          dv_max.get(), n, gp,
                                           c.copy == DType::kFloat32 ? nullptr : dcopy.get(), c.copy,
                                           nullptr)
                                     .is_ok());
@@ -343,7 +385,8 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
                                                             : kernels::float_to_fp16(g32[i]);
                     }
                     DeviceArray<std::uint16_t> dg(g16);
-                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(), n, gp,
+                    ASSERT_TRUE(adam_step(dp.get(), dg.get(), c.grad, dm.get(), dv.get(),
+                                          dv_max.get(), n, gp,
                                           c.copy == DType::kFloat32 ? nullptr : dcopy.get(), c.copy,
                                           nullptr)
                                     .is_ok());
@@ -368,6 +411,7 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
             expect_same(gpu_p, p, "params");
             expect_same(gpu_m, m, "exp_avg");
             expect_same(gpu_v, v, "exp_avg_sq");
+            expect_same(dv_max.download(), v_max, "max_exp_avg_sq");  // untouched without amsgrad
             if (c.copy != DType::kFloat32) {
                 const auto gpu_copy = dcopy.download();
                 std::vector<float> gw(n), cw(n);
