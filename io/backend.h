@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "io/engine.h"
+#include "io/seams.h"
 #include "src/base/status.h"
 
 namespace zinf::io {
@@ -87,6 +88,7 @@ struct BackendOptions {
     std::size_t queue_depth = 32;
     bool sqpoll = false;
     bool single_submit = false;
+    Seams seams;  // fault injection at the kernel boundary (tests); none by default
 };
 
 // Creates a backend; for "auto" tries io_uring → libaio → posix and puts the reasons for each

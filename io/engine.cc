@@ -307,13 +307,15 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
 Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
     const auto depth = static_cast<std::size_t>(impl_.aio.queue_depth);
     if (impl_.sim) {
-        base_backend_ = std::make_unique<SimBackend>(*impl_.sim, depth, index_);
+        base_backend_ =
+            std::make_unique<SimBackend>(*impl_.sim, depth, index_, impl_.options.seams);
     } else {
         BackendOptions bo;
         bo.kind = kind;
         bo.queue_depth = depth;
         bo.sqpoll = impl_.aio.sqpoll;
         bo.single_submit = impl_.aio.single_submit;
+        bo.seams = impl_.options.seams;
         ZINF_ASSIGN_OR_RETURN(base_backend_, make_backend(bo, why));
     }
     backend_ = base_backend_.get();

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "io/fault.h"
+#include "io/seams.h"
 #include "src/base/config.h"
 #include "src/base/status.h"
 
@@ -63,6 +64,8 @@ struct EngineOptions {
     std::optional<FaultPlan> faults;
     // When set, files live in memory on a simulated device instead of the file system.
     std::optional<SimOptions> sim;
+    // Fault injection at each worker backend's kernel boundary (tests); none by default.
+    Seams seams;
 };
 
 struct EngineStats {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io::detail {
@@ -144,6 +145,7 @@ private:
           slots_(options.queue_depth),
           free_(options.queue_depth),
           free_count_(options.queue_depth),
+          seams_(options.seams),
           staged_(options.queue_depth),
           failed_(options.queue_depth),
           events_(options.queue_depth + 1) {
@@ -232,29 +234,21 @@ private:
         Slot& slot = *static_cast<Slot*>(event.data);
         Request& r = *slot.request;
         ZINF_ASSERT(r.state == Request::State::kInFlight);
-        const auto res = static_cast<long>(event.res);
-        if (res < 0) {
-            const int err = static_cast<int>(-res);
-            if ((err == EAGAIN || err == EINTR) && r.retries < kMaxRetries) {
-                ++r.retries;
-                prepare(slot);
-                staged_[staged_count_++] = &slot.cb;
-                return 0;
-            }
-            return finish(slot, piece_error(err));
-        }
-        const std::size_t left = r.length_bytes - r.done_bytes;
-        if (res == 0) {
-            if (r.op == OpKind::kRead) return finish(slot, end_of_file_error());
-            if (r.retries >= kMaxRetries) return finish(slot, piece_error(EIO));
-            ++r.retries;
-        } else {
-            ZINF_ASSERT_LE(static_cast<std::size_t>(res), left);
-            r.done_bytes += static_cast<std::uint32_t>(res);
-            if (r.done_bytes == r.length_bytes) return finish(slot, Status::ok());
-            ++r.short_transfers;
+        const Verdict verdict =
+            classify_completion(r, seam_result(seams_, r, static_cast<long>(event.res)));
+        switch (apply_verdict(r, verdict)) {
+            case Next::kComplete:
+                return finish(slot, Status::ok());
+            case Next::kEndOfFile:
+                return finish(slot, end_of_file_error());
+            case Next::kError:
+                return finish(slot, piece_error(verdict.error));
+            case Next::kResubmit:
+            case Next::kRetry:
+                break;
         }
         prepare(slot);
+        ZINF_ASSERT_LT(staged_count_, staged_.size());
         staged_[staged_count_++] = &slot.cb;
         return 0;
     }
@@ -265,6 +259,7 @@ private:
     std::vector<Slot> slots_;
     std::vector<std::uint32_t> free_;
     std::size_t free_count_;
+    const Seams seams_;
     std::vector<iocb*> staged_;  // prepared, not yet accepted by io_submit
     std::size_t staged_count_ = 0;
     std::vector<Slot*> failed_;  // refused by io_submit

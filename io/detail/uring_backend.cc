@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io::detail {
@@ -220,6 +221,7 @@ private:
     explicit UringBackend(const BackendOptions& options)
         : queue_depth_(options.queue_depth),
           single_submit_(options.single_submit),
+          seams_(options.seams),
           cqes_(2 * (options.queue_depth + 1)),
           retries_(options.queue_depth),
           file_registered_(kFixedFileSlots, false) {}
@@ -318,32 +320,19 @@ private:
         auto* r = static_cast<Request*>(io_uring_cqe_get_data(&cqe));
         ZINF_ASSERT(r != nullptr);
         ZINF_ASSERT(r->state == Request::State::kInFlight);
-        const int res = cqe.res;
-        const std::uint32_t left = r->length_bytes - r->done_bytes;
-        if (res < 0) {
-            const int err = -res;
-            if ((err == EAGAIN || err == EINTR) && r->retries < kMaxRetries) {
-                ++r->retries;
-                retries_[retry_count_++] = r;
-                return 0;
-            }
-            // A short O_DIRECT read at end of file leaves an unaligned remainder that the kernel
-            // refuses with EINVAL: that is the end of the file, not a bad argument.
-            if (err == EINVAL && r->op == OpKind::kRead && r->short_transfers > 0) {
+        const Verdict verdict = classify_completion(*r, seam_result(seams_, *r, cqe.res));
+        switch (apply_verdict(*r, verdict)) {
+            case Next::kComplete:
+                return finish(*r, Status::ok());
+            case Next::kEndOfFile:
                 return finish(*r, end_of_file_error());
-            }
-            return finish(*r, piece_error(err));
+            case Next::kError:
+                return finish(*r, piece_error(verdict.error));
+            case Next::kResubmit:
+            case Next::kRetry:
+                break;
         }
-        if (res == 0) {
-            if (r->op == OpKind::kRead) return finish(*r, end_of_file_error());
-            if (r->retries >= kMaxRetries) return finish(*r, piece_error(EIO));
-            ++r->retries;
-        } else {
-            ZINF_ASSERT_LE(static_cast<std::uint32_t>(res), left);
-            r->done_bytes += static_cast<std::uint32_t>(res);
-            if (r->done_bytes == r->length_bytes) return finish(*r, Status::ok());
-            ++r->short_transfers;
-        }
+        ZINF_ASSERT_LT(retry_count_, retries_.size());
         retries_[retry_count_++] = r;
         return 0;
     }
@@ -354,6 +343,7 @@ private:
     unsigned features_ = 0;
     const std::size_t queue_depth_;
     const bool single_submit_;
+    const Seams seams_;
     bool files_supported_ = false;
     int registered_buffers_ = 0;
     std::size_t in_flight_ = 0;
