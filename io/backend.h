@@ -67,8 +67,14 @@ public:
         (void)fd;
         return Status::ok();
     }
-    // Queues requests in order; returns how many were accepted. When the queue is full it
-    // returns fewer; zero accepted is Status::busy(). Never blocks.
+    // Queues requests in order; returns how many were accepted: a prefix of `requests`, now
+    // kInFlight and owned by the backend until their callbacks. The rest are returned untouched
+    // (kIdle, never handed to the kernel, free to submit again): when the queue is full, when the
+    // kernel takes fewer than offered, when a submit system call fails part way. None accepted is
+    // an error that names the cause: Status::busy() when room will come back by reaping (the
+    // queue is full, or the kernel said EAGAIN/EBUSY while this backend has requests in flight),
+    // otherwise the submit system call's error (the kernel refused the first request). Never
+    // blocks; never runs a callback.
     virtual Result<std::size_t> submit(std::span<Request* const> requests) noexcept = 0;
     // Completes at least min_count requests (or what is in flight, if fewer), calling each
     // request's callback; waits at most `timeout`. Returns how many completed.

@@ -424,21 +424,28 @@ void EngineWorker::carve_locked() {
 void EngineWorker::submit_batch() noexcept {
     if (batch_count_ == 0) return;
     auto accepted = backend_->submit(std::span<Request* const>(batch_.data(), batch_count_));
-    if (!accepted.has_value()) {
-        if (accepted.error().code() == StatusCode::kBusy) return;  // retry after the next reap
-        // The backend refused the batch outright: fail the first piece so nothing is lost.
-        Request& r = *batch_[0];
-        r.state = Request::State::kIdle;
-        std::copy(batch_.begin() + 1, batch_.begin() + static_cast<std::ptrdiff_t>(batch_count_), batch_.begin());
-        --batch_count_;
-        on_piece_complete(r, accepted.error());
-        return;
+    // The backend took a prefix of the batch (now in flight) and handed the rest back untouched:
+    // they stay in the batch, in order, and go at the next pass (after a reap when it was busy).
+    std::size_t taken = accepted.has_value() ? *accepted : 0;
+    if (accepted.has_value()) ZINF_ASSERT_GT(taken, 0u);
+    ZINF_ASSERT_LE(taken, batch_count_);
+    for (std::size_t i = taken; i < batch_count_; ++i) {
+        ZINF_DASSERT(batch_[i]->state == Request::State::kIdle);
     }
-    const std::size_t n = *accepted;
-    ZINF_ASSERT_LE(n, batch_count_);
-    std::copy(batch_.begin() + static_cast<std::ptrdiff_t>(n),
+    Request* refused = nullptr;
+    if (!accepted.has_value() && accepted.error().code() != StatusCode::kBusy) {
+        // The kernel refused the batch and took none of it; the error is the first piece's
+        // (io_submit reports the first iocb it refuses; a failed io_uring_enter takes none). That
+        // piece fails, once. The others are offered again at the next pass, each then either
+        // taken or, if the kernel still refuses, failed in its turn at the head of the batch.
+        refused = batch_[0];
+        ZINF_ASSERT(refused->state == Request::State::kIdle);
+        taken = 1;
+    }
+    std::copy(batch_.begin() + static_cast<std::ptrdiff_t>(taken),
               batch_.begin() + static_cast<std::ptrdiff_t>(batch_count_), batch_.begin());
-    batch_count_ -= n;
+    batch_count_ -= taken;
+    if (refused != nullptr) on_piece_complete(*refused, accepted.error());
 }
 
 void EngineWorker::loop() {
