@@ -40,6 +40,10 @@ struct Request {
     std::uint32_t done_bytes = 0;   // progress of a resubmitted short transfer
     std::uint16_t retries = 0;           // EINTR / EAGAIN retries of this piece (for stats)
     std::uint16_t short_transfers = 0;   // short transfers resubmitted (for stats)
+    // How the backend issued the piece, for the engine's statistics (so that a silent fallback
+    // to plain opcodes shows): set when the backend takes it; false where it has no such thing.
+    bool used_fixed_buffer = false;  // READ_FIXED / WRITE_FIXED on a registered buffer
+    bool used_fixed_file = false;    // IOSQE_FIXED_FILE on a registered file
     State state = State::kIdle;
     // Runs inside reap() on the owning thread with the piece's final status.
     void (*callback)(Request& request, const Status& status) = nullptr;

@@ -124,6 +124,10 @@ struct Engine::Impl {
     std::atomic<std::uint64_t> pieces_completed{0};
     std::atomic<std::uint64_t> short_transfers{0};
     std::atomic<std::uint64_t> retries{0};
+    std::atomic<std::uint64_t> pieces_fixed_buffer_read{0};
+    std::atomic<std::uint64_t> pieces_fixed_buffer_written{0};
+    std::atomic<std::uint64_t> pieces_fixed_file{0};
+    std::atomic<std::uint64_t> pieces_plain{0};
     std::array<std::atomic<std::uint64_t>, kHistogramBuckets> latency{};
 
     Status run_on_workers(const std::function<Status(EngineWorker&)>& fn);
@@ -278,6 +282,15 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
         impl.short_transfers.fetch_add(request.short_transfers, std::memory_order_relaxed);
     }
     if (request.retries != 0) impl.retries.fetch_add(request.retries, std::memory_order_relaxed);
+    if (request.used_fixed_buffer) {
+        (request.op == OpKind::kRead ? impl.pieces_fixed_buffer_read
+                                     : impl.pieces_fixed_buffer_written)
+            .fetch_add(1, std::memory_order_relaxed);
+    }
+    if (request.used_fixed_file) impl.pieces_fixed_file.fetch_add(1, std::memory_order_relaxed);
+    if (!request.used_fixed_buffer && !request.used_fixed_file) {
+        impl.pieces_plain.fetch_add(1, std::memory_order_relaxed);
+    }
     IoHandle& handle = *piece.handle;
     piece.handle = nullptr;
     self.free_[self.free_count_++] = piece.index;
@@ -400,6 +413,8 @@ void EngineWorker::carve_locked() {
             r.done_bytes = 0;
             r.retries = 0;
             r.short_transfers = 0;
+            r.used_fixed_buffer = false;
+            r.used_fixed_file = false;
             r.callback = &EngineWorker::on_piece_complete;
             r.user = &piece;
             piece.handle = &h;
@@ -1004,6 +1019,11 @@ EngineStats Engine::stats() const {
     s.pieces_completed = impl.pieces_completed.load(std::memory_order_relaxed);
     s.short_transfers_resubmitted = impl.short_transfers.load(std::memory_order_relaxed);
     s.retries = impl.retries.load(std::memory_order_relaxed);
+    s.pieces_fixed_buffer_read = impl.pieces_fixed_buffer_read.load(std::memory_order_relaxed);
+    s.pieces_fixed_buffer_written =
+        impl.pieces_fixed_buffer_written.load(std::memory_order_relaxed);
+    s.pieces_fixed_file = impl.pieces_fixed_file.load(std::memory_order_relaxed);
+    s.pieces_plain = impl.pieces_plain.load(std::memory_order_relaxed);
     std::array<std::uint64_t, kHistogramBuckets> counts{};
     std::uint64_t total = 0;
     for (int i = 0; i < kHistogramBuckets; ++i) {
@@ -1027,8 +1047,10 @@ EngineStats Engine::stats() const {
 
 void Engine::reset_stats() {
     Impl& impl = *impl_;
-    for (auto* c : {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
-                    &impl.short_transfers, &impl.retries}) {
+    for (auto* c :
+         {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
+          &impl.short_transfers, &impl.retries, &impl.pieces_fixed_buffer_read,
+          &impl.pieces_fixed_buffer_written, &impl.pieces_fixed_file, &impl.pieces_plain}) {
         c->store(0, std::memory_order_relaxed);
     }
     for (auto& b : impl.latency) b.store(0, std::memory_order_relaxed);

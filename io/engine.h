@@ -75,6 +75,12 @@ struct EngineStats {
     std::uint64_t pieces_completed = 0;    // block-sized pieces
     std::uint64_t short_transfers_resubmitted = 0;
     std::uint64_t retries = 0;             // EAGAIN / EINTR
+    // How the completed pieces went to the kernel, so that a silent fallback to plain opcodes
+    // shows: io_uring's registered (fixed) buffers and files; the other backends have neither.
+    std::uint64_t pieces_fixed_buffer_read = 0;     // READ_FIXED
+    std::uint64_t pieces_fixed_buffer_written = 0;  // WRITE_FIXED
+    std::uint64_t pieces_fixed_file = 0;            // IOSQE_FIXED_FILE (either direction)
+    std::uint64_t pieces_plain = 0;                 // neither a fixed buffer nor a fixed file
     double latency_us_p50 = 0;             // per caller-level operation, submit to completion
     double latency_us_p99 = 0;
 };

@@ -177,7 +177,10 @@ public:
             if (prepared == 0) break;
             const std::size_t taken = enter(first, prepared, &error);
             for (std::size_t i = 0; i < taken; ++i) {
-                requests[accepted + i]->state = Request::State::kInFlight;
+                Request& r = *requests[accepted + i];
+                r.state = Request::State::kInFlight;
+                r.used_fixed_buffer = uses_fixed_buffer(r);
+                r.used_fixed_file = uses_fixed_file(r);
             }
             in_flight_ += taken;
             accepted += taken;

@@ -1,6 +1,6 @@
 // io::Engine behaviour beyond the per-backend conformance: striping, keeping queues full for
 // small requests, handle reuse and timeouts, backend choice, statistics; a batch the kernel takes
-// only part of, or refuses (Seams::submit).
+// only part of, or refuses (Seams::submit); registered buffers and files counted per piece.
 #include "io/engine.h"
 
 #include <fcntl.h>
@@ -396,6 +396,43 @@ TEST_P(EngineSubmit, LastingRefusalFailsEveryPieceExactlyOnceWithoutAHang) {
 
 INSTANTIATE_TEST_SUITE_P(KernelSubmitBackends, EngineSubmit,
                          ::testing::Values("io_uring", "libaio"));
+
+// With registered buffers, every piece inside the registered region uses the fixed opcodes on a
+// registered file; without, none does, and the counts say so.
+TEST(Engine, FixedBufferAndFileCountsMatchThePiecesMoved) {
+    zinf::test::TempDir dir("fixed-counts");
+    for (const bool registered : {true, false}) {
+        SCOPED_TRACE(registered ? "register_buffers on" : "register_buffers off");
+        config::AioConfig aio = small_aio("io_uring", Tristate::kAuto);
+        aio.register_buffers = registered;
+        std::string skip;
+        auto engine = make_engine("io_uring", Tristate::kAuto, &skip, std::nullopt, &aio);
+        if (!engine) {
+            GTEST_SKIP() << skip;
+        }
+        FileOptions fo;
+        fo.create = true;
+        auto file = engine->open(dir.file(registered ? "on" : "off"), fo);
+        ASSERT_TRUE(file.has_value());
+        AlignedBuffer region = must_allocate(2 << 20);
+        ASSERT_TRUE(engine->register_buffers(region.span()).is_ok());
+        ASSERT_TRUE(engine->write(*file, 0, region.span().subspan(0, 1 << 20)).is_ok());
+        ASSERT_TRUE(engine->read(*file, 0, region.span().subspan(1 << 20, 1 << 20)).is_ok());
+        const EngineStats s = engine->stats();
+        EXPECT_EQ(s.pieces_completed, 32u);
+        EXPECT_EQ(s.pieces_fixed_buffer_written, registered ? 16u : 0u);
+        EXPECT_EQ(s.pieces_fixed_buffer_read, registered ? 16u : 0u);
+        EXPECT_EQ(s.pieces_fixed_file, registered ? 32u : 0u);
+        EXPECT_EQ(s.pieces_plain, registered ? 0u : 32u);
+        // A buffer outside the region goes plain on a fixed file.
+        AlignedBuffer outside = must_allocate(64 * 1024);
+        engine->reset_stats();
+        ASSERT_TRUE(engine->write(*file, 0, outside.span()).is_ok());
+        EXPECT_EQ(engine->stats().pieces_fixed_buffer_written, 0u);
+        EXPECT_EQ(engine->stats().pieces_fixed_file, registered ? 1u : 0u);
+        EXPECT_EQ(engine->stats().pieces_plain, registered ? 0u : 1u);
+    }
+}
 
 }  // namespace
 }  // namespace zinf::io::test
