@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "io/engine.h"
+#include "io/seams.h"
 #include "src/base/status.h"
 
 namespace zinf::io {
@@ -39,6 +40,10 @@ struct Request {
     std::uint32_t done_bytes = 0;   // progress of a resubmitted short transfer
     std::uint16_t retries = 0;           // EINTR / EAGAIN retries of this piece (for stats)
     std::uint16_t short_transfers = 0;   // short transfers resubmitted (for stats)
+    // How the backend issued the piece, for the engine's statistics (so that a silent fallback
+    // to plain opcodes shows): set when the backend takes it; false where it has no such thing.
+    bool used_fixed_buffer = false;  // READ_FIXED / WRITE_FIXED on a registered buffer
+    bool used_fixed_file = false;    // IOSQE_FIXED_FILE on a registered file
     State state = State::kIdle;
     // Runs inside reap() on the owning thread with the piece's final status.
     void (*callback)(Request& request, const Status& status) = nullptr;
@@ -66,8 +71,14 @@ public:
         (void)fd;
         return Status::ok();
     }
-    // Queues requests in order; returns how many were accepted. When the queue is full it
-    // returns fewer; zero accepted is Status::busy(). Never blocks.
+    // Queues requests in order; returns how many were accepted: a prefix of `requests`, now
+    // kInFlight and owned by the backend until their callbacks. The rest are returned untouched
+    // (kIdle, never handed to the kernel, free to submit again): when the queue is full, when the
+    // kernel takes fewer than offered, when a submit system call fails part way. None accepted is
+    // an error that names the cause: Status::busy() when room will come back by reaping (the
+    // queue is full, or the kernel said EAGAIN/EBUSY while this backend has requests in flight),
+    // otherwise the submit system call's error (the kernel refused the first request). Never
+    // blocks; never runs a callback.
     virtual Result<std::size_t> submit(std::span<Request* const> requests) noexcept = 0;
     // Completes at least min_count requests (or what is in flight, if fewer), calling each
     // request's callback; waits at most `timeout`. Returns how many completed.
@@ -87,6 +98,7 @@ struct BackendOptions {
     std::size_t queue_depth = 32;
     bool sqpoll = false;
     bool single_submit = false;
+    Seams seams;  // fault injection at the kernel boundary (tests); none by default
 };
 
 // Creates a backend; for "auto" tries io_uring → libaio → posix and puts the reasons for each

@@ -126,6 +126,10 @@ struct Engine::Impl {
     std::atomic<std::uint64_t> pieces_completed{0};
     std::atomic<std::uint64_t> short_transfers{0};
     std::atomic<std::uint64_t> retries{0};
+    std::atomic<std::uint64_t> pieces_fixed_buffer_read{0};
+    std::atomic<std::uint64_t> pieces_fixed_buffer_written{0};
+    std::atomic<std::uint64_t> pieces_fixed_file{0};
+    std::atomic<std::uint64_t> pieces_plain{0};
     std::array<std::atomic<std::uint64_t>, kHistogramBuckets> latency{};
 
     Status run_on_workers(const std::function<Status(EngineWorker&)>& fn);
@@ -280,6 +284,15 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
         impl.short_transfers.fetch_add(request.short_transfers, std::memory_order_relaxed);
     }
     if (request.retries != 0) impl.retries.fetch_add(request.retries, std::memory_order_relaxed);
+    if (request.used_fixed_buffer) {
+        (request.op == OpKind::kRead ? impl.pieces_fixed_buffer_read
+                                     : impl.pieces_fixed_buffer_written)
+            .fetch_add(1, std::memory_order_relaxed);
+    }
+    if (request.used_fixed_file) impl.pieces_fixed_file.fetch_add(1, std::memory_order_relaxed);
+    if (!request.used_fixed_buffer && !request.used_fixed_file) {
+        impl.pieces_plain.fetch_add(1, std::memory_order_relaxed);
+    }
     IoHandle& handle = *piece.handle;
     piece.handle = nullptr;
     self.free_[self.free_count_++] = piece.index;
@@ -309,13 +322,15 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
 Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
     const auto depth = static_cast<std::size_t>(impl_.aio.queue_depth);
     if (impl_.sim) {
-        base_backend_ = std::make_unique<SimBackend>(*impl_.sim, depth, index_);
+        base_backend_ =
+            std::make_unique<SimBackend>(*impl_.sim, depth, index_, impl_.options.seams);
     } else {
         BackendOptions bo;
         bo.kind = kind;
         bo.queue_depth = depth;
         bo.sqpoll = impl_.aio.sqpoll;
         bo.single_submit = impl_.aio.single_submit;
+        bo.seams = impl_.options.seams;
         ZINF_ASSIGN_OR_RETURN(base_backend_, make_backend(bo, why));
     }
     backend_ = base_backend_.get();
@@ -400,6 +415,8 @@ void EngineWorker::carve_locked() {
             r.done_bytes = 0;
             r.retries = 0;
             r.short_transfers = 0;
+            r.used_fixed_buffer = false;
+            r.used_fixed_file = false;
             r.callback = &EngineWorker::on_piece_complete;
             r.user = &piece;
             piece.handle = &h;
@@ -424,21 +441,28 @@ void EngineWorker::carve_locked() {
 void EngineWorker::submit_batch() noexcept {
     if (batch_count_ == 0) return;
     auto accepted = backend_->submit(std::span<Request* const>(batch_.data(), batch_count_));
-    if (!accepted.has_value()) {
-        if (accepted.error().code() == StatusCode::kBusy) return;  // retry after the next reap
-        // The backend refused the batch outright: fail the first piece so nothing is lost.
-        Request& r = *batch_[0];
-        r.state = Request::State::kIdle;
-        std::copy(batch_.begin() + 1, batch_.begin() + static_cast<std::ptrdiff_t>(batch_count_), batch_.begin());
-        --batch_count_;
-        on_piece_complete(r, accepted.error());
-        return;
+    // The backend took a prefix of the batch (now in flight) and handed the rest back untouched:
+    // they stay in the batch, in order, and go at the next pass (after a reap when it was busy).
+    std::size_t taken = accepted.has_value() ? *accepted : 0;
+    if (accepted.has_value()) ZINF_ASSERT_GT(taken, 0u);
+    ZINF_ASSERT_LE(taken, batch_count_);
+    for (std::size_t i = taken; i < batch_count_; ++i) {
+        ZINF_DASSERT(batch_[i]->state == Request::State::kIdle);
     }
-    const std::size_t n = *accepted;
-    ZINF_ASSERT_LE(n, batch_count_);
-    std::copy(batch_.begin() + static_cast<std::ptrdiff_t>(n),
+    Request* refused = nullptr;
+    if (!accepted.has_value() && accepted.error().code() != StatusCode::kBusy) {
+        // The kernel refused the batch and took none of it; the error is the first piece's
+        // (io_submit reports the first iocb it refuses; a failed io_uring_enter takes none). That
+        // piece fails, once. The others are offered again at the next pass, each then either
+        // taken or, if the kernel still refuses, failed in its turn at the head of the batch.
+        refused = batch_[0];
+        ZINF_ASSERT(refused->state == Request::State::kIdle);
+        taken = 1;
+    }
+    std::copy(batch_.begin() + static_cast<std::ptrdiff_t>(taken),
               batch_.begin() + static_cast<std::ptrdiff_t>(batch_count_), batch_.begin());
-    batch_count_ -= n;
+    batch_count_ -= taken;
+    if (refused != nullptr) on_piece_complete(*refused, accepted.error());
 }
 
 void EngineWorker::loop() {
@@ -1056,6 +1080,11 @@ EngineStats Engine::stats() const {
     s.pieces_completed = impl.pieces_completed.load(std::memory_order_relaxed);
     s.short_transfers_resubmitted = impl.short_transfers.load(std::memory_order_relaxed);
     s.retries = impl.retries.load(std::memory_order_relaxed);
+    s.pieces_fixed_buffer_read = impl.pieces_fixed_buffer_read.load(std::memory_order_relaxed);
+    s.pieces_fixed_buffer_written =
+        impl.pieces_fixed_buffer_written.load(std::memory_order_relaxed);
+    s.pieces_fixed_file = impl.pieces_fixed_file.load(std::memory_order_relaxed);
+    s.pieces_plain = impl.pieces_plain.load(std::memory_order_relaxed);
     std::array<std::uint64_t, kHistogramBuckets> counts{};
     std::uint64_t total = 0;
     for (int i = 0; i < kHistogramBuckets; ++i) {
@@ -1079,8 +1108,10 @@ EngineStats Engine::stats() const {
 
 void Engine::reset_stats() {
     Impl& impl = *impl_;
-    for (auto* c : {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
-                    &impl.short_transfers, &impl.retries}) {
+    for (auto* c :
+         {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
+          &impl.short_transfers, &impl.retries, &impl.pieces_fixed_buffer_read,
+          &impl.pieces_fixed_buffer_written, &impl.pieces_fixed_file, &impl.pieces_plain}) {
         c->store(0, std::memory_order_relaxed);
     }
     for (auto& b : impl.latency) b.store(0, std::memory_order_relaxed);

@@ -26,6 +26,7 @@
 
 #include "io/fault.h"
 #include "io/file_system.h"
+#include "io/seams.h"
 #include "src/base/config.h"
 #include "src/base/status.h"
 
@@ -73,6 +74,8 @@ struct EngineOptions {
     // Null: the operating system's (io::posix_file_system()). A FaultyFileSystem here fails
     // file set-up as `faults` fails reads and writes.
     FileSystem* file_system = nullptr;
+    // Fault injection at each worker backend's kernel boundary (tests); none by default.
+    Seams seams;
 };
 
 struct EngineStats {
@@ -82,6 +85,12 @@ struct EngineStats {
     std::uint64_t pieces_completed = 0;    // block-sized pieces
     std::uint64_t short_transfers_resubmitted = 0;
     std::uint64_t retries = 0;             // EAGAIN / EINTR
+    // How the completed pieces went to the kernel, so that a silent fallback to plain opcodes
+    // shows: io_uring's registered (fixed) buffers and files; the other backends have neither.
+    std::uint64_t pieces_fixed_buffer_read = 0;     // READ_FIXED
+    std::uint64_t pieces_fixed_buffer_written = 0;  // WRITE_FIXED
+    std::uint64_t pieces_fixed_file = 0;            // IOSQE_FIXED_FILE (either direction)
+    std::uint64_t pieces_plain = 0;                 // neither a fixed buffer nor a fixed file
     double latency_us_p50 = 0;             // per caller-level operation, submit to completion
     double latency_us_p99 = 0;
 };

@@ -89,16 +89,30 @@ Result<std::size_t> FaultyBackend::submit(std::span<Request* const> requests) no
         forward_[forwarded++] = r;
     }
     if (accepted == 0) return Status::busy("faulty backend queue full");
-    if (forwarded > 0) {
-        auto taken = inner_.submit(std::span<Request* const>(forward_.data(), forwarded));
-        const std::size_t n = taken.has_value() ? *taken : 0;
-        // Whatever the inner backend did not take waits in our slots and goes at the next reap.
-        for (std::size_t i = n; i < forwarded; ++i) {
-            static_cast<Slot*>(forward_[i]->user)->state = SlotState::kRetry;
-            forward_[i]->state = Request::State::kInFlight;
-        }
-    }
+    forward(forwarded, now);
     return accepted;
+}
+
+void FaultyBackend::forward(std::size_t count, std::chrono::steady_clock::time_point now) noexcept {
+    if (count == 0) return;
+    auto taken = inner_.submit(std::span<Request* const>(forward_.data(), count));
+    const std::size_t n = taken.has_value() ? *taken : 0;
+    ZINF_ASSERT_LE(n, count);
+    // Whatever the inner backend did not take it handed back untouched; it waits in our slots
+    // and goes at the next reap.
+    for (std::size_t i = n; i < count; ++i) {
+        ZINF_ASSERT(forward_[i]->state == Request::State::kIdle);
+        static_cast<Slot*>(forward_[i]->user)->state = SlotState::kRetry;
+        forward_[i]->state = Request::State::kInFlight;
+    }
+    if (!taken.has_value() && taken.error().code() != StatusCode::kBusy) {
+        // Refused, not busy: the first piece fails with the refusal (as the engine does with a
+        // batch refused outright), so that a lasting refusal cannot hold a piece forever.
+        Slot& slot = *static_cast<Slot*>(forward_[0]->user);
+        slot.state = SlotState::kDelayed;
+        slot.status = taken.error();
+        slot.due = now;
+    }
 }
 
 void FaultyBackend::on_inner_complete(Request& request, const Status& status) {
@@ -168,13 +182,7 @@ void FaultyBackend::flush_retries() noexcept {
         slot.state = SlotState::kInner;
         forward_[n++] = slot.request;
     }
-    if (n == 0) return;
-    auto taken = inner_.submit(std::span<Request* const>(forward_.data(), n));
-    const std::size_t t = taken.has_value() ? *taken : 0;
-    for (std::size_t i = t; i < n; ++i) {
-        static_cast<Slot*>(forward_[i]->user)->state = SlotState::kRetry;
-        forward_[i]->state = Request::State::kInFlight;
-    }
+    forward(n, std::chrono::steady_clock::now());
 }
 
 Result<std::size_t> FaultyBackend::reap(std::size_t min_count,

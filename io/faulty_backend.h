@@ -59,6 +59,8 @@ private:
     void deliver(Slot& slot, const Status& status) noexcept;
     std::size_t deliver_ready(std::chrono::steady_clock::time_point now) noexcept;
     void flush_retries() noexcept;
+    // Hands forward_[0, count) to the inner backend; keeps what it does not take for a retry.
+    void forward(std::size_t count, std::chrono::steady_clock::time_point now) noexcept;
     std::chrono::microseconds latency() noexcept;
     bool chance(double probability) noexcept;
 

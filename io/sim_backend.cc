@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io {
@@ -90,8 +91,10 @@ std::uint64_t SimDevice::used_bytes() const {
     return used_bytes_;
 }
 
-SimBackend::SimBackend(SimDevice& device, std::size_t queue_depth, std::uint64_t stream)
+SimBackend::SimBackend(SimDevice& device, std::size_t queue_depth, std::uint64_t stream,
+                       const Seams& seams)
     : device_(device),
+      seams_(seams),
       slots_(queue_depth),
       rng_(device.options().seed * 0x9E3779B97F4A7C15ULL + stream) {
     ZINF_ASSERT_GT(queue_depth, 0u);
@@ -147,23 +150,35 @@ std::size_t SimBackend::deliver_due(std::chrono::steady_clock::time_point now) n
         Request& r = *next->request;
         next->request = nullptr;
         --in_flight_;
-        // The bytes move at completion time, as on a real device.
-        const std::uint32_t left = r.length_bytes - r.done_bytes;
-        const long got = r.op == OpKind::kRead
-                             ? device_.read(r.fd, r.offset_bytes + r.done_bytes, r.buffer + r.done_bytes, left)
-                             : device_.write(r.fd, r.offset_bytes + r.done_bytes, r.buffer + r.done_bytes, left);
         ++delivered;
-        if (got < 0) {
-            detail::complete(r, detail::piece_error(static_cast<int>(-got)));
-        } else if (static_cast<std::uint32_t>(got) < left) {
-            r.done_bytes += static_cast<std::uint32_t>(got);
-            detail::complete(r, detail::end_of_file_error());
-        } else {
-            r.done_bytes += left;
-            detail::complete(r, Status::ok());
-        }
+        const Status status = transfer(r);
+        detail::complete(r, status);
     }
     return delivered;
+}
+
+Status SimBackend::transfer(Request& r) noexcept {
+    // Bounded: each pass moves at least one byte or uses up one of kMaxRetries retries.
+    for (std::uint64_t pass = 0;; ++pass) {
+        ZINF_ASSERT_LE(pass, std::uint64_t{r.length_bytes} + kMaxRetries);
+        const std::uint32_t left = r.length_bytes - r.done_bytes;
+        const std::uint64_t offset = r.offset_bytes + r.done_bytes;
+        const long got = r.op == OpKind::kRead
+                             ? device_.read(r.fd, offset, r.buffer + r.done_bytes, left)
+                             : device_.write(r.fd, offset, r.buffer + r.done_bytes, left);
+        const detail::Verdict verdict = detail::classify_completion(r, seam_result(seams_, r, got));
+        switch (detail::apply_verdict(r, verdict)) {
+            case detail::Next::kComplete:
+                return Status::ok();
+            case detail::Next::kEndOfFile:
+                return detail::end_of_file_error();
+            case detail::Next::kError:
+                return detail::piece_error(verdict.error);
+            case detail::Next::kResubmit:
+            case detail::Next::kRetry:
+                break;
+        }
+    }
 }
 
 Result<std::size_t> SimBackend::reap(std::size_t min_count,

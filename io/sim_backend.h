@@ -50,10 +50,13 @@ private:
 
 // One worker's view of a SimDevice. Owned by one thread, like every Backend; never allocates
 // after construction (the device may, when a file grows). `stream` separates the random
-// streams of several workers that share one seed.
+// streams of several workers that share one seed. The bytes move when a request is due, and the
+// system backends' rule (io/detail/completion.h) says what each result means; `seams.result`
+// sees each one first (seams.submit does not apply: there is no submit system call).
 class SimBackend final : public Backend {
 public:
-    SimBackend(SimDevice& device, std::size_t queue_depth, std::uint64_t stream);
+    SimBackend(SimDevice& device, std::size_t queue_depth, std::uint64_t stream,
+               const Seams& seams = {});
     ~SimBackend() override;
 
     std::string_view name() const noexcept override { return "sim"; }
@@ -74,8 +77,11 @@ private:
         std::uint64_t sequence = 0;  // tie-break, so that equal due times stay deterministic
     };
     std::size_t deliver_due(std::chrono::steady_clock::time_point now) noexcept;
+    // Moves the request's bytes, resubmitting short transfers and retrying as the rule says.
+    Status transfer(Request& request) noexcept;
 
     SimDevice& device_;
+    const Seams seams_;
     std::vector<Slot> slots_;
     std::size_t in_flight_ = 0;
     std::uint64_t sequence_ = 0;

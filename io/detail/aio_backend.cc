@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io::detail {
@@ -66,21 +67,44 @@ public:
     }
 
     Result<std::size_t> submit(std::span<Request* const> requests) noexcept override {
+        const std::size_t room = std::min(requests.size(), free_count_);
+        if (room == 0) return Status::busy("libaio queue full");
         std::size_t accepted = 0;
-        while (accepted < requests.size() && free_count_ > 0) {
-            Request* r = requests[accepted];
-            check_submitted(*r);
-            r->state = Request::State::kInFlight;
-            Slot& slot = slots_[free_[--free_count_]];
-            slot.request = r;
-            prepare(slot);
-            staged_[staged_count_++] = &slot.cb;
-            ++in_flight_;
-            ++accepted;
+        int error = 0;
+        while (accepted < room) {
+            // single_submit: one io_submit per request (a tuning knob, not a correctness one).
+            const std::size_t want = single_submit_ ? 1 : room - accepted;
+            // The next `want` free slots, from the top of the stack; popped only once taken.
+            for (std::size_t i = 0; i < want; ++i) {
+                Request& r = *requests[accepted + i];
+                check_submitted(r);
+                Slot& slot = slots_[free_[free_count_ - 1 - i]];
+                ZINF_ASSERT(slot.request == nullptr);
+                slot.request = &r;
+                prepare(slot);
+                offered_[i] = &slot.cb;
+            }
+            const std::size_t taken = hand_over(want, &error);
+            for (std::size_t i = 0; i < want; ++i) {
+                Slot& slot = *static_cast<Slot*>(offered_[i]->data);
+                if (i < taken) {
+                    slot.request->state = Request::State::kInFlight;
+                } else {
+                    slot.request = nullptr;  // the request stays the caller's, untouched
+                }
+            }
+            free_count_ -= taken;
+            in_flight_ += taken;
+            accepted += taken;
+            if (taken < want) break;
         }
-        if (accepted == 0) return Status::busy("libaio queue full");
-        flush_staged();
-        return accepted;
+        if (accepted > 0) return accepted;  // a persisting error meets the next submit
+        if (error == 0 || error == EAGAIN) {
+            // Room comes back as requests complete; with none in flight, waiting cannot help.
+            if (in_flight_ > 0) return Status::busy("io_submit: none taken; reap first");
+            if (error == 0) error = EAGAIN;
+        }
+        return submit_error("io_submit", error);
     }
 
     Result<std::size_t> reap(std::size_t min_count,
@@ -144,6 +168,8 @@ private:
           slots_(options.queue_depth),
           free_(options.queue_depth),
           free_count_(options.queue_depth),
+          seams_(options.seams),
+          offered_(options.queue_depth),
           staged_(options.queue_depth),
           failed_(options.queue_depth),
           events_(options.queue_depth + 1) {
@@ -162,8 +188,32 @@ private:
         slot.cb.data = &slot;
     }
 
-    // Submits the staged iocbs; on EAGAIN they stay staged for the next call; on any other
-    // error the first iocb fails (its error is delivered at reap) and the rest go on.
+    // Offers offered_[0, count) to the kernel in one io_submit; returns how many it took (a
+    // prefix). io_submit takes iocbs in order and stops at the first it refuses: it returns the
+    // count before it, or, when that is the first, the error. So *error is the errno when none
+    // was taken, and 0 when some were (the refused one meets its error again when offered next).
+    std::size_t hand_over(std::size_t count, int* error) noexcept {
+        SubmitCall call{count, 0};
+        if (seams_.submit != nullptr) {
+            call = seams_.submit(seams_.context, count);
+            call.limit = std::min(call.limit, count);
+        }
+        int rc = 0;
+        if (call.limit > 0) {
+            rc = io_submit(context_, static_cast<long>(call.limit), offered_.data());
+            for (int i = 0; rc == -EINTR && i < kMaxRetries; ++i) {
+                rc = io_submit(context_, static_cast<long>(call.limit), offered_.data());
+            }
+        }
+        const std::size_t taken = rc > 0 ? static_cast<std::size_t>(rc) : 0;
+        ZINF_ASSERT_LE(taken, call.limit);
+        *error = call.error != 0 ? call.error : (rc < 0 ? -rc : 0);
+        return taken;
+    }
+
+    // Submits the staged iocbs (resubmissions of requests in flight); on EAGAIN they stay staged
+    // for the next call; on any other error the first iocb fails (its error is delivered at
+    // reap) and the rest go on.
     void flush_staged() noexcept {
         std::size_t done = 0;
         for (int guard = 0; done < staged_count_; ++guard) {
@@ -232,29 +282,21 @@ private:
         Slot& slot = *static_cast<Slot*>(event.data);
         Request& r = *slot.request;
         ZINF_ASSERT(r.state == Request::State::kInFlight);
-        const auto res = static_cast<long>(event.res);
-        if (res < 0) {
-            const int err = static_cast<int>(-res);
-            if ((err == EAGAIN || err == EINTR) && r.retries < kMaxRetries) {
-                ++r.retries;
-                prepare(slot);
-                staged_[staged_count_++] = &slot.cb;
-                return 0;
-            }
-            return finish(slot, piece_error(err));
-        }
-        const std::size_t left = r.length_bytes - r.done_bytes;
-        if (res == 0) {
-            if (r.op == OpKind::kRead) return finish(slot, end_of_file_error());
-            if (r.retries >= kMaxRetries) return finish(slot, piece_error(EIO));
-            ++r.retries;
-        } else {
-            ZINF_ASSERT_LE(static_cast<std::size_t>(res), left);
-            r.done_bytes += static_cast<std::uint32_t>(res);
-            if (r.done_bytes == r.length_bytes) return finish(slot, Status::ok());
-            ++r.short_transfers;
+        const Verdict verdict =
+            classify_completion(r, seam_result(seams_, r, static_cast<long>(event.res)));
+        switch (apply_verdict(r, verdict)) {
+            case Next::kComplete:
+                return finish(slot, Status::ok());
+            case Next::kEndOfFile:
+                return finish(slot, end_of_file_error());
+            case Next::kError:
+                return finish(slot, piece_error(verdict.error));
+            case Next::kResubmit:
+            case Next::kRetry:
+                break;
         }
         prepare(slot);
+        ZINF_ASSERT_LT(staged_count_, staged_.size());
         staged_[staged_count_++] = &slot.cb;
         return 0;
     }
@@ -265,7 +307,9 @@ private:
     std::vector<Slot> slots_;
     std::vector<std::uint32_t> free_;
     std::size_t free_count_;
-    std::vector<iocb*> staged_;  // prepared, not yet accepted by io_submit
+    const Seams seams_;
+    std::vector<iocb*> offered_;  // scratch of submit: the iocbs of one io_submit
+    std::vector<iocb*> staged_;   // resubmissions, prepared, not yet accepted by io_submit
     std::size_t staged_count_ = 0;
     std::vector<Slot*> failed_;  // refused by io_submit
     std::size_t failed_count_ = 0;

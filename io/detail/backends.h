@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "io/backend.h"
 #include "src/base/status.h"
@@ -20,6 +21,14 @@ Result<std::unique_ptr<Backend>> make_posix_backend(const BackendOptions& option
 // engine prefixes the operation, path, offset and length. Built only on error.
 inline Status piece_error(int errno_value) {
     return Status::io_error(std::strerror(errno_value), errno_value);
+}
+// The error of a submit system call that took none of the requests offered: kIo (kNoSpace for
+// ENOSPC), never kBusy, which tells the engine to wait for room; the message names the call.
+inline Status submit_error(const char* call, int errno_value) {
+    std::string message(call);
+    message += ": ";
+    message += std::strerror(errno_value);
+    return Status::io_error(std::move(message), errno_value);
 }
 inline Status end_of_file_error() {
     return Status(StatusCode::kIo, "unexpected end of file", 0);

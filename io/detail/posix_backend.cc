@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io::detail {
@@ -23,6 +24,7 @@ class PosixBackend final : public Backend {
 public:
     explicit PosixBackend(const BackendOptions& options)
         : queue_depth_(options.queue_depth),
+          seams_(options.seams),
           pending_(options.queue_depth),
           done_(options.queue_depth),
           done_errors_(options.queue_depth),
@@ -127,33 +129,31 @@ public:
 
 private:
     // Transfers the whole request, resubmitting short transfers and retrying EINTR/EAGAIN up to
-    // kMaxRetries; returns 0, an errno or kEndOfFile.
-    static int transfer(Request& r) noexcept {
-        while (r.done_bytes < r.length_bytes) {
+    // kMaxRetries (io/detail/completion.h decides); returns 0, an errno or kEndOfFile. Runs on a
+    // helper thread, which owns the request meanwhile.
+    static int transfer(Request& r, const Seams& seams) noexcept {
+        // Bounded: each pass moves at least one byte or uses up one of kMaxRetries retries.
+        for (std::uint64_t pass = 0;; ++pass) {
+            ZINF_ASSERT_LE(pass, std::uint64_t{r.length_bytes} + kMaxRetries);
             const std::size_t left = r.length_bytes - r.done_bytes;
             const auto offset = static_cast<off_t>(r.offset_bytes + r.done_bytes);
             const ssize_t got = r.op == OpKind::kRead
                                     ? ::pread(r.fd, r.buffer + r.done_bytes, left, offset)
                                     : ::pwrite(r.fd, r.buffer + r.done_bytes, left, offset);
-            if (got < 0) {
-                const int err = errno;
-                if ((err == EINTR || err == EAGAIN) && r.retries < kMaxRetries) {
-                    ++r.retries;
-                    continue;
-                }
-                return err;
+            const long raw = got < 0 ? -static_cast<long>(errno) : static_cast<long>(got);
+            const Verdict verdict = classify_completion(r, seam_result(seams, r, raw));
+            switch (apply_verdict(r, verdict)) {
+                case Next::kComplete:
+                    return 0;
+                case Next::kEndOfFile:
+                    return kEndOfFile;
+                case Next::kError:
+                    return verdict.error;
+                case Next::kResubmit:
+                case Next::kRetry:
+                    break;
             }
-            if (got == 0) {
-                if (r.op == OpKind::kRead) return kEndOfFile;
-                // A zero-byte write makes no progress; bounded like EAGAIN.
-                if (r.retries >= kMaxRetries) return EIO;
-                ++r.retries;
-                continue;
-            }
-            if (static_cast<std::size_t>(got) < left) ++r.short_transfers;
-            r.done_bytes += static_cast<std::uint32_t>(got);
         }
-        return 0;
     }
 
     void helper_loop() {
@@ -165,7 +165,7 @@ private:
             pending_head_ = (pending_head_ + 1) % queue_depth_;
             --pending_count_;
             lock.unlock();
-            const int err = transfer(*r);
+            const int err = transfer(*r, seams_);
             lock.lock();
             const std::size_t slot = (done_head_ + done_count_) % queue_depth_;
             done_[slot] = r;
@@ -176,6 +176,7 @@ private:
     }
 
     const std::size_t queue_depth_;
+    const Seams seams_;
     mutable std::mutex mutex_;
     std::condition_variable work_cv_;
     std::condition_variable done_cv_;

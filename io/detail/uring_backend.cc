@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/detail/backends.h"
+#include "io/detail/completion.h"
 #include "src/base/log.h"
 
 namespace zinf::io::detail {
@@ -155,22 +156,43 @@ public:
     }
 
     Result<std::size_t> submit(std::span<Request* const> requests) noexcept override {
+        const std::size_t room = std::min(requests.size(), queue_depth_ - in_flight_);
+        if (room == 0) return Status::busy("io_uring queue full");
         std::size_t accepted = 0;
-        while (accepted < requests.size() && in_flight_ < queue_depth_) {
-            Request* r = requests[accepted];
-            check_submitted(*r);
-            io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-            if (sqe == nullptr) break;
-            r->state = Request::State::kInFlight;
-            prepare(sqe, *r);
-            ++in_flight_;
-            ++accepted;
-            if (single_submit_) (void)submit_ring();
+        int error = 0;
+        while (accepted < room) {
+            // single_submit: one io_uring_enter per request (a tuning knob, not a correctness one).
+            const std::size_t want = single_submit_ ? 1 : room - accepted;
+            const unsigned first = ring_.sq.sqe_tail;
+            std::size_t prepared = 0;
+            for (; prepared < want; ++prepared) {
+                Request& r = *requests[accepted + prepared];
+                check_submitted(r);
+                // The SQ holds queue_depth + 1 entries, as many as ours, the wake-up read and the
+                // resubmissions of requests in flight together; a full one is handled anyway.
+                io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+                if (sqe == nullptr) break;
+                prepare(sqe, r);
+            }
+            if (prepared == 0) break;
+            const std::size_t taken = enter(first, prepared, &error);
+            for (std::size_t i = 0; i < taken; ++i) {
+                Request& r = *requests[accepted + i];
+                r.state = Request::State::kInFlight;
+                r.used_fixed_buffer = uses_fixed_buffer(r);
+                r.used_fixed_file = uses_fixed_file(r);
+            }
+            in_flight_ += taken;
+            accepted += taken;
+            if (taken < prepared) break;  // the rest stay the caller's, untouched
         }
-        if (accepted == 0) return Status::busy("io_uring queue full");
-        const int rc = submit_ring();
-        if (rc < 0) return Status::from_errno(-rc, "io_uring_submit");
-        return accepted;
+        if (accepted > 0) return accepted;  // a persisting error meets the next submit
+        if (error == 0 || error == EAGAIN || error == EBUSY) {
+            // Room comes back as requests complete; with none in flight, waiting cannot help.
+            if (in_flight_ > 0) return Status::busy("io_uring_submit: none taken; reap first");
+            if (error == 0) error = EAGAIN;
+        }
+        return submit_error("io_uring_submit", error);
     }
 
     Result<std::size_t> reap(std::size_t min_count,
@@ -220,21 +242,28 @@ private:
     explicit UringBackend(const BackendOptions& options)
         : queue_depth_(options.queue_depth),
           single_submit_(options.single_submit),
+          seams_(options.seams),
           cqes_(2 * (options.queue_depth + 1)),
           retries_(options.queue_depth),
           file_registered_(kFixedFileSlots, false) {}
 
+    // A request names a registered buffer or file slot; it is used only if this ring has it.
+    bool uses_fixed_buffer(const Request& r) const noexcept {
+        return r.buffer_index >= 0 && r.buffer_index < registered_buffers_;
+    }
+    bool uses_fixed_file(const Request& r) const noexcept {
+        return r.fixed_file_index >= 0 &&
+               file_registered_[static_cast<std::size_t>(r.fixed_file_index)];
+    }
+
+    // Fills `sqe` for the rest of `r`; changes nothing in `r` (it may yet be handed back).
     void prepare(io_uring_sqe* sqe, Request& r) noexcept {
         const unsigned left = r.length_bytes - r.done_bytes;
         const std::uint64_t offset = r.offset_bytes + r.done_bytes;
         std::byte* buffer = r.buffer + r.done_bytes;
-        int fd = r.fd;
-        bool fixed_file = false;
-        if (r.fixed_file_index >= 0 && file_registered_[static_cast<std::size_t>(r.fixed_file_index)]) {
-            fd = r.fixed_file_index;
-            fixed_file = true;
-        }
-        const bool fixed_buffer = r.buffer_index >= 0 && r.buffer_index < registered_buffers_;
+        const bool fixed_file = uses_fixed_file(r);
+        const int fd = fixed_file ? r.fixed_file_index : r.fd;
+        const bool fixed_buffer = uses_fixed_buffer(r);
         if (r.op == OpKind::kRead) {
             if (fixed_buffer) {
                 io_uring_prep_read_fixed(sqe, fd, buffer, left, offset, r.buffer_index);
@@ -252,8 +281,79 @@ private:
         io_uring_sqe_set_data(sqe, &r);
     }
 
+    // Hands the `count` SQEs prepared at ring positions [first, first + count), and whatever was
+    // queued before them, to the kernel. Returns how many of the `count` the kernel took; the rest
+    // are taken back out of the ring so that no later enter submits them behind the caller's back,
+    // and *error is the call's errno (0 when it merely took fewer).
+    std::size_t enter(unsigned first, std::size_t count, int* error) noexcept {
+        SubmitCall call{count, 0};
+        if (seams_.submit != nullptr) {
+            call = seams_.submit(seams_.context, count);
+            call.limit = std::min(call.limit, count);
+        }
+        int rc = 0;
+        if (call.limit == count) {
+            rc = submit_with_retries();
+        } else {
+            // The seam: the kernel gets the first `limit`; the rest then sit in the ring as they
+            // would after a failed io_uring_enter (published, not consumed).
+            withdraw_sqes(first + static_cast<unsigned>(call.limit));
+            if (call.limit > 0) rc = submit_with_retries();
+            if (!sqpoll()) publish_sqes(first + static_cast<unsigned>(count));
+        }
+        if (call.error != 0) rc = -call.error;
+        *error = rc < 0 ? -rc : 0;
+        if (sqpoll()) {
+            // The SQ thread consumes what is published whenever it runs, so what was published is
+            // its; it cannot be taken back. What the seam held back never was.
+            return call.limit;
+        }
+        // Without SQPOLL the kernel reads the SQ ring only inside io_uring_enter, on this thread:
+        // its head says exactly what it consumed, whatever the call returned.
+        const auto consumed = static_cast<int>(io_uring_smp_load_acquire(ring_.sq.khead) - first);
+        const std::size_t taken =
+            consumed <= 0 ? 0 : std::min(static_cast<std::size_t>(consumed), count);
+        if (taken < count) withdraw_sqes(first + static_cast<unsigned>(taken));
+        return taken;
+    }
+
+    bool sqpoll() const noexcept { return (ring_.flags & IORING_SETUP_SQPOLL) != 0; }
+
+    int submit_with_retries() noexcept {
+        int rc = io_uring_submit(&ring_);
+        for (int i = 0; rc == -EINTR && i < kMaxRetries; ++i) rc = io_uring_submit(&ring_);
+        return rc;
+    }
+
+    // liburing has no call that takes SQEs back out of the ring, so these two move the SQ
+    // positions that its own inline functions use (io_uring_get_sqe, the flush in
+    // io_uring_submit): sqe_tail is the next SQE to hand out, sqe_head what has been published
+    // to the kernel in *ktail; the kernel owns *khead. Positions count freely and wrap.
+    //
+    // Takes back every SQE from `position` on, published or not. Without SQPOLL only: the kernel
+    // must not be reading the ring meanwhile.
+    void withdraw_sqes(unsigned position) noexcept {
+        io_uring_sq& sq = ring_.sq;
+        const unsigned head = io_uring_smp_load_acquire(sq.khead);
+        ZINF_ASSERT_LE(position - head, sq.sqe_tail - head);  // never before what was consumed
+        sq.sqe_tail = position;
+        if (static_cast<int>(sq.sqe_head - position) > 0) {
+            ZINF_ASSERT(!sqpoll());
+            sq.sqe_head = position;
+            IO_URING_WRITE_ONCE(*sq.ktail, position);
+        }
+    }
+    // Publishes the SQEs up to `position` (prepared earlier and still intact in the ring).
+    void publish_sqes(unsigned position) noexcept {
+        io_uring_sq& sq = ring_.sq;
+        sq.sqe_tail = position;
+        sq.sqe_head = position;
+        io_uring_smp_store_release(sq.ktail, position);
+    }
+
     // Returns the kernel's answer; prepared SQEs it did not take stay in the SQ ring and go with
-    // the next enter, so -EAGAIN/-EBUSY/-EINTR are not errors here.
+    // the next enter, so -EAGAIN/-EBUSY/-EINTR are not errors here. For the backend's own SQEs
+    // (resubmissions of requests in flight, the wake-up read), which it never takes back.
     int submit_ring() noexcept {
         const int rc = io_uring_submit(&ring_);
         if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) return 0;
@@ -318,32 +418,19 @@ private:
         auto* r = static_cast<Request*>(io_uring_cqe_get_data(&cqe));
         ZINF_ASSERT(r != nullptr);
         ZINF_ASSERT(r->state == Request::State::kInFlight);
-        const int res = cqe.res;
-        const std::uint32_t left = r->length_bytes - r->done_bytes;
-        if (res < 0) {
-            const int err = -res;
-            if ((err == EAGAIN || err == EINTR) && r->retries < kMaxRetries) {
-                ++r->retries;
-                retries_[retry_count_++] = r;
-                return 0;
-            }
-            // A short O_DIRECT read at end of file leaves an unaligned remainder that the kernel
-            // refuses with EINVAL: that is the end of the file, not a bad argument.
-            if (err == EINVAL && r->op == OpKind::kRead && r->short_transfers > 0) {
+        const Verdict verdict = classify_completion(*r, seam_result(seams_, *r, cqe.res));
+        switch (apply_verdict(*r, verdict)) {
+            case Next::kComplete:
+                return finish(*r, Status::ok());
+            case Next::kEndOfFile:
                 return finish(*r, end_of_file_error());
-            }
-            return finish(*r, piece_error(err));
+            case Next::kError:
+                return finish(*r, piece_error(verdict.error));
+            case Next::kResubmit:
+            case Next::kRetry:
+                break;
         }
-        if (res == 0) {
-            if (r->op == OpKind::kRead) return finish(*r, end_of_file_error());
-            if (r->retries >= kMaxRetries) return finish(*r, piece_error(EIO));
-            ++r->retries;
-        } else {
-            ZINF_ASSERT_LE(static_cast<std::uint32_t>(res), left);
-            r->done_bytes += static_cast<std::uint32_t>(res);
-            if (r->done_bytes == r->length_bytes) return finish(*r, Status::ok());
-            ++r->short_transfers;
-        }
+        ZINF_ASSERT_LT(retry_count_, retries_.size());
         retries_[retry_count_++] = r;
         return 0;
     }
@@ -354,6 +441,7 @@ private:
     unsigned features_ = 0;
     const std::size_t queue_depth_;
     const bool single_submit_;
+    const Seams seams_;
     bool files_supported_ = false;
     int registered_buffers_ = 0;
     std::size_t in_flight_ = 0;

@@ -1,10 +1,16 @@
 // The conformance suite every backend passes, through io::Engine: {io_uring, libaio, posix, sim}
 // × {direct on, off}. Random data at random offsets and sizes, aligned and not; concurrent
-// submitters; end of file; registered buffers; statistics.
+// submitters; end of file; registered buffers; statistics. And each branch of the completion rule
+// (io/detail/completion.h) reached through each backend's own completion path: end of file and
+// short reads with real files; EAGAIN, EINTR, short and zero-byte writes, EINVAL after a short
+// read and kernel errors, which no real file gives on demand, through Seams::result, which
+// rewrites the kernel's answer before the backend classifies it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
+#include "io/backend.h"
 #include "io/engine.h"
 #include "tests/io/io_test_util.h"
 
@@ -45,9 +51,116 @@ protected:
         return id.has_value() ? *id : 0;
     }
 
+    // Another engine like engine_, whose backends pass every raw result through `rewrite`.
+    std::unique_ptr<Engine> engine_with(long (*rewrite)(void*, const Request&, long) noexcept) {
+        Seams seams;
+        seams.result = rewrite;
+        seams.context = &rewrites_;
+        std::string skip;
+        auto engine =
+            make_engine(GetParam().backend, GetParam().direct ? Tristate::kOn : Tristate::kOff,
+                        &skip, std::nullopt, nullptr, seams);
+        EXPECT_NE(engine, nullptr) << skip;
+        return engine;
+    }
+
+    FileId open_on(Engine& engine, const std::string& name) {
+        FileOptions fo;
+        fo.create = true;
+        auto id = engine.open(dir_.file(name), fo);
+        EXPECT_TRUE(id.has_value()) << id.error().to_string();
+        return id.has_value() ? *id : 0;
+    }
+
+    // Writes 1 MiB of random bytes (16 pieces of 64 KiB) and reads them back; returns whether
+    // both succeeded with the same bytes.
+    ::testing::AssertionResult round_trip(Engine& engine, FileId file) {
+        constexpr std::size_t kBytes = 1 << 20;
+        AlignedBuffer out = must_allocate(kBytes);
+        AlignedBuffer in = must_allocate(kBytes);
+        std::mt19937_64 rng(zinf::test::seed());
+        fill_random(out.span(), rng);
+        const Status w = engine.write(file, 0, out.span());
+        if (!w.is_ok()) return ::testing::AssertionFailure() << w.to_string();
+        const Status r = engine.read(file, 0, in.span());
+        if (!r.is_ok()) return ::testing::AssertionFailure() << r.to_string();
+        if (std::memcmp(in.data(), out.data(), kBytes) != 0) {
+            return ::testing::AssertionFailure() << "the bytes read back differ";
+        }
+        return ::testing::AssertionSuccess();
+    }
+
     zinf::test::TempDir dir_{"conf"};
     std::unique_ptr<Engine> engine_;
+    std::atomic<std::uint64_t> rewrites_{0};  // results the seam changed
 };
+
+// The seams: each turns the kernel's answer into another it could have given. They run on the
+// workers (posix: on its helper threads), hence the atomic count.
+std::atomic<std::uint64_t>& count_of(void* context) {
+    return *static_cast<std::atomic<std::uint64_t>*>(context);
+}
+
+// The first answer to a piece of 8 KiB or more moves half of it (4 KiB-aligned, as a short
+// O_DIRECT transfer would).
+long halve_first(void* context, const Request& r, long result) noexcept {
+    if (r.done_bytes != 0 || result != static_cast<long>(r.length_bytes) || r.length_bytes < 8192) {
+        return result;
+    }
+    count_of(context).fetch_add(1);
+    return static_cast<long>(align_down(r.length_bytes / 2, 4096));
+}
+
+// Each piece meets EAGAIN, then EINTR, then the kernel's real answer.
+long eagain_then_eintr(void* context, const Request& r, long result) noexcept {
+    if (r.retries >= 2) return result;
+    count_of(context).fetch_add(1);
+    return r.retries == 0 ? -EAGAIN : -EINTR;
+}
+
+long eagain_on_reads(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kRead) return result;
+    count_of(context).fetch_add(1);
+    return -EAGAIN;
+}
+
+long zero_once_on_writes(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kWrite || r.retries != 0) return result;
+    count_of(context).fetch_add(1);
+    return 0;
+}
+
+long zero_on_writes(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kWrite) return result;
+    count_of(context).fetch_add(1);
+    return 0;
+}
+
+// Once a read has come back short, the kernel refuses the (unaligned) rest with EINVAL, as some
+// file systems do at the end of a file opened with O_DIRECT.
+long einval_after_short_read(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kRead || r.done_bytes == 0) return result;
+    count_of(context).fetch_add(1);
+    return -EINVAL;
+}
+
+long einval_on_reads(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kRead) return result;
+    count_of(context).fetch_add(1);
+    return -EINVAL;
+}
+
+long eio_on_reads(void* context, const Request& r, long result) noexcept {
+    if (r.op != OpKind::kRead) return result;
+    count_of(context).fetch_add(1);
+    return -EIO;
+}
+
+// Writes `bytes` bytes of a pattern at offset 0 and checks the engine wrote them.
+void write_prefix(Engine& engine, FileId file, std::span<std::byte> bytes) {
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 7 + 1);
+    ASSERT_TRUE(engine.write(file, 0, bytes).is_ok());
+}
 
 TEST_P(BackendConformance, RandomRoundTrips) {
     constexpr std::size_t kFileBytes = 6 << 20;
@@ -193,6 +306,131 @@ TEST_P(BackendConformance, ManyOperationsInOneBatch) {
     for (int i = 0; i < kOps; ++i) {
         ASSERT_EQ(std::memcmp(in.data() + i * 16384, out.data() + i * 16384, kOpBytes), 0) << i;
     }
+}
+
+TEST_P(BackendConformance, ReadCrossingTheEndIsResubmittedThenMeetsTheEnd) {
+    // Real: 10000 bytes in the file; a read of 16384 comes back short, the rest comes back empty.
+    const FileId file = open_file("crossing");
+    AlignedBuffer out = must_allocate(16384);
+    write_prefix(*engine_, file, out.span().subspan(0, 10000));
+    engine_->reset_stats();
+    AlignedBuffer in = must_allocate(16384);
+    const Status st = engine_->read(file, 0, in.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("unexpected end of file"), std::string::npos) << st.to_string();
+    EXPECT_EQ(engine_->stats().short_transfers_resubmitted, 1u);
+    EXPECT_EQ(engine_->stats().pieces_completed, 1u);
+    // The bytes before the end arrived, where they belong.
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), 10000), 0);
+}
+
+TEST_P(BackendConformance, ReadAtTheEndIsEndOfFileAtOnce) {
+    const FileId file = open_file("at-end");
+    AlignedBuffer buffer = must_allocate(8192);
+    write_prefix(*engine_, file, buffer.span().subspan(0, 4096));
+    engine_->reset_stats();
+    const Status st = engine_->read(file, 4096, buffer.span().subspan(0, 4096));
+    EXPECT_NE(st.message().find("unexpected end of file"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("offset 4096 length 4096"), std::string::npos) << st.to_string();
+    EXPECT_EQ(engine_->stats().short_transfers_resubmitted, 0u);
+}
+
+TEST_P(BackendConformance, ShortTransfersAreResubmittedUntilEveryByteMoved) {
+    auto engine = engine_with(&halve_first);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "short");
+    EXPECT_TRUE(round_trip(*engine, file));
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.pieces_completed, 32u);
+    EXPECT_EQ(stats.short_transfers_resubmitted, 32u);  // every piece, write and read
+    EXPECT_EQ(rewrites_.load(), 32u);
+}
+
+TEST_P(BackendConformance, EagainAndEintrAreRetriedAndTheDataSurvives) {
+    auto engine = engine_with(&eagain_then_eintr);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "retry");
+    EXPECT_TRUE(round_trip(*engine, file));
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.pieces_completed, 32u);
+    EXPECT_EQ(stats.retries, 64u);
+    EXPECT_EQ(rewrites_.load(), 64u);
+}
+
+TEST_P(BackendConformance, EagainBeyondTheRetryBoundFailsTheReadWithEagain) {
+    auto engine = engine_with(&eagain_on_reads);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "eagain");
+    AlignedBuffer buffer = must_allocate(64 * 1024);
+    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
+    const Status st = engine->read(file, 0, buffer.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.errno_value(), EAGAIN) << st.to_string();
+    EXPECT_NE(st.message().find("read " + dir_.file("eagain")), std::string::npos)
+        << st.to_string();
+    // One piece: the first answer and kMaxRetries retries, then the error.
+    EXPECT_EQ(engine->stats().retries, static_cast<std::uint64_t>(kMaxRetries));
+    EXPECT_EQ(rewrites_.load(), static_cast<std::uint64_t>(kMaxRetries) + 1);
+}
+
+TEST_P(BackendConformance, ZeroByteWriteIsRetried) {
+    auto engine = engine_with(&zero_once_on_writes);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "zero-once");
+    EXPECT_TRUE(round_trip(*engine, file));
+    EXPECT_EQ(engine->stats().retries, 16u);  // one per write piece
+}
+
+TEST_P(BackendConformance, ZeroByteWritesBeyondTheRetryBoundFailWithEio) {
+    auto engine = engine_with(&zero_on_writes);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "zero");
+    AlignedBuffer buffer = must_allocate(4096);
+    const Status st = engine->write(file, 0, buffer.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.errno_value(), EIO) << st.to_string();
+    EXPECT_NE(st.message().find("write "), std::string::npos) << st.to_string();
+    EXPECT_EQ(engine->stats().retries, static_cast<std::uint64_t>(kMaxRetries));
+}
+
+TEST_P(BackendConformance, EinvalAfterAShortReadAtTheEndIsEndOfFile) {
+    auto engine = engine_with(&einval_after_short_read);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "einval-end");
+    AlignedBuffer buffer = must_allocate(16384);
+    write_prefix(*engine, file, buffer.span().subspan(0, 10000));
+    const Status st = engine->read(file, 0, buffer.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("unexpected end of file"), std::string::npos) << st.to_string();
+    EXPECT_EQ(rewrites_.load(), 1u);  // the real short read, then the refused rest
+}
+
+TEST_P(BackendConformance, EinvalOnAFreshReadIsAnErrorNotEndOfFile) {
+    auto engine = engine_with(&einval_on_reads);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "einval");
+    AlignedBuffer buffer = must_allocate(16384);
+    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
+    const Status st = engine->read(file, 0, buffer.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.errno_value(), EINVAL) << st.to_string();
+    EXPECT_EQ(st.message().find("end of file"), std::string::npos) << st.to_string();
+}
+
+TEST_P(BackendConformance, KernelErrorReachesTheCallerOnceWithContext) {
+    auto engine = engine_with(&eio_on_reads);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "eio");
+    AlignedBuffer buffer = must_allocate(64 * 1024);
+    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
+    const Status st = engine->read(file, 0, buffer.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.errno_value(), EIO) << st.to_string();
+    EXPECT_NE(st.message().find("read " + dir_.file("eio") + " offset 0 length 65536"),
+              std::string::npos)
+        << st.to_string();
+    EXPECT_EQ(engine->stats().retries, 0u);  // not retried: only EAGAIN and EINTR are
+    EXPECT_EQ(rewrites_.load(), 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformance,

@@ -1,14 +1,18 @@
 // io::Engine behaviour beyond the per-backend conformance: striping, keeping queues full for
-// small requests, handle reuse and timeouts, backend choice, statistics.
+// small requests, handle reuse and timeouts, backend choice, statistics; a batch the kernel takes
+// only part of, or refuses (Seams::submit); registered buffers and files counted per piece.
+#include "io/engine.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
+#include <array>
+#include <atomic>
 #include <chrono>
 
-#include "io/engine.h"
+#include "io/backend.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "tests/io/io_test_util.h"
@@ -250,6 +254,184 @@ TEST(Engine, StatsCountAndReset) {
     s = engine->stats();
     EXPECT_EQ(s.bytes_read, 0u);
     EXPECT_EQ(s.latency_us_p50, 0.0);
+}
+
+// A submit seam for one engine worker: the n-th call (1-based) gets calls[n - 1], later calls
+// go through whole, or, with refuse_all, every call is refused with EIO. Counts the kernel's
+// results per piece (64 KiB index) and direction, so that a piece handed to the kernel twice
+// shows.
+struct EngineSubmitScript {
+    std::array<SubmitCall, 2> calls{};
+    std::size_t call_count = 0;
+    bool refuse_all = false;
+    std::atomic<std::size_t> made{0};
+    std::atomic<std::size_t> refused{0};                        // calls that took nothing
+    std::array<std::array<std::atomic<int>, 32>, 2> results{};  // [write, read][piece]
+};
+
+SubmitCall engine_submit(void* context, std::size_t offered) noexcept {
+    auto& script = *static_cast<EngineSubmitScript*>(context);
+    const std::size_t n = script.made.fetch_add(1);
+    SubmitCall call{offered, 0};
+    if (script.refuse_all) {
+        call = SubmitCall{0, EIO};
+    } else if (n < script.call_count) {
+        call = script.calls[n];
+    }
+    if (call.limit == 0) script.refused.fetch_add(1);
+    return call;
+}
+
+long engine_result(void* context, const Request& r, long result) noexcept {
+    auto& script = *static_cast<EngineSubmitScript*>(context);
+    script.results[r.op == OpKind::kRead ? 1 : 0][r.offset_bytes / (64 * 1024)].fetch_add(1);
+    return result;
+}
+
+// io_uring and libaio, the backends with a submit system call; one worker, queue depth 8,
+// pieces of 64 KiB.
+class EngineSubmit : public ::testing::TestWithParam<std::string> {
+protected:
+    std::unique_ptr<Engine> make(EngineSubmitScript& script) {
+        config::AioConfig aio = small_aio(GetParam(), Tristate::kAuto);
+        aio.intra_op_parallelism = 1;
+        Seams seams;
+        seams.submit = &engine_submit;
+        seams.result = &engine_result;
+        seams.context = &script;
+        std::string skip;
+        auto engine = make_engine(GetParam(), Tristate::kAuto, &skip, std::nullopt, &aio, seams);
+        if (!engine) skip_ = skip;
+        return engine;
+    }
+    FileId open(Engine& engine) {
+        FileOptions fo;
+        fo.create = true;
+        auto file = engine.open(dir_.file("f"), fo);
+        EXPECT_TRUE(file.has_value()) << file.error().to_string();
+        return file.has_value() ? *file : 0;
+    }
+    std::string skip_;
+    zinf::test::TempDir dir_{"engine-submit"};
+};
+
+TEST_P(EngineSubmit, PartlyTakenBatchSendsTheRestOnceAndLosesNothing) {
+    EngineSubmitScript script;
+    script.calls[0] = SubmitCall{3, EIO};  // the kernel takes 3 of the 8 pieces, then fails
+    script.call_count = 1;
+    auto engine = make(script);
+    if (!engine) {
+        GTEST_SKIP() << skip_;
+    }
+    const FileId file = open(*engine);
+    AlignedBuffer out = must_allocate(1 << 20), in = must_allocate(1 << 20);
+    std::mt19937_64 rng(zinf::test::seed());
+    fill_random(out.span(), rng);
+    ASSERT_TRUE(engine->write(file, 0, out.span()).is_ok());
+    ASSERT_TRUE(engine->read(file, 0, in.span()).is_ok());
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), 1 << 20), 0);
+    for (std::size_t piece = 0; piece < 16; ++piece) {
+        EXPECT_EQ(script.results[0][piece].load(), 1) << "write piece " << piece;
+        EXPECT_EQ(script.results[1][piece].load(), 1) << "read piece " << piece;
+    }
+    EXPECT_EQ(engine->stats().pieces_completed, 32u);
+    EXPECT_EQ(engine->stats().requests_completed, 2u);
+}
+
+TEST_P(EngineSubmit, RefusedBatchFailsItsFirstPieceOnceAndSendsTheOthers) {
+    EngineSubmitScript script;
+    script.calls[0] = SubmitCall{0, EIO};
+    script.call_count = 1;
+    auto engine = make(script);
+    if (!engine) {
+        GTEST_SKIP() << skip_;
+    }
+    const FileId file = open(*engine);
+    AlignedBuffer out = must_allocate(1 << 20);
+    const Status st = engine->write(file, 0, out.span());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kIo) << st.to_string();
+    EXPECT_EQ(st.errno_value(), EIO);
+    EXPECT_NE(st.message().find("write " + dir_.file("f") + " offset 0 length 65536: "),
+              std::string::npos)
+        << st.to_string();
+    EXPECT_NE(st.message().find(GetParam() == "io_uring" ? "io_uring_submit" : "io_submit"),
+              std::string::npos)
+        << st.to_string();
+    // The first batch was the 8 pieces that fit in the queue: the first failed without reaching
+    // the kernel; the other 7 went once each; no piece of the failed operation was cut after.
+    EXPECT_EQ(script.results[0][0].load(), 0);
+    for (std::size_t piece = 1; piece < 8; ++piece)
+        EXPECT_EQ(script.results[0][piece].load(), 1) << piece;
+    for (std::size_t piece = 8; piece < 16; ++piece)
+        EXPECT_EQ(script.results[0][piece].load(), 0) << piece;
+    EXPECT_EQ(engine->stats().pieces_completed, 8u);
+    // The engine goes on working.
+    EXPECT_TRUE(engine->write(file, 0, out.span()).is_ok());
+}
+
+TEST_P(EngineSubmit, LastingRefusalFailsEveryPieceExactlyOnceWithoutAHang) {
+    EngineSubmitScript script;
+    script.refuse_all = true;
+    auto engine = make(script);
+    if (!engine) {
+        GTEST_SKIP() << skip_;
+    }
+    const FileId file = open(*engine);
+    AlignedBuffer out = must_allocate(1 << 20);
+    IoHandle a, b;
+    const Engine::BatchItem items[2] = {
+        {&a, OpKind::kWrite, file, 0, out.span().subspan(0, 512 << 10)},
+        {&b, OpKind::kWrite, file, 512 << 10, out.span().subspan(512 << 10)}};
+    ASSERT_TRUE(engine->submit(items).is_ok());
+    const Status sa = a.wait_for(kHangTimeout);
+    const Status sb = b.wait_for(kHangTimeout);
+    EXPECT_EQ(sa.errno_value(), EIO) << sa.to_string();
+    EXPECT_EQ(sb.errno_value(), EIO) << sb.to_string();
+    // Each refusal failed one piece, and no piece reached the kernel.
+    EXPECT_EQ(engine->stats().pieces_completed, script.refused.load());
+    for (std::size_t piece = 0; piece < 16; ++piece)
+        EXPECT_EQ(script.results[0][piece].load(), 0) << piece;
+}
+
+INSTANTIATE_TEST_SUITE_P(KernelSubmitBackends, EngineSubmit,
+                         ::testing::Values("io_uring", "libaio"));
+
+// With registered buffers, every piece inside the registered region uses the fixed opcodes on a
+// registered file; without, none does, and the counts say so.
+TEST(Engine, FixedBufferAndFileCountsMatchThePiecesMoved) {
+    zinf::test::TempDir dir("fixed-counts");
+    for (const bool registered : {true, false}) {
+        SCOPED_TRACE(registered ? "register_buffers on" : "register_buffers off");
+        config::AioConfig aio = small_aio("io_uring", Tristate::kAuto);
+        aio.register_buffers = registered;
+        std::string skip;
+        auto engine = make_engine("io_uring", Tristate::kAuto, &skip, std::nullopt, &aio);
+        if (!engine) {
+            GTEST_SKIP() << skip;
+        }
+        FileOptions fo;
+        fo.create = true;
+        auto file = engine->open(dir.file(registered ? "on" : "off"), fo);
+        ASSERT_TRUE(file.has_value());
+        AlignedBuffer region = must_allocate(2 << 20);
+        ASSERT_TRUE(engine->register_buffers(region.span()).is_ok());
+        ASSERT_TRUE(engine->write(*file, 0, region.span().subspan(0, 1 << 20)).is_ok());
+        ASSERT_TRUE(engine->read(*file, 0, region.span().subspan(1 << 20, 1 << 20)).is_ok());
+        const EngineStats s = engine->stats();
+        EXPECT_EQ(s.pieces_completed, 32u);
+        EXPECT_EQ(s.pieces_fixed_buffer_written, registered ? 16u : 0u);
+        EXPECT_EQ(s.pieces_fixed_buffer_read, registered ? 16u : 0u);
+        EXPECT_EQ(s.pieces_fixed_file, registered ? 32u : 0u);
+        EXPECT_EQ(s.pieces_plain, registered ? 0u : 32u);
+        // A buffer outside the region goes plain on a fixed file.
+        AlignedBuffer outside = must_allocate(64 * 1024);
+        engine->reset_stats();
+        ASSERT_TRUE(engine->write(*file, 0, outside.span()).is_ok());
+        EXPECT_EQ(engine->stats().pieces_fixed_buffer_written, 0u);
+        EXPECT_EQ(engine->stats().pieces_fixed_file, registered ? 1u : 0u);
+        EXPECT_EQ(engine->stats().pieces_plain, registered ? 0u : 1u);
+    }
 }
 
 }  // namespace

@@ -125,6 +125,8 @@ TEST_P(FaultSweep, FailNthPieceSurfacesWithContext) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultSweep, ::testing::Values("sim", "io_uring", "posix"));
 
+class KernelSubmitFaults : public ::testing::TestWithParam<std::string> {};
+
 class Faults : public ::testing::TestWithParam<std::string> {
 protected:
     std::unique_ptr<Engine> make(const FaultPlan& plan, FileId* file) {
@@ -242,6 +244,39 @@ TEST_P(Faults, RandomFaultStormNeverHangs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("sim", "io_uring", "libaio", "posix"));
+
+SubmitCall refuse_every_submit(void*, std::size_t) noexcept {
+    return SubmitCall{0, EIO};
+}
+
+// The wrapper holds what its inner backend does not take and offers it again; a refusal (not
+// busy) must fail a piece each time, or a lasting one would hold the pieces forever.
+TEST_P(KernelSubmitFaults, RefusedSubmitFailsThePiecesThroughTheWrapperInsteadOfHanging) {
+    FaultPlan plan;
+    plan.seed = zinf::test::seed();
+    Seams seams;
+    seams.submit = &refuse_every_submit;
+    std::string skip;
+    auto engine = make_engine(GetParam(), Tristate::kAuto, &skip, plan, nullptr, seams);
+    if (!engine) {
+        GTEST_SKIP() << skip;
+    }
+    zinf::test::TempDir dir("refused");
+    FileOptions fo;
+    fo.create = true;
+    auto file = engine->open(dir.file("f"), fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer out = must_allocate(1 << 20);
+    IoHandle h;
+    ASSERT_TRUE(engine->submit_write(h, *file, 0, out.span()).is_ok());
+    const Status st = h.wait_for(kHangTimeout);
+    ASSERT_NE(st.code(), StatusCode::kTimeout) << "a refused piece was held forever";
+    EXPECT_EQ(st.errno_value(), EIO) << st.to_string();
+    EXPECT_NE(st.message().find("write " + dir.file("f") + " offset "), std::string::npos)
+        << st.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KernelSubmitFaults, ::testing::Values("io_uring", "libaio"));
 
 }  // namespace
 }  // namespace zinf::io::test

@@ -35,7 +35,8 @@ inline config::AioConfig small_aio(const std::string& backend, config::Tristate 
 inline std::unique_ptr<Engine> make_engine(const std::string& backend, config::Tristate direct,
                                            std::string* skip,
                                            std::optional<FaultPlan> faults = std::nullopt,
-                                           config::AioConfig* aio_override = nullptr) {
+                                           config::AioConfig* aio_override = nullptr,
+                                           const Seams& seams = {}) {
     EngineOptions options;
     options.aio = aio_override != nullptr ? *aio_override : small_aio(backend == "sim" ? "auto" : backend, direct);
     if (backend == "sim") {
@@ -45,6 +46,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& backend, config::T
         options.sim = sim;
     }
     options.faults = faults;
+    options.seams = seams;
     auto engine = Engine::create(options);
     if (!engine.has_value()) {
         if (engine.error().code() == StatusCode::kNotSupported) {

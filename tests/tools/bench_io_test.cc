@@ -198,6 +198,39 @@ TEST(BenchIoTest, TinyWriteReadRunLeavesNothingBehind) {
     }
 }
 
+// With registered buffers on and io_uring here, every piece of every pass goes through a fixed
+// buffer on a registered file; with them off, none does. The counts are what prove it.
+TEST(BenchIoTest, FixedBufferCountsEqualThePiecesMovedOnlyWhenRegistered) {
+    test::TempDir dir("bench-fixed");
+    for (const bool registered : {true, false}) {
+        SCOPED_TRACE(registered ? "--register-buffers on" : "--register-buffers off");
+        const std::string json = dir.file(registered ? "on.json" : "off.json");
+        const RunResult r =
+            run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write,read",
+                       "--backend", "io_uring", "--loops", "1", "--queue-depth", "4",
+                       "--register-buffers", registered ? "on" : "off", "--json", json});
+        if (io_uring_unavailable(r)) GTEST_SKIP() << "io_uring unavailable here: " << r.err;
+        ASSERT_EQ(r.exit_code, 0) << describe(r);
+        EXPECT_NE(r.out.find("fixed buf"), std::string::npos) << r.out;
+        EXPECT_EQ(r.out.find("fell back"), std::string::npos) << r.out;
+        std::ifstream in(json);
+        ASSERT_TRUE(in.good()) << json;
+        const auto report = nlohmann::json::parse(in);
+        ASSERT_EQ(report["passes"].size(), 2u) << report.dump(2);
+        for (const auto& pass : report["passes"]) {
+            const auto pieces = pass["pieces"].get<std::uint64_t>();
+            EXPECT_EQ(pieces, 8u) << pass.dump();  // 8 MiB in pieces of 1 MiB
+            EXPECT_EQ(pass["pieces_fixed_buffer"].get<std::uint64_t>(), registered ? pieces : 0u)
+                << pass.dump();
+            EXPECT_EQ(pass["pieces_fixed_file"].get<std::uint64_t>(), registered ? pieces : 0u)
+                << pass.dump();
+            EXPECT_EQ(pass["pieces_plain"].get<std::uint64_t>(), registered ? 0u : pieces)
+                << pass.dump();
+        }
+    }
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
 TEST(BenchIoTest, ExistingFileWithTheBenchNameIsNotOverwritten) {
     test::TempDir dir("bench-own");
     std::string victim;

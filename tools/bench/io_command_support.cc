@@ -195,7 +195,10 @@ Json pass_to_json(const PassFigures& f) {
                 {"cpu_seconds", f.cpu_seconds},
                 {"cpu_seconds_per_gb", f.cpu_seconds_per_gb},
                 {"short_transfers", f.short_transfers},
-                {"retries", f.retries}};
+                {"retries", f.retries},
+                {"pieces_fixed_buffer", f.pieces_fixed_buffer},
+                {"pieces_fixed_file", f.pieces_fixed_file},
+                {"pieces_plain", f.pieces_plain}};
 }
 
 Json spread_to_json(const Spread& s) { return Json{{"median", s.median}, {"min", s.min}, {"max", s.max}}; }

@@ -445,6 +445,9 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
     f.cpu_seconds_per_gb = f.cpu_seconds / (static_cast<double>(bytes_done) / kBytesPerGb);
     f.short_transfers = stats.short_transfers_resubmitted;
     f.retries = stats.retries;
+    f.pieces_fixed_buffer = stats.pieces_fixed_buffer_read + stats.pieces_fixed_buffer_written;
+    f.pieces_fixed_file = stats.pieces_fixed_file;
+    f.pieces_plain = stats.pieces_plain;
     return f;
 }
 

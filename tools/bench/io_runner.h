@@ -89,6 +89,11 @@ struct PassFigures {
     double cpu_seconds_per_gb = 0;
     std::uint64_t short_transfers = 0;
     std::uint64_t retries = 0;
+    // How the pieces went to the kernel (io::EngineStats), so that a silent fallback from
+    // io_uring's registered buffers and files to plain opcodes shows.
+    std::uint64_t pieces_fixed_buffer = 0;  // READ_FIXED / WRITE_FIXED
+    std::uint64_t pieces_fixed_file = 0;    // on a registered file
+    std::uint64_t pieces_plain = 0;         // neither
 };
 
 struct SessionOptions {
