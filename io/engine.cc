@@ -101,7 +101,7 @@ struct Engine::Impl {
     explicit Impl(const EngineOptions& o) : options(o), aio(o.aio) {}
 
     EngineOptions options;
-    config::AioConfig aio;
+    AioOptions aio;
     std::string backend_name;
     std::unique_ptr<SimDevice> sim;
     std::unique_ptr<FaultyBackend::Shared> fault_shared;
@@ -550,7 +550,7 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
-    const config::AioConfig& aio = options.aio;
+    const AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes > (std::uint64_t{1} << 30)) {
         return Status::invalid_argument(str_cat("aio.block_size: expected 1 byte to 1 GiB, got ",
                                                 aio.block_size_bytes));
@@ -605,7 +605,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
 }
 
 std::string_view Engine::backend_name() const noexcept { return impl_->backend_name; }
-const config::AioConfig& Engine::aio() const noexcept { return impl_->aio; }
+const AioOptions& Engine::aio() const noexcept { return impl_->aio; }
 FileSystem& Engine::file_system() const noexcept {
     return impl_->options.file_system != nullptr ? *impl_->options.file_system
                                                  : posix_file_system();
@@ -657,7 +657,7 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
     auto file = std::make_unique<File>();
     file->read_only = options.read_only;
     file->chunk_bytes = options.stripe_chunk_bytes != 0 ? options.stripe_chunk_bytes : impl.aio.block_size_bytes;
-    const bool want_direct = impl.aio.use_direct != config::Tristate::kOff;
+    const bool want_direct = impl.aio.use_direct != DirectMode::kOff;
     FileSystem& fs = file_system();
     // Files this call created, removed again if open fails: (stripe index, name).
     std::vector<std::size_t> created;
@@ -764,7 +764,7 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
             const bool refused = !direct.valid() || !alignment->direct_supported;
             if (refused) {
                 if (direct.valid() || err == EINVAL || err == EOPNOTSUPP) {
-                    if (impl.aio.use_direct == config::Tristate::kOn) {
+                    if (impl.aio.use_direct == DirectMode::kOn) {
                         cleanup();
                         return Status::not_supported(
                             str_cat("open ", path, ": the file system refuses O_DIRECT",

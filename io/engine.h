@@ -27,7 +27,6 @@
 #include "io/fault.h"
 #include "io/file_system.h"
 #include "io/seams.h"
-#include "src/base/config.h"
 #include "src/base/status.h"
 
 namespace zinf::io {
@@ -55,6 +54,23 @@ struct FileOptions {
     bool trusted_directory = false;
 };
 
+// O_DIRECT: kAuto uses it where the file system accepts it (else buffered, with one warning),
+// kOn makes a refusal an error, kOff is buffered I/O.
+enum class DirectMode : std::uint8_t { kAuto, kOn, kOff };
+
+// How files are read and written: DeepSpeed's `aio` block, as the engine's plan hands it down.
+struct AioOptions {
+    std::uint64_t block_size_bytes = 1u << 20;  // bytes per piece
+    int queue_depth = 32;                       // pieces in flight per worker thread
+    int intra_op_parallelism = 1;               // worker threads
+    bool single_submit = false;                 // one piece per submission syscall
+    bool overlap_events = true;                 // keep submitting while completions are reaped
+    std::string backend = "auto";               // auto | io_uring | libaio | posix
+    DirectMode use_direct = DirectMode::kAuto;
+    bool register_buffers = true;               // io_uring fixed buffers and files
+    bool sqpoll = false;                        // io_uring kernel submission thread
+};
+
 // Options of the simulated in-memory device (aio.backend is then ignored).
 struct SimOptions {
     std::uint64_t seed = 1;
@@ -65,7 +81,7 @@ struct SimOptions {
 };
 
 struct EngineOptions {
-    config::AioConfig aio;
+    AioOptions aio;
     // When set, each worker's backend is wrapped in a FaultyBackend following this plan.
     std::optional<FaultPlan> faults;
     // When set, files live in memory on a simulated device instead of the file system.
@@ -150,13 +166,13 @@ public:
     Engine& operator=(const Engine&) = delete;
 
     std::string_view backend_name() const noexcept;
-    const config::AioConfig& aio() const noexcept;
+    const AioOptions& aio() const noexcept;
     // The file system files are set up through (EngineOptions::file_system or the OS's).
     FileSystem& file_system() const noexcept;
 
     // Opens one logical file over `paths` (several paths: one file per path, striped). Applies
     // aio.use_direct: auto falls back to buffered I/O with one warning where O_DIRECT is refused,
-    // on (Tristate::kOn) makes the refusal an error. Errors name the path.
+    // on (DirectMode::kOn) makes the refusal an error. Errors name the path.
     Result<FileId> open(std::span<const std::string> paths, const FileOptions& options);
     Result<FileId> open(const std::string& path, const FileOptions& options) {
         return open(std::span<const std::string>(&path, 1), options);

@@ -81,30 +81,6 @@ std::string_view optimizer_kind_name(OptimizerKind kind) noexcept {
     return "unknown";
 }
 
-OptimizerParams OptimizerParams::from_config(const config::OptimizerConfig& config) noexcept {
-    OptimizerParams p;
-    switch (config.type) {
-        case config::OptimizerType::kAdam:
-            p.kind = config.adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
-            break;
-        case config::OptimizerType::kAdamW:
-            p.kind = OptimizerKind::kAdamW;
-            break;
-        case config::OptimizerType::kAdagrad:
-            p.kind = OptimizerKind::kAdagrad;
-            break;
-        case config::OptimizerType::kLion:
-            p.kind = OptimizerKind::kLion;
-            break;
-    }
-    p.lr = config.lr;
-    p.beta1 = config.beta1;
-    p.beta2 = config.beta2;
-    p.eps = config.eps;
-    p.weight_decay = config.weight_decay;
-    return p;
-}
-
 Status validate(const OptimizerParams& p) {
     if (p.step < 1)
         return Status::invalid_argument("optimizer step: expected >= 1 (1-based), got 0");
@@ -154,11 +130,11 @@ Result<OptimizerKernel> OptimizerKernel::create(Isa isa, int threads) {
     return OptimizerKernel(isa, kernel_table(isa), std::move(loop));
 }
 
-Result<OptimizerKernel> OptimizerKernel::create(const config::CpuOptimizerConfig& config) {
-    ZINF_ASSIGN_OR_RETURN(const Isa isa, resolve_isa(config.isa));
-    ZINF_ASSIGN_OR_RETURN(OptimizerKernel kernel, create(isa, config.threads));
+Result<OptimizerKernel> OptimizerKernel::create(std::string_view isa_request, int threads) {
+    ZINF_ASSIGN_OR_RETURN(const Isa isa, resolve_isa(isa_request));
+    ZINF_ASSIGN_OR_RETURN(OptimizerKernel kernel, create(isa, threads));
     log::info("cpu optimizer: ", isa_name(isa), " variant, ", kernel.threads(), " threads (",
-              "cpu_optimizer.isa=", config.isa, ", detected: ", cpu_features().to_string(), ")");
+              "cpu_optimizer.isa=", isa_request, ", detected: ", cpu_features().to_string(), ")");
     return kernel;
 }
 

@@ -12,7 +12,6 @@
 #include "kernels/chunk_loop.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
-#include "src/base/config.h"
 #include "src/base/status.h"
 
 namespace zinf::kernels {
@@ -49,8 +48,6 @@ struct OptimizerParams {
     // of exp_avg_sq, kept in OptimizerState::max_exp_avg_sq, instead of exp_avg_sq's own.
     bool amsgrad = false;
 
-    // Maps `optimizer` (DeepSpeed's type names; Adam with adam_w_mode is AdamW). Step 1.
-    static OptimizerParams from_config(const config::OptimizerConfig& config) noexcept;
 };
 
 // Checks ranges: step >= 1, lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0, all finite,
@@ -118,9 +115,10 @@ public:
     // Runs `isa` on `threads` threads (0: all cores). Returns kNotSupported when the CPU lacks
     // `isa` and kInvalidArgument for a negative thread count.
     static Result<OptimizerKernel> create(Isa isa, int threads);
-    // Resolves the variant from ZINF_CPU_ISA and `config.isa` (see resolve_isa) and uses
-    // `config.threads`; logs the variant chosen at info level.
-    static Result<OptimizerKernel> create(const config::CpuOptimizerConfig& config);
+    // Resolves the variant from ZINF_CPU_ISA and `isa_request` ("auto", "avx512", "avx2",
+    // "scalar"; see resolve_isa) and runs on `threads` threads; logs the variant chosen at info
+    // level.
+    static Result<OptimizerKernel> create(std::string_view isa_request, int threads);
 
     OptimizerKernel(OptimizerKernel&&) noexcept;
     OptimizerKernel& operator=(OptimizerKernel&&) noexcept;

@@ -19,19 +19,6 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-OptimizerSwapperOptions OptimizerSwapperOptions::from_config(
-    const config::ZeroConfig& zero, const config::OptimizerConfig& optimizer, std::uint64_t numel,
-    PartitionId first_partition) {
-    OptimizerSwapperOptions o;
-    o.numel = numel;
-    o.sub_group_numel = zero.sub_group_size_numel;
-    o.kind = kernels::OptimizerParams::from_config(optimizer).kind;
-    o.pipeline_read = zero.offload_optimizer.pipeline_read;
-    o.pipeline_write = zero.offload_optimizer.pipeline_write;
-    o.first_partition = first_partition;
-    return o;
-}
-
 std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind) {
     switch (kind) {
         case kernels::OptimizerKind::kAdam:

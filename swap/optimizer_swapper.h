@@ -30,12 +30,6 @@ struct OptimizerSwapperOptions {
     // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.
     PartitionId first_partition = 0;
     std::chrono::milliseconds acquire_timeout{std::chrono::minutes(2)};
-
-    // sub_group_size from `zero_optimization`, the pipeline flags from its `offload_optimizer`,
-    // the kind from `optimizer` (Adam with adam_w_mode is AdamW).
-    static OptimizerSwapperOptions from_config(const config::ZeroConfig& zero,
-                                               const config::OptimizerConfig& optimizer,
-                                               std::uint64_t numel, PartitionId first_partition);
 };
 
 // Where the step gets each sub-group's gradients (and, optionally, gives back the result).

@@ -60,15 +60,6 @@ int calling_thread_node(hwloc_topology_t topology) {
 
 }  // namespace
 
-PinnedPoolOptions PinnedPoolOptions::from_config(const config::OffloadParamConfig& config,
-                                                 std::size_t element_size_bytes, std::string name) {
-    PinnedPoolOptions o;
-    o.name = std::move(name);
-    o.buffer_count = static_cast<std::size_t>(config.buffer_count);
-    o.buffer_size_bytes = static_cast<std::size_t>(config.buffer_size_numel) * element_size_bytes;
-    return o;
-}
-
 Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& options) {
     if (options.buffer_count == 0 || options.buffer_size_bytes == 0) {
         return Status::invalid_argument(str_cat("pinned pool '", options.name, "': buffer_count (",

@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "src/base/config.h"
 #include "src/base/device.h"
 #include "src/base/status.h"
 
@@ -38,10 +37,6 @@ struct PinnedPoolOptions {
     bool allow_unlocked = false;
     // false: no mlock at all, a pageable region (offload_param with pin_memory false).
     bool lock = true;
-
-    // `offload_param`: buffer_count buffers of buffer_size elements of `element_size_bytes`.
-    static PinnedPoolOptions from_config(const config::OffloadParamConfig& config,
-                                         std::size_t element_size_bytes, std::string name);
 };
 
 class PinnedPool;

@@ -59,15 +59,6 @@ std::string hex64(std::uint64_t v) {
 
 }  // namespace
 
-SwapStoreOptions SwapStoreOptions::from_config(const std::vector<std::string>& nvme_path,
-                                               const config::SwapConfig& swap, std::string name) {
-    SwapStoreOptions o;
-    o.paths = nvme_path;
-    o.verify_checksums = swap.verify_checksums;
-    o.name = std::move(name);
-    return o;
-}
-
 // ---------------------------------------------------------------------------------------------
 // SwapHandle
 

@@ -29,7 +29,6 @@
 
 #include "io/engine.h"
 #include "src/base/aligned.h"
-#include "src/base/config.h"
 #include "src/base/status.h"
 #include "swap/run_dir.h"
 
@@ -54,10 +53,6 @@ struct SwapStoreOptions {
     // Bytes per stripe chunk over several paths; 0: the engine's aio.block_size.
     std::uint64_t stripe_chunk_bytes = 0;
     std::string name = "swap";  // named in messages ("optimizer", "params")
-
-    // The `nvme_path` of an offload section and the `swap` block.
-    static SwapStoreOptions from_config(const std::vector<std::string>& nvme_path,
-                                        const config::SwapConfig& swap, std::string name);
 };
 
 struct SwapStoreStats {

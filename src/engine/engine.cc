@@ -90,16 +90,6 @@ private:
     std::function<void(std::uint64_t, std::span<float>)> fn_;
 };
 
-// The optimizer kernel the plan names (ZINF_CPU_ISA overrides cpu_optimizer.isa), logged.
-Result<kernels::OptimizerKernel> make_kernel(const engine::OffloadPlan& plan) {
-    ZINF_ASSIGN_OR_RETURN(const kernels::Isa isa, kernels::resolve_isa(plan.cpu_isa));
-    ZINF_ASSIGN_OR_RETURN(auto kernel, kernels::OptimizerKernel::create(isa, plan.cpu_threads));
-    log::info("cpu optimizer: ", kernels::isa_name(isa), " variant, ", kernel.threads(),
-              " threads (cpu_optimizer.isa=", plan.cpu_isa,
-              ", detected: ", kernels::cpu_features().to_string(), ")");
-    return kernel;
-}
-
 }  // namespace
 
 Engine::Engine(const config::EngineConfig& config, engine::OffloadPlan plan, model::Model& model,
@@ -145,7 +135,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
     plan.io.file_system = options.file_system;
     plan.io.faults = options.io_faults;
     ZINF_TRY(kernels::validate(plan.optimizer));
-    ZINF_ASSIGN_OR_RETURN(auto kernel, make_kernel(plan));
+    ZINF_ASSIGN_OR_RETURN(auto kernel,
+                          kernels::OptimizerKernel::create(plan.cpu_isa, plan.cpu_threads));
     ZINF_ASSIGN_OR_RETURN(auto part, zero::Partitioning::create(in.parameter_numels,
                                                                 in.world_size, in.rank));
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,

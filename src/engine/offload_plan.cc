@@ -141,7 +141,46 @@ void size_optimizer_swap(const config::EngineConfig& config, std::size_t first_p
     plan.stores_shared = plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
 }
 
+io::DirectMode direct_mode(config::Tristate t) noexcept {
+    switch (t) {
+        case config::Tristate::kAuto: return io::DirectMode::kAuto;
+        case config::Tristate::kOn: return io::DirectMode::kOn;
+        case config::Tristate::kOff: return io::DirectMode::kOff;
+    }
+    return io::DirectMode::kAuto;
+}
+
 }  // namespace
+
+io::AioOptions aio_options(const config::AioConfig& aio) {
+    io::AioOptions o;
+    o.block_size_bytes = aio.block_size_bytes;
+    o.queue_depth = aio.queue_depth;
+    o.intra_op_parallelism = aio.intra_op_parallelism;
+    o.single_submit = aio.single_submit;
+    o.overlap_events = aio.overlap_events;
+    o.backend = aio.backend;
+    o.use_direct = direct_mode(aio.use_direct);
+    o.register_buffers = aio.register_buffers;
+    o.sqpoll = aio.sqpoll;
+    return o;
+}
+
+config::AioConfig aio_config(const io::AioOptions& aio) {
+    config::AioConfig c;
+    c.block_size_bytes = aio.block_size_bytes;
+    c.queue_depth = aio.queue_depth;
+    c.intra_op_parallelism = aio.intra_op_parallelism;
+    c.single_submit = aio.single_submit;
+    c.overlap_events = aio.overlap_events;
+    c.backend = aio.backend;
+    c.use_direct = aio.use_direct == io::DirectMode::kOn    ? config::Tristate::kOn
+                   : aio.use_direct == io::DirectMode::kOff ? config::Tristate::kOff
+                                                            : config::Tristate::kAuto;
+    c.register_buffers = aio.register_buffers;
+    c.sqpoll = aio.sqpoll;
+    return c;
+}
 
 std::string_view home_name(Home home) noexcept {
     switch (home) {
@@ -218,7 +257,7 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
         plan.optimizer_pool_registered_with_device = !cpu_device && zc.offload_optimizer.pin_memory;
     }
     plan.needs_io = plan.parameters == Home::kNvme || plan.optimizer_states == Home::kNvme;
-    plan.io.aio = config.aio;
+    plan.io.aio = aio_options(config.aio);
 
     plan.host_budget_bytes = config.device.host_memory_budget_bytes;
     const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;

@@ -106,6 +106,11 @@ struct OffloadPlan {
     std::string describe() const;
 };
 
+// The `aio` block as the I/O engine takes it, and back (zinfinity-bench tune writes an `aio`
+// block from what it measured).
+io::AioOptions aio_options(const config::AioConfig& aio);
+config::AioConfig aio_config(const io::AioOptions& aio);
+
 // Computes the plan. Pure: reads the config and the inputs only. Errors name the key and, for
 // sizes, the size needed: kInvalidArgument (a buffer smaller than the largest parameter
 // partition, a budget too small for the pinned memory the offload needs, ...), kNotSupported

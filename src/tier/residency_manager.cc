@@ -45,21 +45,6 @@ std::string_view partition_state_name(PartitionState state) noexcept {
     return "?";
 }
 
-ResidencyOptions ResidencyOptions::from_config(const config::ZeroConfig& zero, DType dtype,
-                                               std::size_t device_budget_bytes,
-                                               std::size_t pinned_budget_bytes) {
-    ResidencyOptions options;
-    options.dtype = dtype;
-    options.device_budget_bytes = device_budget_bytes;
-    const std::uint64_t max_in_cpu_bytes =
-        zero.offload_param.max_in_cpu_numel * dtype_size_bytes(dtype);
-    options.host_budget_bytes =
-        static_cast<std::size_t>(std::min<std::uint64_t>(pinned_budget_bytes, max_in_cpu_bytes));
-    options.prefetch_bucket_numel = zero.stage3_prefetch_bucket_size_numel;
-    options.max_live_numel = zero.stage3_max_live_parameters_numel;
-    return options;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Construction
 

@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "src/base/config.h"
 #include "src/base/device.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
@@ -60,11 +59,6 @@ struct ResidencyOptions {
     // a copy) after every change, in release builds too (debug builds always do). For tests.
     bool check_invariants = false;
 
-    // DeepSpeed config → options: prefetch and live bounds from zero_optimization, the host
-    // budget as min(pinned_budget_bytes, offload_param.max_in_cpu × dtype size).
-    static ResidencyOptions from_config(const config::ZeroConfig& zero, DType dtype,
-                                        std::size_t device_budget_bytes,
-                                        std::size_t pinned_budget_bytes);
     std::uint64_t prefetch_depth_bytes() const noexcept {
         return prefetch_bucket_numel * dtype_size_bytes(dtype);
     }

@@ -17,7 +17,7 @@
 namespace zinf::io::test {
 namespace {
 
-using config::Tristate;
+using Tristate = io::DirectMode;
 
 struct Param {
     std::string backend;

@@ -13,7 +13,7 @@
 namespace zinf::io::test {
 namespace {
 
-using config::Tristate;
+using Tristate = io::DirectMode;
 
 class BadInput : public ::testing::Test {
 protected:

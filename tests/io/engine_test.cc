@@ -20,7 +20,7 @@
 namespace zinf::io::test {
 namespace {
 
-using config::Tristate;
+using Tristate = io::DirectMode;
 
 TEST(Engine, StripesRoundRobinOverThreeDirectories) {
     zinf::test::TempDir a("s0"), b("s1"), c("s2");
@@ -211,7 +211,7 @@ TEST(Engine, NamedBackendThatCannotBeSetUpIsAnError) {
 TEST(Engine, SqpollAndSingleSubmitAndNoOverlapStillRoundTrip) {
     zinf::test::TempDir dir("modes");
     for (int mode = 0; mode < 3; ++mode) {
-        config::AioConfig aio = small_aio("io_uring", Tristate::kAuto);
+        io::AioOptions aio = small_aio("io_uring", Tristate::kAuto);
         aio.sqpoll = mode == 0;
         aio.single_submit = mode == 1;
         aio.overlap_events = mode != 2;
@@ -293,7 +293,7 @@ long engine_result(void* context, const Request& r, long result) noexcept {
 class EngineSubmit : public ::testing::TestWithParam<std::string> {
 protected:
     std::unique_ptr<Engine> make(EngineSubmitScript& script) {
-        config::AioConfig aio = small_aio(GetParam(), Tristate::kAuto);
+        io::AioOptions aio = small_aio(GetParam(), Tristate::kAuto);
         aio.intra_op_parallelism = 1;
         Seams seams;
         seams.submit = &engine_submit;
@@ -403,7 +403,7 @@ TEST(Engine, FixedBufferAndFileCountsMatchThePiecesMoved) {
     zinf::test::TempDir dir("fixed-counts");
     for (const bool registered : {true, false}) {
         SCOPED_TRACE(registered ? "register_buffers on" : "register_buffers off");
-        config::AioConfig aio = small_aio("io_uring", Tristate::kAuto);
+        io::AioOptions aio = small_aio("io_uring", Tristate::kAuto);
         aio.register_buffers = registered;
         std::string skip;
         auto engine = make_engine("io_uring", Tristate::kAuto, &skip, std::nullopt, &aio);

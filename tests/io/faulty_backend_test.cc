@@ -9,7 +9,7 @@
 namespace zinf::io::test {
 namespace {
 
-using config::Tristate;
+using Tristate = io::DirectMode;
 
 TEST(FaultPlan, ParsesEveryKey) {
     auto plan = parse_fault_plan(

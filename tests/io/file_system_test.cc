@@ -106,7 +106,7 @@ TEST(FileSystem, TrustCheckRefusesALinkOfAnotherUserOnTheWay) {
 
 std::unique_ptr<Engine> engine_on(FileSystem& file_system) {
     EngineOptions options;
-    options.aio = small_aio("posix", config::Tristate::kAuto);
+    options.aio = small_aio("posix", io::DirectMode::kAuto);
     options.file_system = &file_system;
     auto engine = Engine::create(options);
     EXPECT_TRUE(engine.has_value()) << engine.status().to_string();

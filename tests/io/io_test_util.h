@@ -20,8 +20,8 @@ namespace zinf::io::test {
 // Waits long enough for any sane test, short enough that a hang becomes a failure.
 constexpr std::chrono::microseconds kHangTimeout = std::chrono::seconds(30);
 
-inline config::AioConfig small_aio(const std::string& backend, config::Tristate direct) {
-    config::AioConfig aio;
+inline io::AioOptions small_aio(const std::string& backend, io::DirectMode direct) {
+    io::AioOptions aio;
     aio.backend = backend;
     aio.use_direct = direct;
     aio.block_size_bytes = 64 * 1024;
@@ -32,10 +32,10 @@ inline config::AioConfig small_aio(const std::string& backend, config::Tristate 
 
 // Creates an engine for `backend` ("sim" for the simulated device); null when the backend is
 // not available here (the reason goes to *skip).
-inline std::unique_ptr<Engine> make_engine(const std::string& backend, config::Tristate direct,
+inline std::unique_ptr<Engine> make_engine(const std::string& backend, io::DirectMode direct,
                                            std::string* skip,
                                            std::optional<FaultPlan> faults = std::nullopt,
-                                           config::AioConfig* aio_override = nullptr,
+                                           io::AioOptions* aio_override = nullptr,
                                            const Seams& seams = {}) {
     EngineOptions options;
     options.aio = aio_override != nullptr ? *aio_override : small_aio(backend == "sim" ? "auto" : backend, direct);

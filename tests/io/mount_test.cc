@@ -19,7 +19,7 @@
 namespace zinf::io::test {
 namespace {
 
-using config::Tristate;
+using Tristate = io::DirectMode;
 
 // Mounts a file system on a fresh directory; unmounts (lazily) on destruction.
 class Mount {
@@ -192,7 +192,7 @@ TEST(Mounted, FourKibLogicalBlocks) {
         EXPECT_EQ(a->alignment_bytes, 4096u) << a->source;
     }
 
-    config::AioConfig aio = small_aio("io_uring", Tristate::kOn);
+    io::AioOptions aio = small_aio("io_uring", Tristate::kOn);
     aio.block_size_bytes = 6144;
     std::string skip;
     auto bad = make_engine("io_uring", Tristate::kOn, &skip, std::nullopt, &aio);

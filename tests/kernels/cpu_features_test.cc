@@ -120,7 +120,7 @@ TEST(CpuFeaturesTest, MissingVariantIsAnErrorNotAFallback) {
         ASSERT_FALSE(kernel.has_value());
         EXPECT_EQ(kernel.error().code(), StatusCode::kNotSupported);
         ScopedIsaEnv env(std::string(isa_name(isa)).c_str());
-        const auto from_both = OptimizerKernel::create(config::CpuOptimizerConfig{});
+        const auto from_both = OptimizerKernel::create("auto", 0);
         ASSERT_FALSE(from_both.has_value());
         EXPECT_EQ(from_both.error().code(), StatusCode::kNotSupported);
     }
@@ -158,9 +158,7 @@ TEST_P(IsaOverrideTest, EnvironmentReallySelectsTheVariant) {
         GTEST_SKIP() << "this CPU lacks " << isa_name(isa)
                      << " (detected: " << cpu_features().to_string() << ")";
     ScopedIsaEnv env(std::string(isa_name(isa)).c_str());
-    config::CpuOptimizerConfig config;  // isa "auto": the environment decides
-    config.threads = 1;
-    auto kernel = OptimizerKernel::create(config);
+    auto kernel = OptimizerKernel::create("auto", 1);  // "auto": the environment decides
     ASSERT_TRUE(kernel.has_value()) << kernel.status().to_string();
     EXPECT_EQ(kernel->isa(), isa);
     const std::vector<float> g = lane_fingerprint_input();
@@ -177,10 +175,7 @@ TEST_P(IsaOverrideTest, ConfigKeySelectsTheVariant) {
     const Isa isa = GetParam();
     if (!isa_supported(isa)) GTEST_SKIP() << "this CPU lacks " << isa_name(isa);
     ScopedIsaEnv env(nullptr);
-    config::CpuOptimizerConfig config;
-    config.isa = std::string(isa_name(isa));
-    config.threads = 2;
-    auto kernel = OptimizerKernel::create(config);
+    auto kernel = OptimizerKernel::create(isa_name(isa), 2);
     ASSERT_TRUE(kernel.has_value()) << kernel.status().to_string();
     EXPECT_EQ(kernel->isa(), isa);
     EXPECT_EQ(kernel->threads(), 2);
@@ -199,7 +194,7 @@ TEST(IsaOverrideStepTest, ScalarAndSimdStepsDifferInTheLastBits) {
     std::vector<std::vector<float>> results;
     for (const char* name : {"scalar", "avx2"}) {
         ScopedIsaEnv env(name);
-        auto kernel = OptimizerKernel::create(config::CpuOptimizerConfig{});
+        auto kernel = OptimizerKernel::create("auto", 0);
         ASSERT_TRUE(kernel.has_value());
         std::vector<float> p(numel, 0.5f), m(numel, 0.01f), v(numel, 0.002f);
         OptimizerParams o;

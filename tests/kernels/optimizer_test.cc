@@ -666,23 +666,5 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
     }
 }
 
-TEST(OptimizerParamsTest, FromConfigMapsDeepSpeedTypes) {
-    config::OptimizerConfig c;
-    c.type = config::OptimizerType::kAdam;
-    c.adam_w_mode = true;
-    EXPECT_EQ(OptimizerParams::from_config(c).kind, OptimizerKind::kAdamW);
-    c.adam_w_mode = false;
-    EXPECT_EQ(OptimizerParams::from_config(c).kind, OptimizerKind::kAdam);
-    c.type = config::OptimizerType::kLion;
-    c.lr = 3e-4;
-    c.beta2 = 0.99;
-    const OptimizerParams p = OptimizerParams::from_config(c);
-    EXPECT_EQ(p.kind, OptimizerKind::kLion);
-    EXPECT_EQ(p.lr, 3e-4);
-    EXPECT_EQ(p.beta2, 0.99);
-    EXPECT_EQ(p.step, 1u);
-    EXPECT_TRUE(validate(p).is_ok());
-}
-
 }  // namespace
 }  // namespace zinf::kernels

@@ -537,19 +537,5 @@ TEST(ResidencyManager, FailedMovesLeaveDataIntactAndCanBeRetried) {
     }
 }
 
-TEST(ResidencyManager, OptionsFromTheDeepSpeedConfig) {
-    config::ZeroConfig zero;
-    zero.stage3_prefetch_bucket_size_numel = 1000;
-    zero.stage3_max_live_parameters_numel = 5000;
-    zero.offload_param.max_in_cpu_numel = 300;
-    const auto o = ResidencyOptions::from_config(zero, DType::kFloat32, 1 << 20, 1 << 20);
-    EXPECT_EQ(o.prefetch_depth_bytes(), 4000u);
-    EXPECT_EQ(o.max_live_bytes(), 20000u);
-    EXPECT_EQ(o.host_budget_bytes, 1200u);  // max_in_cpu × 4 bytes, below the pinned budget
-    const auto h = ResidencyOptions::from_config(zero, DType::kBFloat16, 1 << 20, 512);
-    EXPECT_EQ(h.host_budget_bytes, 512u);
-    EXPECT_EQ(h.prefetch_depth_bytes(), 2000u);
-}
-
 }  // namespace
 }  // namespace zinf::tier

@@ -8,6 +8,8 @@
 #include "io/fault.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
+#include "src/base/config.h"
+#include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/fio_runner.h"
 #include "tools/bench/io_command_support.h"
@@ -170,7 +172,7 @@ Status run_passes(const IoCommandOptions& o, IoSession& session, Json& report) {
 
 // --- fio comparison ----------------------------------------------------------------------------
 
-FioJob fio_job_for(const IoCommandOptions& o, const BenchFiles& files, const config::AioConfig& aio,
+FioJob fio_job_for(const IoCommandOptions& o, const BenchFiles& files, const io::AioOptions& aio,
                    std::string_view backend, bool direct, IoOp op) {
     FioJob job;
     job.fio_binary = o.fio_binary;
@@ -200,7 +202,7 @@ Json fio_to_json(const FioFigures& f) {
 
 // Runs fio briefly over the grid and returns the (block size, queue depth) with fio's best GB/s.
 Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, const BenchFiles& files,
-                                                   const config::AioConfig& aio, std::string_view backend,
+                                                   const io::AioOptions& aio, std::string_view backend,
                                                    bool direct, IoOp op, Json& grid_report) {
     std::printf("\nfio grid, %s (%s, %.1f s each):\n", std::string(io_op_name(op)).c_str(),
                 std::string(backend).c_str(), o.fio_grid_seconds);
@@ -213,7 +215,7 @@ Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, co
         std::printf("%10s", format_bytes(bs).c_str());
         std::fflush(stdout);
         for (const auto qd : o.fio_grid_queue_depths) {
-            config::AioConfig a = aio;
+            io::AioOptions a = aio;
             a.block_size_bytes = bs;
             a.queue_depth = static_cast<int>(qd);
             FioJob job = fio_job_for(o, files, a, backend, direct, op);
@@ -244,7 +246,7 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
     Json out = Json::object();
     Json grid = Json::array();
     for (const IoOp op : o.ops) {
-        config::AioConfig aio = o.common.aio;
+        io::AioOptions aio = o.common.aio;
         // Resolve "auto" and the O_DIRECT setting with a session at the given settings; it also
         // writes the file once, so that every compared pass overwrites or reads written blocks.
         std::string backend;
@@ -311,7 +313,7 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         std::printf("%s: median CPU s/GB ours %.4f, fio %.4f (ours/fio %.2f)\n", std::string(io_op_name(op)).c_str(),
                     oc.median, fc.median, fc.median > 0 ? oc.median / fc.median : 0.0);
         out[std::string(io_op_name(op))] = Json{
-            {"aio", Json::parse(config::aio_to_json(aio))},
+            {"aio", Json::parse(config::aio_to_json(engine::aio_config(aio)))},
             {"fio_command", fio_command_line(job)},
             {"pairs", pairs},
             {"ratio", spread_to_json(r)},
@@ -329,9 +331,9 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
 // --- io_uring vs libaio ------------------------------------------------------------------------
 
 Status run_vs_libaio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
-    config::AioConfig uring_aio = o.common.aio;
+    io::AioOptions uring_aio = o.common.aio;
     uring_aio.backend = "io_uring";
-    config::AioConfig libaio_aio = o.common.aio;
+    io::AioOptions libaio_aio = o.common.aio;
     libaio_aio.backend = "libaio";
     ZINF_ASSIGN_OR_RETURN(auto uring, IoSession::create(files, session_options(o.common, uring_aio)));
     ZINF_ASSIGN_OR_RETURN(auto libaio, IoSession::create(files, session_options(o.common, libaio_aio)));
@@ -388,7 +390,7 @@ Status run(const IoCommandOptions& o) {
     {
         ZINF_ASSIGN_OR_RETURN(auto session, IoSession::create(*files, session_options(o.common, o.common.aio)));
         print_session_banner(*session, *files, o.common);
-        report["aio"] = Json::parse(config::aio_to_json(effective_aio(*session)));
+        report["aio"] = Json::parse(config::aio_to_json(engine::aio_config(effective_aio(*session))));
         report["backend"] = std::string(session->backend_name());
         report["direct"] = session->is_direct();
         report["op_size_bytes"] = session->plan().op_size_bytes;

@@ -89,7 +89,7 @@ Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagS
         }
     }
     ZINF_ASSIGN_OR_RETURN(const bool direct, args.get_bool("direct"));
-    o.aio.use_direct = direct ? config::Tristate::kOn : config::Tristate::kOff;
+    o.aio.use_direct = direct ? io::DirectMode::kOn : io::DirectMode::kOff;
     ZINF_ASSIGN_OR_RETURN(o.aio.register_buffers, args.get_bool("register-buffers"));
     ZINF_ASSIGN_OR_RETURN(o.aio.sqpoll, args.get_bool("sqpoll"));
     if (args.get("op-size") != "auto") {
@@ -112,7 +112,7 @@ Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagS
     return o;
 }
 
-SessionOptions session_options(const CommonIoOptions& common, const config::AioConfig& aio) {
+SessionOptions session_options(const CommonIoOptions& common, const io::AioOptions& aio) {
     SessionOptions s;
     s.aio = aio;
     s.faults = common.faults;
@@ -122,14 +122,14 @@ SessionOptions session_options(const CommonIoOptions& common, const config::AioC
     return s;
 }
 
-config::AioConfig effective_aio(const IoSession& session) {
-    config::AioConfig aio = session.aio();
+io::AioOptions effective_aio(const IoSession& session) {
+    io::AioOptions aio = session.aio();
     aio.backend = std::string(session.backend_name());
     return aio;
 }
 
 std::string describe_session(const IoSession& session, const BenchFiles& files) {
-    const config::AioConfig& aio = session.aio();
+    const io::AioOptions& aio = session.aio();
     const PassPlan& plan = session.plan();
     (void)files;
     return str_cat("backend ", session.backend_name(), ", block ", format_bytes(aio.block_size_bytes),

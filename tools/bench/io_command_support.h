@@ -22,7 +22,7 @@ enum class CommonFlagSet : std::uint8_t { kSingle, kGrid };
 struct CommonIoOptions {
     std::vector<std::string> dirs;
     std::uint64_t size_bytes = 0;
-    config::AioConfig aio;  // backend, block size, queue depth, threads only with kSingle
+    io::AioOptions aio;  // backend, block size, queue depth, threads only with kSingle
     std::uint64_t op_size_bytes = 0;  // 0: auto
     std::uint64_t buffer_limit_bytes = 1ULL << 30;
     std::optional<io::FaultPlan> faults;
@@ -37,9 +37,9 @@ void declare_engine_flags(cli::Args& args, CommonFlagSet set);
 // Parses and checks the common flags; errors name the flag and the bad value.
 Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagSet set);
 
-SessionOptions session_options(const CommonIoOptions& common, const config::AioConfig& aio);
+SessionOptions session_options(const CommonIoOptions& common, const io::AioOptions& aio);
 // The session's aio block with the backend "auto" resolved to the one the engine chose.
-config::AioConfig effective_aio(const IoSession& session);
+io::AioOptions effective_aio(const IoSession& session);
 // "backend io_uring, block 1 MiB, queue depth 32, 1 thread, O_DIRECT on, ..."
 std::string describe_session(const IoSession& session, const BenchFiles& files);
 void print_session_banner(const IoSession& session, const BenchFiles& files, const CommonIoOptions& common);

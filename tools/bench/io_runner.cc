@@ -185,7 +185,7 @@ void BenchFiles::remove() noexcept {
 // ---------------------------------------------------------------------------------------------
 // Pass planning and figures
 
-PassPlan plan_pass(const config::AioConfig& aio, std::uint64_t op_size_bytes,
+PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
                    std::uint64_t buffer_limit_bytes, std::uint64_t file_size_bytes) {
     ZINF_ASSERT_GT(aio.block_size_bytes, 0u);
     ZINF_ASSERT_GT(aio.queue_depth, 0);
@@ -240,7 +240,7 @@ double process_cpu_seconds() {
 // IoSession
 
 Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const SessionOptions& options) {
-    const config::AioConfig& aio = options.aio;
+    const io::AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes % 512 != 0) {
         return Status::invalid_argument(str_cat("--block-size: expected a multiple of 512 bytes, got ",
                                                 aio.block_size_bytes));

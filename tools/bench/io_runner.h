@@ -97,7 +97,7 @@ struct PassFigures {
 };
 
 struct SessionOptions {
-    config::AioConfig aio;
+    io::AioOptions aio;
     std::optional<io::FaultPlan> faults;
     // Bytes per caller-level operation handed to the engine; 0 picks max(block size, 1 MiB)
     // rounded to a multiple of the block size. The engine cuts each operation into block-size
@@ -116,7 +116,7 @@ struct PassPlan {
     std::uint64_t buffer_bytes = 0;
     bool limited_by_buffer = false;  // fewer than queue_depth x threads pieces fit in the limit
 };
-PassPlan plan_pass(const config::AioConfig& aio, std::uint64_t op_size_bytes,
+PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
                    std::uint64_t buffer_limit_bytes, std::uint64_t file_size_bytes);
 
 // An io::Engine with the bench file open and one aligned buffer region (registered with the
@@ -135,7 +135,7 @@ public:
     bool is_direct() const { return engine_->is_direct(file_); }
     std::size_t alignment_bytes() const { return engine_->alignment_bytes(file_); }
     const PassPlan& plan() const noexcept { return plan_; }
-    const config::AioConfig& aio() const noexcept { return options_.aio; }
+    const io::AioOptions& aio() const noexcept { return options_.aio; }
 
     // Writes the whole file once (untimed) unless it already holds data, so that a read pass
     // reads real blocks; with buffered I/O it then syncs and drops the file's cached pages.

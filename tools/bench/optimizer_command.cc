@@ -40,8 +40,9 @@ struct Options {
     bool grads_bf16 = false;
     bool pipeline_read = true;
     bool pipeline_write = true;
-    config::AioConfig aio;
-    config::CpuOptimizerConfig cpu;
+    io::AioOptions aio;
+    std::string cpu_isa = "auto";  // as cpu_optimizer.isa
+    int cpu_threads = 0;
 };
 
 class BenchParams final : public swap::ParamSource {
@@ -190,7 +191,7 @@ Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engi
 
 Status run(const Options& o) {
     ZINF_ASSIGN_OR_RETURN(const kernels::OptimizerKernel kernel,
-                          kernels::OptimizerKernel::create(o.cpu));
+                          kernels::OptimizerKernel::create(o.cpu_isa, o.cpu_threads));
     io::EngineOptions eo;
     eo.aio = o.aio;
     ZINF_ASSIGN_OR_RETURN(auto engine, io::Engine::create(eo));
@@ -229,7 +230,7 @@ Status run(const Options& o) {
         "%d thread(s)\n",
         std::string(engine->backend_name()).c_str(), format_bytes(o.aio.block_size_bytes).c_str(),
         o.aio.queue_depth, o.aio.intra_op_parallelism,
-        o.aio.use_direct == config::Tristate::kOff ? "off" : "auto",
+        o.aio.use_direct == io::DirectMode::kOff ? "off" : "auto",
         std::string(kernels::isa_name(kernel.isa())).c_str(), kernel.threads());
     std::fflush(stdout);
 
@@ -323,8 +324,8 @@ int run_optimizer(int argc, char** argv) {
     o.aio.block_size_bytes = *block;
     o.aio.queue_depth = static_cast<int>(*depth);
     o.aio.intra_op_parallelism = static_cast<int>(*threads);
-    o.cpu.isa = *isa;
-    o.cpu.threads = static_cast<int>(*cpu_threads);
+    o.cpu_isa = *isa;
+    o.cpu_threads = static_cast<int>(*cpu_threads);
 
     std::signal(SIGINT, on_interrupt);
     std::signal(SIGTERM, on_interrupt);

@@ -52,7 +52,7 @@ struct SwapOptions {
     int iterations = 1;
     std::int64_t poll_us = 0;
     bool progress = true;
-    config::AioConfig aio;
+    io::AioOptions aio;
 };
 
 void declare_flags(cli::Args& args) {

@@ -17,6 +17,8 @@
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
+#include "src/base/config.h"
+#include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/io_command_support.h"
 #include "tools/bench/io_runner.h"
@@ -43,7 +45,7 @@ struct SweepOptions {
 };
 
 struct GridPoint {
-    config::AioConfig aio;
+    io::AioOptions aio;
     bool available = true;
     std::string skipped_reason;
     double read_gb_per_s = 0;   // median over loops; 0 when not measured
@@ -282,7 +284,7 @@ Status run(const SweepOptions& o, bool tune) {
                 format_bytes(files->size_bytes()).c_str(), o.common.dirs.front().c_str(),
                 o.common.dirs.size() > 1 ? " (striped)" : "");
     for (const IoOp op : o.ops) std::printf(" %s", std::string(io_op_name(op)).c_str());
-    std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == config::Tristate::kOn ? "on" : "off",
+    std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
                 o.common.aio.register_buffers ? "on" : "off");
     std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
                                                      "reading back the same bytes)"
@@ -313,10 +315,10 @@ Status run(const SweepOptions& o, bool tune) {
     for (const auto& p : points) grid.push_back(point_to_json(p));
     report["grid"] = grid;
     report["best"] = point_to_json(*best);
-    report["best_aio"] = Json::parse(config::aio_to_json(best->aio));
+    report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best->aio)));
 
     if (tune) {
-        const std::string text = config::aio_to_json(best->aio) + "\n";
+        const std::string text = config::aio_to_json(engine::aio_config(best->aio)) + "\n";
         // What we write must be what zinfinity reads back: check it before writing.
         auto parsed = config::load_aio_from_string(text, "tune output");
         if (!parsed.has_value()) return parsed.error().with_context("internal: the tuned aio block does not load");
