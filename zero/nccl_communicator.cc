@@ -37,20 +37,20 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(
             str_cat("NcclCommunicator: rank ", rank, " outside a world of ", world_size));
     }
     ZINF_TRY(device.make_current());
-    ZINF_ASSIGN_OR_RETURN(void* barrier_buffer, device.allocate(sizeof(float)));
+    ZINF_ASSIGN_OR_RETURN(DeviceBuffer barrier_buffer,
+                          DeviceBuffer::allocate(device, sizeof(float), "NCCL barrier"));
     ncclUniqueId nccl_id;
     std::memcpy(nccl_id.internal, id.bytes.data(), id.bytes.size());
     ncclComm_t comm = nullptr;
     const ncclResult_t result = ncclCommInitRank(&comm, world_size, nccl_id, rank);
     if (result != ncclSuccess) {
-        device.free(barrier_buffer);
         return detail::nccl_error_status(result, "ncclCommInitRank", nullptr)
             .with_context(str_cat("NcclCommunicator: rank ", rank, " of ", world_size, " on ",
                                   device.name()));
     }
     log::info("NcclCommunicator: rank ", rank, " of ", world_size, " on ", device.name());
     return std::unique_ptr<NcclCommunicator>(
-        new NcclCommunicator(device, comm, rank, world_size, barrier_buffer, options));
+        new NcclCommunicator(device, comm, rank, world_size, std::move(barrier_buffer), options));
 }
 
 Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_single_rank(
@@ -60,13 +60,13 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_single_rank(
 }
 
 NcclCommunicator::NcclCommunicator(device::CudaDevice& device, ncclComm* comm, int rank,
-                                   int world_size, void* barrier_buffer,
+                                   int world_size, DeviceBuffer barrier_buffer,
                                    const NcclCommunicatorOptions& options) noexcept
     : device_(device),
       comm_(comm),
       rank_(rank),
       world_size_(world_size),
-      barrier_buffer_(barrier_buffer),
+      barrier_buffer_(std::move(barrier_buffer)),
       options_(options) {}
 
 NcclCommunicator::~NcclCommunicator() {
@@ -78,7 +78,7 @@ NcclCommunicator::~NcclCommunicator() {
         log::error("NcclCommunicator: ", failed_ ? "ncclCommAbort" : "ncclCommDestroy", ": ",
                    ncclGetErrorString(result));
     }
-    device_.free(barrier_buffer_);
+    // barrier_buffer_ frees itself after the communicator is gone.
 }
 
 Status NcclCommunicator::check_async_error() {
@@ -144,7 +144,7 @@ Status NcclCommunicator::broadcast(void* buffer, std::size_t numel, DType dtype,
 
 Status NcclCommunicator::barrier() {
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_,
+    ZINF_NCCL_TRY(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32, ncclSum, comm_,
                                 device_.cuda_stream(0)),
                   comm_);
     ZINF_ASSIGN_OR_RETURN(EventId event, device_.record_event(0));

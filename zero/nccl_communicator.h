@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/base/device_buffer.h"
 #include "src/device/cuda_device.h"
 #include "zero/communicator.h"
 
@@ -77,13 +78,13 @@ public:
 
 private:
     NcclCommunicator(device::CudaDevice& device, ncclComm* comm, int rank, int world_size,
-                     void* barrier_buffer, const NcclCommunicatorOptions& options) noexcept;
+                     DeviceBuffer barrier_buffer, const NcclCommunicatorOptions& options) noexcept;
 
     device::CudaDevice& device_;
     ncclComm* comm_;
     int rank_;
     int world_size_;
-    void* barrier_buffer_;  // 4 bytes of device memory
+    DeviceBuffer barrier_buffer_;  // 4 bytes of device memory
     NcclCommunicatorOptions options_;
     bool failed_ = false;  // aborted, or an asynchronous error was seen
 };

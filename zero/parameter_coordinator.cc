@@ -21,11 +21,7 @@ ParameterCoordinator::ParameterCoordinator(const Partitioning& partitioning,
       params_(partitioning.parameter_count()) {}
 
 ParameterCoordinator::~ParameterCoordinator() {
-    for (const auto& p : params_) {
-        if (p.working != nullptr) device_.free(p.working);
-    }
-    free_spares(0);
-    for (const auto& b : owned_) device_.free(b.data);
+    // The device buffers (gathered copies, spares, owned) free themselves.
     if (partition_grads_ != nullptr && partition_grads_ == host_grads_.data()) {
         (void)device_.unregister_host_memory(host_grads_.data());
     }
@@ -33,12 +29,13 @@ ParameterCoordinator::~ParameterCoordinator() {
 
 Result<void*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
     if (size_bytes == 0) size_bytes = 64;
-    auto ptr = device_.allocate(size_bytes);
-    if (!ptr.has_value()) return ptr.error().with_context(std::string("zero: ") + what);
-    owned_.push_back({*ptr, size_bytes});
+    ZINF_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                          DeviceBuffer::allocate(device_, size_bytes, str_cat("zero: ", what).c_str()));
+    void* ptr = buffer.data();
+    owned_.push_back(std::move(buffer));
     persistent_bytes_ += size_bytes;
-    ZINF_TRY(device_.fill_zero(*ptr, size_bytes, 0));
-    return *ptr;
+    ZINF_TRY(device_.fill_zero(ptr, size_bytes, 0));
+    return ptr;
 }
 
 Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
@@ -265,22 +262,21 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     const auto& s = partitioning_.slot(index);
     auto& p = params_[index];
     ZINF_ASSERT(!p.gathered);
-    ZINF_ASSERT(p.working == nullptr);
+    ZINF_ASSERT(p.working.data() == nullptr);
     const std::size_t working_bytes = s.padded_numel * 4;
     auto ptr = take_working(working_bytes);
     if (!ptr.has_value()) {
         return ptr.error().with_context("zero stage 3: gathering parameter " +
                                         std::to_string(index));
     }
-    p.working = *ptr;
+    p.working = std::move(*ptr);
     PartitionStorage* storage = options_.offloaded_parameters;
     const void* slice = nullptr;
     if (storage != nullptr) {
         auto got = storage->begin_read(index, stream);
         if (!got.has_value()) {
             // Freed, not kept: a spare comes only from a released copy, which keeps the bound.
-            device_.free(p.working);
-            p.working = nullptr;
+            p.working.reset();
             return got.error().with_context("zero stage 3: reading parameter " +
                                             std::to_string(index));
         }
@@ -290,12 +286,13 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     }
     Status status;
     if (options_.dtype == DType::kFloat32) {
-        status = communicator_.all_gather(slice, p.working, s.slice_numel, DType::kFloat32, stream);
+        status = communicator_.all_gather(slice, p.working.data(), s.slice_numel, DType::kFloat32,
+                                          stream);
     } else {
         status =
             communicator_.all_gather(slice, stage_scratch_, s.slice_numel, options_.dtype, stream);
         if (status.is_ok()) {
-            status = compute_.cast(stage_scratch_, options_.dtype, p.working, DType::kFloat32,
+            status = compute_.cast(stage_scratch_, options_.dtype, p.working.data(), DType::kFloat32,
                                    s.padded_numel, stream);
         }
     }
@@ -305,8 +302,7 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     }
     if (!status.is_ok()) {
         (void)device_.synchronize(stream);
-        device_.free(p.working);
-        p.working = nullptr;
+        p.working.reset();
         return status;
     }
     p.gathered = true;
@@ -337,7 +333,7 @@ Result<const float*> ParameterCoordinator::fetch(std::size_t index, StreamId str
     }
     if (!p.gathered) ZINF_TRY(gather(index, stream));
     ++p.fetches;
-    return static_cast<const float*>(p.working);
+    return p.working.as<const float>();
 }
 
 Status ParameterCoordinator::release(std::size_t index, StreamId stream) {
@@ -348,48 +344,47 @@ Status ParameterCoordinator::release(std::size_t index, StreamId stream) {
     if (!plan_.parameters_partitioned || p.fetches > 0 || p.persistent) return Status::ok();
     // The copy may be handed to the next gather at once, on any stream: wait for its readers.
     ZINF_TRY(device_.synchronize(stream));
-    give_back_working(p.working, partitioning_.slot(index).padded_numel * 4);
-    p.working = nullptr;
+    give_back_working(std::move(p.working));
     p.gathered = false;
     live_numel_ -= partitioning_.slot(index).padded_numel;
     return Status::ok();
 }
 
-Result<float*> ParameterCoordinator::take_working(std::size_t size_bytes) {
+Result<DeviceBuffer> ParameterCoordinator::take_working(std::size_t size_bytes) {
     // The most recently released copy of this size (likeliest still in cache).
     for (std::size_t i = spares_.size(); i-- > 0;) {
-        if (spares_[i].size_bytes != size_bytes) continue;
-        void* ptr = spares_[i].data;
+        if (spares_[i].size_bytes() != size_bytes) continue;
+        DeviceBuffer reused = std::move(spares_[i]);
         spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
         spare_bytes_ -= size_bytes;
         ++working_reuses_;
-        return static_cast<float*>(ptr);
+        return reused;
     }
     // None fits: keep only the spares that, with the copies gathered and this new one, stay
     // within the peak the gathered copies reached (or reach now).
     const std::size_t live_bytes = live_numel_ * 4;
     const std::size_t peak_bytes = std::max(peak_live_numel_ * 4, live_bytes + size_bytes);
     free_spares(peak_bytes - live_bytes - size_bytes);
-    auto ptr = device_.allocate(size_bytes);
-    if (!ptr.has_value() && ptr.error().code() == StatusCode::kNoSpace && !spares_.empty()) {
+    auto buffer = DeviceBuffer::allocate(device_, size_bytes, "gathered parameter");
+    if (!buffer.has_value() && buffer.error().code() == StatusCode::kNoSpace && !spares_.empty()) {
         free_spares(0);  // the budget is tight: give everything back and try once more
-        ptr = device_.allocate(size_bytes);
+        buffer = DeviceBuffer::allocate(device_, size_bytes, "gathered parameter");
     }
-    if (!ptr.has_value()) return ptr.error();
+    if (!buffer.has_value()) return buffer.error();
     ++working_allocations_;
-    return static_cast<float*>(*ptr);
+    return std::move(buffer).value();
 }
 
-void ParameterCoordinator::give_back_working(float* ptr, std::size_t size_bytes) noexcept {
-    spares_.push_back(Buffer{ptr, size_bytes});
-    spare_bytes_ += size_bytes;
+void ParameterCoordinator::give_back_working(DeviceBuffer buffer) noexcept {
+    spare_bytes_ += buffer.size_bytes();
+    spares_.push_back(std::move(buffer));
 }
 
 void ParameterCoordinator::free_spares(std::size_t keep_bytes) noexcept {
     std::size_t drop = 0;
     while (drop < spares_.size() && spare_bytes_ > keep_bytes) {
-        device_.free(spares_[drop].data);
-        spare_bytes_ -= spares_[drop].size_bytes;
+        spare_bytes_ -= spares_[drop].size_bytes();
+        spares_[drop].reset();
         ++drop;
     }
     spares_.erase(spares_.begin(), spares_.begin() + static_cast<std::ptrdiff_t>(drop));
@@ -508,8 +503,7 @@ Status ParameterCoordinator::drop_gathered(StreamId stream) {
         auto& p = params_[i];
         ZINF_ASSERT_EQ(p.fetches, 0u);
         if (!p.gathered) continue;
-        device_.free(p.working);
-        p.working = nullptr;
+        p.working.reset();
         p.gathered = false;
         live_numel_ -= partitioning_.slot(i).padded_numel;
     }

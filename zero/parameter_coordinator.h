@@ -23,6 +23,7 @@
 #include "src/base/aligned.h"
 #include "src/base/compute.h"
 #include "src/base/device.h"
+#include "src/base/device_buffer.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
 #include "zero/communicator.h"
@@ -145,15 +146,11 @@ public:
     std::size_t persistent_bytes() const noexcept { return persistent_bytes_; }
 
 private:
-    struct Buffer {
-        void* data = nullptr;
-        std::size_t size_bytes = 0;
-    };
     struct ParamState {
         std::uint32_t fetches = 0;
         bool persistent = false;
         bool gathered = false;     // stage 3: working holds current values
-        float* working = nullptr;  // stage 3: fp32 gathered values (padded_numel)
+        DeviceBuffer working;      // stage 3: fp32 gathered values (padded_numel)
         bool grad_written = false;
     };
 
@@ -165,8 +162,8 @@ private:
     // come only from released copies and are kept only while the gathered copies and spares
     // together stay within the peak the gathered copies alone reached, so reuse never raises the
     // device memory held; they are freed when an allocation meets kNoSpace, and at destruction.
-    Result<float*> take_working(std::size_t size_bytes);
-    void give_back_working(float* ptr, std::size_t size_bytes) noexcept;
+    Result<DeviceBuffer> take_working(std::size_t size_bytes);
+    void give_back_working(DeviceBuffer buffer) noexcept;
     void free_spares(std::size_t keep_bytes) noexcept;
     // Calls fn(index, offset_in_slice_numel, offset_in_range_numel, numel) for every parameter
     // slice overlapping domain elements [offset_numel, offset_numel + numel) (stage 3 layout).
@@ -183,7 +180,7 @@ private:
     Device& device_;
     Compute& compute_;
     Communicator& communicator_;
-    std::vector<Buffer> owned_;  // freed at destruction
+    std::vector<DeviceBuffer> owned_;  // persistent buffers; the raw pointers below view them
     AlignedBuffer host_grads_;   // host_gradients: the gradient partition
 
     void* full_params_ = nullptr;       // stages 0-2: full layout, dtype
@@ -207,7 +204,7 @@ private:
     std::uint64_t gathered_bytes_ = 0;
     std::size_t persistent_bytes_ = 0;
     bool warned_live_ = false;
-    std::vector<Buffer> spares_;  // released gathered copies, oldest first
+    std::vector<DeviceBuffer> spares_;  // released gathered copies, oldest first
     std::size_t spare_bytes_ = 0;
     std::uint64_t working_allocations_ = 0;
     std::uint64_t working_reuses_ = 0;

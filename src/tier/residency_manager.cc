@@ -80,8 +80,10 @@ Result<std::unique_ptr<ResidencyManager>> ResidencyManager::create(const Residen
     }
     std::unique_ptr<ResidencyManager> manager(new ResidencyManager(options, mover, device));
     if (options.device_budget_bytes > 0) {
-        ZINF_ASSIGN_OR_RETURN(void* base, device->allocate(options.device_budget_bytes));
-        manager->device_region_ = static_cast<std::byte*>(base);
+        ZINF_ASSIGN_OR_RETURN(manager->device_memory_,
+                              DeviceBuffer::allocate(*device, options.device_budget_bytes,
+                                                     "residency: device tier"));
+        manager->device_region_ = manager->device_memory_.as<std::byte>();
     }
     return manager;
 }
@@ -106,7 +108,7 @@ ResidencyManager::~ResidencyManager() {
     if (!drained.is_ok())
         log::warning("residency: a move failed while draining at shutdown: ", drained.to_string());
     for (const Partition& p : parts_) ZINF_ASSERT_EQ(p.pin_count, 0u);
-    if (device_region_ != nullptr) device_->free(device_region_);
+    // device_memory_ frees the device tier: nothing is in flight any more.
 }
 
 // ---------------------------------------------------------------------------------------------

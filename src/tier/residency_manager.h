@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "src/base/device.h"
+#include "src/base/device_buffer.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
 #include "src/tier/access_trace.h"
@@ -268,7 +269,8 @@ private:
     Mover& mover_;
     Device* device_;
     std::span<std::byte> host_region_;
-    std::byte* device_region_ = nullptr;
+    DeviceBuffer device_memory_;          // the device tier
+    std::byte* device_region_ = nullptr;  // device_memory_'s bytes
     ExtentAllocator device_alloc_;
     ExtentAllocator host_alloc_;
     std::uint64_t nvme_used_bytes_ = 0;
