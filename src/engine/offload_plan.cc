@@ -150,6 +150,50 @@ io::DirectMode direct_mode(config::Tristate t) noexcept {
     return io::DirectMode::kAuto;
 }
 
+// Where parameters, gradients and optimizer states live, how new parameters go back, the
+// optimizer's unit of work and the coordinator's options. What may combine with what was checked
+// by config::load, once.
+void place_states(const config::EngineConfig& config, const PlanInputs& in, OffloadPlan& plan) {
+    const auto& zc = config.zero;
+    plan.parameters = home_of(zc.offload_param.device);
+    plan.optimizer_states = home_of(zc.offload_optimizer.device);
+    const bool cpu_device = in.device_kind == DeviceKind::kCpu;
+    // DeepSpeed keeps the gradient partition in host memory under offload; on the CPU device
+    // that is registered host memory outside the budget, read in place by the optimizer.
+    const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
+                                (plan.parameters_offloaded() ||
+                                 plan.optimizer_states == Home::kNvme);
+    plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
+    // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
+    // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
+    plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
+                                    (plan.optimizer_states == Home::kNvme && !cpu_device);
+    if (plan.parameters_offloaded() || !cpu_device) {
+        plan.parameter_update = ParameterUpdate::kThroughCoordinator;
+    } else {
+        plan.parameter_update = plan.dtype == DType::kFloat32 ? ParameterUpdate::kCopyMaster
+                                                              : ParameterUpdate::kInPlace;
+    }
+
+    // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
+    // the kernels' alignment; the NVMe swapper takes it as given), at most the domain.
+    const std::uint64_t sgs = zc.sub_group_size_numel;
+    plan.sub_group_numel =
+        plan.optimizer_states == Home::kNvme
+            ? static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16),
+                                                               plan.domain_numel))
+            : std::min<std::size_t>(plan.domain_numel,
+                                    std::max<std::size_t>(16, static_cast<std::size_t>(sgs / 16 * 16)));
+
+    zero::CoordinatorOptions& co = plan.coordinator;
+    co.stage = zc.stage;
+    co.dtype = plan.dtype;
+    co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
+    co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
+    co.host_gradients = host_gradients;
+
+}
+
 }  // namespace
 
 io::AioOptions aio_options(const config::AioConfig& aio) {
@@ -213,48 +257,13 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
     plan.cpu_threads = config.cpu_optimizer.threads;
     plan.state_count = swap::OptimizerSwapper::state_count(plan.optimizer.kind);
 
-    // Placement. What may combine with what was checked by config::load, once.
-    plan.parameters = home_of(zc.offload_param.device);
-    plan.optimizer_states = home_of(zc.offload_optimizer.device);
-    const bool cpu_device = in.device_kind == DeviceKind::kCpu;
-    // DeepSpeed keeps the gradient partition in host memory under offload; on the CPU device
-    // that is registered host memory outside the budget, read in place by the optimizer.
-    const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
-                                (plan.parameters_offloaded() ||
-                                 plan.optimizer_states == Home::kNvme);
-    plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
-    // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
-    // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
-    plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
-                                    (plan.optimizer_states == Home::kNvme && !cpu_device);
-    if (plan.parameters_offloaded() || !cpu_device) {
-        plan.parameter_update = ParameterUpdate::kThroughCoordinator;
-    } else {
-        plan.parameter_update = plan.dtype == DType::kFloat32 ? ParameterUpdate::kCopyMaster
-                                                              : ParameterUpdate::kInPlace;
-    }
-
-    // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
-    // the kernels' alignment; the NVMe swapper takes it as given), at most the domain.
-    const std::uint64_t sgs = zc.sub_group_size_numel;
-    plan.sub_group_numel =
-        plan.optimizer_states == Home::kNvme
-            ? static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16),
-                                                               plan.domain_numel))
-            : std::min<std::size_t>(plan.domain_numel,
-                                    std::max<std::size_t>(16, static_cast<std::size_t>(sgs / 16 * 16)));
-
-    zero::CoordinatorOptions& co = plan.coordinator;
-    co.stage = zc.stage;
-    co.dtype = plan.dtype;
-    co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
-    co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
-    co.host_gradients = host_gradients;
+    place_states(config, in, plan);
 
     if (plan.parameters == Home::kNvme) ZINF_TRY(size_parameter_tiers(config, in, plan));
     if (plan.optimizer_states == Home::kNvme) {
         size_optimizer_swap(config, part.parameter_count(), plan);
-        plan.optimizer_pool_registered_with_device = !cpu_device && zc.offload_optimizer.pin_memory;
+        plan.optimizer_pool_registered_with_device =
+            in.device_kind != DeviceKind::kCpu && zc.offload_optimizer.pin_memory;
     }
     plan.needs_io = plan.parameters == Home::kNvme || plan.optimizer_states == Home::kNvme;
     plan.io.aio = aio_options(config.aio);

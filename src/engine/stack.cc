@@ -17,7 +17,8 @@ TrainingStack::~TrainingStack() {
     device.reset();
 }
 
-Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) {
+Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config,
+                                            const EngineOptions& options) {
     if (config.device.type != "cpu") {
         return Status::not_supported(
             "device.type: \"" + config.device.type +
@@ -31,19 +32,21 @@ Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config) 
     ZINF_ASSIGN_OR_RETURN(
         auto compute, device::CpuCompute::create(
                           device.get(), device::CpuComputeOptions{config.cpu_optimizer.threads}));
-    return assemble_training_stack(config, std::move(device), std::move(compute));
+    return assemble_training_stack(config, std::move(device), std::move(compute), options);
 }
 
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
-                                              std::unique_ptr<Compute> compute) {
+                                              std::unique_ptr<Compute> compute,
+                                              const EngineOptions& options) {
     TrainingStack s;
     s.device = std::move(device);
     s.compute = std::move(compute);
     s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
     ZINF_ASSIGN_OR_RETURN(s.model, engine::build_model(config, *s.device));
     ZINF_ASSIGN_OR_RETURN(s.engine,
-                          Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator));
+                          Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator,
+                                         options));
     return s;
 }
 

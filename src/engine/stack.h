@@ -25,7 +25,8 @@ struct TrainingStack {
 
     // Errors: kNotSupported for device.type "cuda" (see create_cuda_training_stack), and
     // those of each part's create (kInvalidArgument naming the key, kNoSpace).
-    static Result<TrainingStack> create(const config::EngineConfig& config);
+    static Result<TrainingStack> create(const config::EngineConfig& config,
+                                        const EngineOptions& options = {});
 
     TrainingStack() = default;
     TrainingStack(TrainingStack&&) noexcept = default;
@@ -38,6 +39,7 @@ struct TrainingStack {
 // create_cuda_training_stack share.
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
-                                              std::unique_ptr<Compute> compute);
+                                              std::unique_ptr<Compute> compute,
+                                              const EngineOptions& options = {});
 
 }  // namespace zinf

@@ -185,6 +185,46 @@ TEST(TrainCliTest, ProgressLineOnlyWhereAsked) {
     EXPECT_EQ(piped.out.find('\r'), std::string::npos) << piped.out.substr(0, 400);
 }
 
+// The seed's evaluation after training: --eval-only --resume evaluates the saved model without
+// training (the same accuracy the run printed), and --predict N shows N test samples, with a
+// PNG grid for image data.
+TEST(TrainCliTest, EvalOnlyAndPredictFromACheckpoint) {
+    if (!have_fashion_mnist())
+        GTEST_SKIP() << "no Fashion-MNIST: " << data::kFashionMnistPackageHint;
+    test::TempDir dir("train");
+    const std::string config = std::string(ZINF_CONFIG_DIR) + "/fashion-mnist.json";
+    const RunResult trained =
+        train(dir, "--config " + config + " --max-steps 30 --save-dir " + dir.file("ckpt"));
+    ASSERT_EQ(trained.exit_code, 0) << trained.out;
+    const auto at = trained.out.find("epoch 1: test accuracy ");
+    ASSERT_NE(at, std::string::npos) << trained.out;
+    const std::string accuracy = trained.out.substr(at + 23, trained.out.find('\n', at) - at - 23);
+
+    const std::string png = dir.file("grid.png");
+    const RunResult r = train(dir, "--config " + config + " --eval-only --resume " +
+                                       dir.file("ckpt") + " --predict 12 --predict-png " + png);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("evaluation only (no training) of the checkpoint at step 30: test "
+                         "accuracy " + accuracy),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("\nstep "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("summary:"), std::string::npos) << r.out;
+    std::size_t predicted = 0;
+    for (auto p = r.out.find("predict: sample "); p != std::string::npos;
+         p = r.out.find("predict: sample ", p + 1)) {
+        ++predicted;
+    }
+    EXPECT_EQ(predicted, 12u) << r.out;
+    EXPECT_NE(r.out.find(" of 12 right"), std::string::npos) << r.out;
+    EXPECT_EQ(slurp(png).substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+
+    const RunResult no_resume = train(dir, "--config " + config + " --eval-only");
+    EXPECT_NE(no_resume.exit_code, 0);
+    EXPECT_NE(no_resume.out.find("--eval-only: needs --resume"), std::string::npos)
+        << no_resume.out;
+}
+
 // A save or swap directory another user could write into is refused before any training, with
 // the flag or key, the directory and its mode named; nothing is written into it.
 TEST(TrainCliTest, UntrustedSaveAndSwapDirectoriesAreRefusedBeforeTraining) {

@@ -1,0 +1,184 @@
+// OffloadPlan: placement and sizing from a config alone, with no I/O and no allocation (the nvme
+// paths below do not exist), and the errors that name the key and the size needed.
+#include "src/engine/offload_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/engine/engine_test_support.h"
+
+namespace zinf::engine {
+namespace {
+
+using test_support::load_config;
+using test_support::small_config;
+
+// Four parameters: the largest is 5000 elements (20000 bytes in fp32, 10000 in bf16).
+PlanInputs inputs(DeviceKind kind = DeviceKind::kCpu, std::uint64_t budget = 64u << 20) {
+    PlanInputs in;
+    in.parameter_numels = {5000, 50, 1000, 10};
+    in.device_kind = kind;
+    in.device_budget_bytes = budget;
+    return in;
+}
+
+OffloadPlan plan_of(const std::string& extra, std::vector<std::string> overrides = {},
+                    const PlanInputs& in = inputs()) {
+    auto plan = make_offload_plan(load_config(small_config(extra), std::move(overrides)), in);
+    EXPECT_TRUE(plan.has_value()) << plan.status().to_string();
+    return plan.has_value() ? *plan : OffloadPlan{};
+}
+
+Status plan_error(const std::string& extra, std::vector<std::string> overrides = {},
+                  const PlanInputs& in = inputs()) {
+    auto plan = make_offload_plan(load_config(small_config(extra), std::move(overrides)), in);
+    return plan.has_value() ? Status::ok() : plan.error();
+}
+
+constexpr const char* kNvmeBoth =
+    R"("zero_optimization": {"stage": 3, "sub_group_size": 1000,)"
+    R"( "stage3_max_live_parameters": 100000, "stage3_prefetch_bucket_size": 2000,)"
+    R"( "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/p", "buffer_count": 4,)"
+    R"( "buffer_size": 6000, "max_in_cpu": 20000, "pin_memory": true},)"
+    R"( "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/p"}},)";
+
+TEST(OffloadPlan, NoOffloadKeepsEverythingOnTheDevice) {
+    const OffloadPlan p = plan_of(R"("zero_optimization": {"stage": 0},)");
+    EXPECT_EQ(p.parameters, Home::kDevice);
+    EXPECT_EQ(p.gradients, Home::kDevice);
+    EXPECT_EQ(p.optimizer_states, Home::kDevice);
+    EXPECT_FALSE(p.gradients_copied_to_host);
+    EXPECT_FALSE(p.needs_io);
+    EXPECT_EQ(p.parameter_update, ParameterUpdate::kCopyMaster);
+    // Stage 0: the whole (padded) model is the optimizer's domain.
+    EXPECT_EQ(p.model_numel, 6060u);
+    EXPECT_GE(p.domain_numel, p.model_numel);
+    EXPECT_EQ(p.state_count, 3u);  // AdamW: master + two moments
+    const OffloadPlan bf16 = plan_of(R"("zero_optimization": {"stage": 0}, "bf16": {"enabled": true},)");
+    EXPECT_EQ(bf16.dtype, DType::kBFloat16);
+    EXPECT_EQ(bf16.parameter_update, ParameterUpdate::kInPlace);
+}
+
+TEST(OffloadPlan, CpuOptimizerOffloadKeepsAHostGradientCopy) {
+    const OffloadPlan p =
+        plan_of(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)");
+    EXPECT_EQ(p.optimizer_states, Home::kHost);
+    EXPECT_TRUE(p.gradients_copied_to_host);
+    EXPECT_FALSE(p.needs_io);
+    EXPECT_EQ(p.optimizer_pinned_bytes, 0u);
+    // On a GPU the host-side optimizer cannot write the device's parameters: through the
+    // coordinator, with the gradients copied to the host.
+    const OffloadPlan gpu = plan_of(
+        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)", {},
+        inputs(DeviceKind::kCuda));
+    EXPECT_EQ(gpu.parameter_update, ParameterUpdate::kThroughCoordinator);
+    EXPECT_EQ(gpu.gradients, Home::kDevice);
+}
+
+TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
+    const OffloadPlan p = plan_of(kNvmeBoth, {"bf16.enabled=true"});
+    EXPECT_EQ(p.parameters, Home::kNvme);
+    EXPECT_EQ(p.optimizer_states, Home::kNvme);
+    EXPECT_EQ(p.gradients, Home::kHost);  // the CPU device keeps them in registered host memory
+    EXPECT_FALSE(p.gradients_copied_to_host);
+    EXPECT_EQ(p.parameter_update, ParameterUpdate::kThroughCoordinator);
+    EXPECT_TRUE(p.needs_io);
+    EXPECT_TRUE(p.stores_shared);
+    EXPECT_EQ(p.largest_partition_numel, 5008u);  // 5000 padded to a multiple of 16
+    // Host tier: min(buffer_count x buffer_size, max_in_cpu) x 2 bytes, page-aligned.
+    EXPECT_EQ(p.parameter_host_tier_bytes, 40960u);
+    EXPECT_TRUE(p.lock_parameter_host_tier);
+    // Device tier: min(max_live x 2, budget / 4), at least two of the largest slices.
+    EXPECT_EQ(p.parameter_device_tier_bytes, 200000u);
+    EXPECT_EQ(p.residency.host_budget_bytes, p.parameter_host_tier_bytes);
+    EXPECT_EQ(p.residency.prefetch_depth_bytes(), 4000u);
+    EXPECT_EQ(p.residency.partition_capacity, 4u);
+    // The optimizer: sub-groups of 1000 elements, 3 fp32 arrays each, pipelined buffers.
+    EXPECT_EQ(p.sub_group_numel, 1000u);
+    EXPECT_EQ(p.optimizer_swapper.sub_group_numel, 1000u);
+    EXPECT_EQ(p.optimizer_swapper.first_partition, 4u);  // after the parameters' partitions
+    EXPECT_EQ(p.optimizer_pool.buffer_size_bytes,
+              swap::OptimizerSwapper::buffer_size_bytes(1000, p.optimizer.kind));
+    EXPECT_EQ(p.optimizer_pinned_bytes,
+              p.optimizer_pool.buffer_count * align_up(p.optimizer_pool.buffer_size_bytes, 4096));
+    EXPECT_EQ(p.parameter_store.paths, std::vector<std::string>{"/nonexistent/p"});
+    EXPECT_EQ(p.io.aio.block_size_bytes, 1u << 20);
+    const std::string d = p.describe();
+    EXPECT_NE(d.find("parameters: nvme (/nonexistent/p"), std::string::npos) << d;
+    EXPECT_NE(d.find("host tier 40.00 KiB pinned"), std::string::npos) << d;
+    EXPECT_NE(d.find("optimizer states"), std::string::npos) << d;
+    EXPECT_NE(d.find("sub-groups of 1000 elements"), std::string::npos) << d;
+}
+
+TEST(OffloadPlan, TinyHostTierIsRaisedToTwoPageAlignedPartitions) {
+    const OffloadPlan p = plan_of(kNvmeBoth, {"zero_optimization.offload_param.buffer_size=5008",
+                                             "zero_optimization.offload_param.buffer_count=2",
+                                             "zero_optimization.offload_param.max_in_cpu=10016",
+                                             "bf16.enabled=true"});
+    // 2 x 5008 x 2 bytes = 20032 -> 20480 (page-aligned), below two page-aligned slices of
+    // 10016 bytes: 2 x 12288.
+    EXPECT_EQ(p.parameter_host_tier_bytes, 24576u);
+}
+
+TEST(OffloadPlan, SizeErrorsNameTheKeyAndTheSizeNeeded) {
+    Status s = plan_error(kNvmeBoth, {"zero_optimization.offload_param.buffer_size=100"});
+    EXPECT_NE(s.message().find("zero_optimization.offload_param.buffer_size: 100 elements"),
+              std::string::npos)
+        << s.to_string();
+    EXPECT_NE(s.message().find("5008 elements"), std::string::npos) << s.to_string();
+    s = plan_error(kNvmeBoth, {"zero_optimization.offload_param.max_in_cpu=6000"});
+    EXPECT_NE(s.message().find("offload_param.max_in_cpu"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("at least 10016"), std::string::npos) << s.to_string();
+    s = plan_error(kNvmeBoth, {"zero_optimization.offload_param.buffer_count=1"});
+    EXPECT_NE(s.message().find("offload_param.buffer_count"), std::string::npos);
+    s = plan_error(kNvmeBoth, {}, inputs(DeviceKind::kCpu, 40000));
+    EXPECT_NE(s.message().find("device.memory_budget: 40000"), std::string::npos)
+        << s.to_string();
+    s = plan_error(kNvmeBoth, {"device.host_memory_budget=4096"});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("device.host_memory_budget: 4096"), std::string::npos);
+    const OffloadPlan ok = plan_of(kNvmeBoth);
+    const std::string needed =
+        str_cat("at least ", ok.parameter_host_tier_bytes + ok.optimizer_pinned_bytes);
+    EXPECT_NE(s.message().find(needed), std::string::npos) << s.to_string() << " / " << needed;
+}
+
+TEST(OffloadPlan, SeparatePathsMeanSeparateStores) {
+    const OffloadPlan p = plan_of(kNvmeBoth, {"zero_optimization.offload_optimizer.nvme_path=/x"});
+    EXPECT_FALSE(p.stores_shared);
+    EXPECT_EQ(p.optimizer_store.paths, std::vector<std::string>{"/x"});
+    EXPECT_EQ(p.optimizer_store.name, "optimizer");
+}
+
+TEST(OffloadPlan, OptimizerNamesMapToTheKernelsKinds) {
+    OffloadPlan p = plan_of("", {"optimizer.type=Adam", "optimizer.params.adam_w_mode=true"});
+    EXPECT_EQ(p.optimizer.kind, kernels::OptimizerKind::kAdamW);
+    p = plan_of("", {"optimizer.type=Adam", "optimizer.params.adam_w_mode=false"});
+    EXPECT_EQ(p.optimizer.kind, kernels::OptimizerKind::kAdam);
+    p = plan_of("", {"optimizer={\"type\": \"Lion\", \"params\": {\"lr\": 3e-4}}"});
+    EXPECT_EQ(p.optimizer.kind, kernels::OptimizerKind::kLion);
+    EXPECT_EQ(p.optimizer.lr, 3e-4);
+    EXPECT_EQ(p.optimizer.beta2, 0.99);
+    EXPECT_EQ(p.state_count, 2u);
+    EXPECT_TRUE(kernels::validate(p.optimizer).is_ok());
+}
+
+TEST(OffloadPlan, AioBlockRoundTripsThroughTheIoOptions) {
+    config::AioConfig c;
+    c.block_size_bytes = 4u << 20;
+    c.queue_depth = 8;
+    c.backend = "libaio";
+    c.use_direct = config::Tristate::kOn;
+    c.single_submit = true;
+    const io::AioOptions o = aio_options(c);
+    EXPECT_EQ(o.block_size_bytes, 4u << 20);
+    EXPECT_EQ(o.queue_depth, 8);
+    EXPECT_EQ(o.backend, "libaio");
+    EXPECT_EQ(o.use_direct, io::DirectMode::kOn);
+    EXPECT_EQ(config::aio_to_json(aio_config(o)), config::aio_to_json(c));
+}
+
+}  // namespace
+}  // namespace zinf::engine

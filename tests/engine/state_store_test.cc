@@ -1,0 +1,260 @@
+// StateStore conformance: one test body over every store — device memory, host memory, NVMe —
+// checks that a step is bitwise the in-memory step of the kernel over the whole domain, that
+// chunked reads and writes round-trip bitwise, and that a failed read or write surfaces as an
+// error naming what failed and leaves the engine refusing to train until a load succeeds.
+#include "src/engine/state_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/device/cpu_device.h"
+#include "src/engine/offload.h"
+#include "tests/engine/engine_test_support.h"
+#include "tests/support/test_seed.h"
+
+namespace zinf::engine {
+namespace {
+
+using test_support::load_config;
+using test_support::small_config;
+using test_support::with_nvme;
+
+struct StoreCase {
+    const char* name;
+    Home home;
+    const char* zero;  // spliced into the small config; @NVME@ is the test's directory
+};
+
+const StoreCase kStores[] = {
+    {"device", Home::kDevice, R"("zero_optimization": {"stage": 1, "sub_group_size": 1000},)"},
+    {"host", Home::kHost,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "cpu"}},)"},
+    {"nvme", Home::kNvme,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
+};
+
+// The gradient of element i at step s: deterministic, varied in sign and size.
+float gradient(std::size_t i, std::uint64_t s) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * static_cast<double>(s)) *
+                              (0.01 + 0.001 * static_cast<double>(i % 7)));
+}
+
+class Gradients final : public swap::GradientSource {
+public:
+    Gradients(std::size_t numel, std::uint64_t step) : grads_(numel), published_(numel) {
+        for (std::size_t i = 0; i < numel; ++i) grads_[i] = gradient(i, step);
+    }
+    Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset,
+                                        std::uint64_t numel) override {
+        return kernels::GradView::fp32(
+            std::span<const float>(grads_).subspan(offset, static_cast<std::size_t>(numel)));
+    }
+    Status updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
+        std::copy(params.begin(), params.end(), published_.begin() + static_cast<std::ptrdiff_t>(offset));
+        return Status::ok();
+    }
+    const std::vector<float>& grads() const { return grads_; }
+    const std::vector<float>& published() const { return published_; }
+
+private:
+    std::vector<float> grads_;
+    std::vector<float> published_;
+};
+
+class Initial final : public swap::ParamSource {
+public:
+    Status fill(std::size_t, std::uint64_t offset, std::span<float> out) override {
+        for (std::size_t j = 0; j < out.size(); ++j) {
+            out[j] = static_cast<float>(std::cos(0.01 * static_cast<double>(offset + j)));
+        }
+        return Status::ok();
+    }
+};
+
+// One store with everything it runs on: the plan, a CPU device, the kernel, and the offload
+// (swap store, pinned pool, swapper) when the store is on NVMe.
+struct Rig {
+    explicit Rig(const StoreCase& c, const std::string& nvme_dir) {
+        const auto config = load_config(with_nvme(small_config(c.zero), nvme_dir));
+        PlanInputs in;
+        in.parameter_numels = {1500, 700, 40};
+        in.device_budget_bytes = 64u << 20;
+        auto p = make_offload_plan(config, in);
+        ZINF_ASSERT_MSG(p.has_value(), p.error().to_string());
+        plan = *p;
+        device::CpuDeviceOptions o;
+        o.budget_bytes = in.device_budget_bytes;
+        device = std::move(device::CpuDevice::create(o)).value();
+        kernel = std::make_unique<kernels::OptimizerKernel>(
+            std::move(kernels::OptimizerKernel::create(kernels::Isa::kScalar, 1)).value());
+        if (plan.needs_io) {
+            const Status dirs = check_swap_directories(config);
+            ZINF_ASSERT_MSG(dirs.is_ok(), dirs.to_string());
+            auto part = std::move(zero::Partitioning::create(in.parameter_numels, 1, 0)).value();
+            auto off = Offload::create(plan, part, *kernel, *device);
+            ZINF_ASSERT_MSG(off.has_value(), off.error().to_string());
+            offload = std::move(off).value();
+        }
+        auto s = make_state_store(plan, *device, *kernel, offload ? offload->optimizer() : nullptr);
+        ZINF_ASSERT_MSG(s.has_value(), s.error().to_string());
+        store = std::move(s).value();
+    }
+
+    // Every state, read chunk by chunk.
+    struct States {
+        std::vector<float> master, exp_avg, exp_avg_sq;
+    };
+    States read_all() {
+        States out{std::vector<float>(store->numel()), std::vector<float>(store->numel()),
+                   std::vector<float>(store->numel())};
+        for (std::size_t k = 0; k < store->chunk_count(); ++k) {
+            const std::size_t at = k * store->chunk_numel(), n = store->chunk_length(k);
+            const Status s = store->read_chunk(k, {std::span<float>(out.master).subspan(at, n),
+                                                   std::span<float>(out.exp_avg).subspan(at, n),
+                                                   std::span<float>(out.exp_avg_sq).subspan(at, n)});
+            EXPECT_TRUE(s.is_ok()) << s.to_string();
+        }
+        return out;
+    }
+
+    OffloadPlan plan;
+    std::unique_ptr<Device> device;
+    std::unique_ptr<kernels::OptimizerKernel> kernel;
+    std::unique_ptr<Offload> offload;
+    std::unique_ptr<StateStore> store;
+};
+
+class StateStoreConformance : public ::testing::TestWithParam<StoreCase> {
+protected:
+    zinf::test::TempDir dir_{"store"};
+};
+
+TEST_P(StateStoreConformance, StepsAreBitwiseTheWholeDomainStepOfTheKernel) {
+    Rig rig(GetParam(), dir_.path());
+    ASSERT_EQ(rig.store->home(), GetParam().home);
+    ASSERT_GT(rig.store->chunk_count(), 1u);  // several chunks, the last one short
+    Initial initial;
+    ASSERT_TRUE(rig.store->initialize(initial));
+    // The reference: the same kernel over the whole domain at once.
+    const std::size_t n = rig.store->numel();
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+    ASSERT_TRUE(initial.fill(0, 0, p));
+    for (std::uint64_t s = 1; s <= 3; ++s) {
+        kernels::OptimizerParams params = rig.plan.optimizer;
+        params.step = s;
+        Gradients g(n, s);
+        ASSERT_TRUE(rig.store->step(params, g));
+        ASSERT_TRUE(rig.kernel->step(params, {p, m, v}, kernels::GradView::fp32(g.grads())));
+        EXPECT_EQ(test_support::bits(g.published()), test_support::bits(p)) << "step " << s;
+    }
+    const auto states = rig.read_all();
+    EXPECT_EQ(test_support::bits(states.master), test_support::bits(p));
+    EXPECT_EQ(test_support::bits(states.exp_avg), test_support::bits(m));
+    EXPECT_EQ(test_support::bits(states.exp_avg_sq), test_support::bits(v));
+}
+
+TEST_P(StateStoreConformance, ChunkedWriteThenReadRoundTripsBitwise) {
+    Rig a(GetParam(), dir_.path() + "/a");
+    Initial initial;
+    ASSERT_TRUE(a.store->initialize(initial));
+    for (std::uint64_t s = 1; s <= 2; ++s) {
+        kernels::OptimizerParams params = a.plan.optimizer;
+        params.step = s;
+        Gradients g(a.store->numel(), s);
+        ASSERT_TRUE(a.store->step(params, g));
+    }
+    const auto saved = a.read_all();
+    // Into a fresh store (as a checkpoint load does), then one more step on both.
+    Rig b(GetParam(), dir_.path() + "/b");
+    for (std::size_t k = 0; k < b.store->chunk_count(); ++k) {
+        const std::size_t at = k * b.store->chunk_numel(), n = b.store->chunk_length(k);
+        ASSERT_TRUE(b.store->write_chunk(
+            k, {std::span<const float>(saved.master).subspan(at, n),
+                std::span<const float>(saved.exp_avg).subspan(at, n),
+                std::span<const float>(saved.exp_avg_sq).subspan(at, n)}));
+    }
+    const auto loaded = b.read_all();
+    EXPECT_EQ(test_support::bits(loaded.master), test_support::bits(saved.master));
+    EXPECT_EQ(test_support::bits(loaded.exp_avg), test_support::bits(saved.exp_avg));
+    EXPECT_EQ(test_support::bits(loaded.exp_avg_sq), test_support::bits(saved.exp_avg_sq));
+    kernels::OptimizerParams params = a.plan.optimizer;
+    params.step = 3;
+    Gradients ga(a.store->numel(), 3), gb(b.store->numel(), 3);
+    ASSERT_TRUE(a.store->step(params, ga));
+    ASSERT_TRUE(b.store->step(params, gb));
+    EXPECT_EQ(test_support::bits(ga.published()), test_support::bits(gb.published()));
+}
+
+// Through the engine: a checkpoint load whose read fails part-way (an injected EIO in the
+// file system) names the file, and the engine refuses to train until a load succeeds; the next
+// (good) load restores it.
+TEST_P(StateStoreConformance, FailedLoadNamesTheFileAndTheEngineRefusesUntilALoadSucceeds) {
+    const auto config = load_config(with_nvme(small_config(GetParam().zero), dir_.path()));
+    test::TempDir ckpt("ckpt");
+    {
+        test_support::Trainer t(config);
+        t.run(2);
+        ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "good"));
+    }
+    // The third read call of a load is in the middle of the states (the manifest is first).
+    io::FileFaultPlan plan;
+    plan.ops = static_cast<std::uint32_t>(io::FileOp::kRead);
+    plan.fail_nth_op = 3;
+    io::FaultyFileSystem faulty(io::posix_file_system(), plan);
+    EngineOptions options;
+    options.file_system = &faulty;
+    test_support::Trainer t(config, TrainingStack::create(config, options));
+    const Status failed = t.engine().load_checkpoint(ckpt.path(), "good");
+    ASSERT_FALSE(failed.is_ok());
+    EXPECT_EQ(faulty.faults_injected(), 1u);
+    EXPECT_NE(failed.message().find(ckpt.path() + "/good/"), std::string::npos)
+        << failed.to_string();
+    std::vector<float> x(16 * 24, 0.5f);
+    std::vector<std::int32_t> y(16, 1);
+    auto refused = t.engine().forward(Batch{x, y, 16});
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_NE(refused.error().message().find("load a checkpoint"), std::string::npos);
+    ASSERT_TRUE(t.engine().load_checkpoint(ckpt.path(), "good"));
+    EXPECT_TRUE(t.engine().forward(Batch{x, y, 16}).has_value());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStores, StateStoreConformance, ::testing::ValuesIn(kStores),
+                         [](const auto& store) { return std::string(store.param.name); });
+
+// The NVMe store's own I/O: a read failing during a step names the swap partition, and the
+// engine refuses to train until a checkpoint load (which only writes the store) succeeds.
+TEST(NvmeStateStore, FailedReadInAStepNamesThePartitionAndTheEngineWaitsForALoad) {
+    test::TempDir dir("store");
+    const auto config = load_config(with_nvme(small_config(kStores[2].zero), dir.path() + "/a"));
+    test::TempDir ckpt("ckpt");
+    {
+        test_support::Trainer t(config);
+        t.run(1);
+        ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "good"));
+    }
+    io::FaultPlan faults;
+    faults.read_error_probability = 1.0;  // every read of the store fails; writes succeed
+    EngineOptions options;
+    options.io_faults = faults;
+    const auto config_b = load_config(with_nvme(small_config(kStores[2].zero), dir.path() + "/b"));
+    test_support::Trainer t(config_b, TrainingStack::create(config_b, options));
+    std::vector<float> x(16 * 24, 0.5f);
+    std::vector<std::int32_t> y(16, 1);
+    ASSERT_TRUE(t.engine().forward(Batch{x, y, 16}).has_value());
+    ASSERT_TRUE(t.engine().backward());
+    const Status step = t.engine().step();
+    ASSERT_FALSE(step.is_ok());
+    EXPECT_NE(step.message().find("partition"), std::string::npos) << step.to_string();
+    EXPECT_FALSE(t.engine().forward(Batch{x, y, 16}).has_value());
+    ASSERT_TRUE(t.engine().load_checkpoint(ckpt.path(), "good"));
+    EXPECT_TRUE(t.engine().forward(Batch{x, y, 16}).has_value());
+}
+
+}  // namespace
+}  // namespace zinf::engine
