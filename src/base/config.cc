@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/base/config_keys.h"
 #include "src/base/log.h"
 
 namespace zinf::config {
@@ -22,8 +23,8 @@ using Json = nlohmann::json;
 
 std::string type_name(const Json& value) {
     if (value.is_boolean()) return "boolean";
-    if (value.is_number_integer() || value.is_number_unsigned()) return "integer";
-    if (value.is_number_float()) return "number";
+    if (value.is_number_integer() || value.is_number_unsigned()) return str_cat("integer ", value.dump());
+    if (value.is_number_float()) return str_cat("number ", value.dump());
     if (value.is_string()) return str_cat("string \"", value.get<std::string>(), "\"");
     if (value.is_array()) return "array";
     if (value.is_object()) return "object";
@@ -36,25 +37,59 @@ std::string join(std::string_view prefix, std::string_view key) {
     return str_cat(prefix, ".", key);
 }
 
-// Reads one JSON object; tracks which keys were consumed so that `finish()` can flag the rest.
+std::string_view last_segment(std::string_view path) {
+    const auto dot = path.rfind('.');
+    return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+// Two JSON values equal as config values (1 and 1.0 are the same number).
+bool same_value(const Json& a, const Json& b) {
+    if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+    return a == b;
+}
+
+// Reads one JSON object through the key table (config_keys.h): tracks which keys were consumed,
+// resolves aliases, and lets finish() apply the table to the rest: warned keys draw one warning,
+// default-only keys are checked against DeepSpeed's default, blocks refused when enabled are
+// checked, anything not in the table is an error suggesting the nearest valid key.
 class ObjectReader {
 public:
-    ObjectReader(const Json& object, std::string path, std::vector<std::string>& warnings,
-                 std::initializer_list<std::string_view> deepspeed_unimplemented)
-        : object_(object), path_(std::move(path)), warnings_(warnings),
-          deepspeed_unimplemented_(deepspeed_unimplemented) {}
+    ObjectReader(const Json& object, std::string path, std::vector<std::string>& warnings)
+        : object_(object), path_(std::move(path)), warnings_(warnings) {}
 
     std::string path_of(std::string_view key) const { return join(path_, key); }
 
-    const Json* find(std::string_view key) {
+    // The value of `key` (or of an alias of it), null when absent. Errors: both spellings given.
+    Status lookup(std::string_view key, const Json*& out) {
+        const std::string path = path_of(key);
+        ZINF_ASSERT_MSG(find_key(path) != nullptr, str_cat("config key ", path, " missing from the key table"));
         known_.emplace(key);
-        auto it = object_.find(std::string(key));
-        if (it == object_.end()) return nullptr;
-        return &*it;
+        out = value_of(key);
+        for (const KeyInfo& k : key_table()) {
+            if (k.status != KeyStatus::kAlias || k.accepted != path) continue;
+            const std::string_view alias = last_segment(k.path);
+            known_.emplace(alias);
+            const Json* other = value_of(alias);
+            if (other == nullptr) continue;
+            if (out != nullptr) {
+                return Status::invalid_argument(str_cat(path, " and ", k.path,
+                                                        " are two spellings of one key; keep one"));
+            }
+            out = other;
+        }
+        return Status::ok();
+    }
+
+    // As lookup, for callers that only test presence (aliases included).
+    const Json* find(std::string_view key) {
+        const Json* value = nullptr;
+        pending_ = lookup(key, value);
+        return pending_.is_ok() ? value : nullptr;
     }
 
     Status get_bool(std::string_view key, bool& out) {
-        const Json* value = find(key);
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         if (!value->is_boolean()) return type_error(key, "boolean (true or false)", *value);
         out = value->get<bool>();
@@ -63,7 +98,8 @@ public:
 
     template <typename Int>
     Status get_int(std::string_view key, Int& out, std::int64_t min, std::int64_t max) {
-        const Json* value = find(key);
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         std::int64_t v = 0;
         if (value->is_number_integer()) {
@@ -71,14 +107,17 @@ public:
         } else if (value->is_number_unsigned()) {
             const auto u = value->get<std::uint64_t>();
             if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-                return range_error(key, min, max, str_cat(u));
+                return range_error(key, min, max, value->dump());
             }
             v = static_cast<std::int64_t>(u);
         } else if (value->is_number_float()) {
             // DeepSpeed configs often write element counts as 1e8; accept whole floats.
             const double d = value->get<double>();
-            if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9.2e18) {
+            if (!std::isfinite(d) || std::floor(d) != d) {
                 return type_error(key, str_cat("integer in [", min, ", ", max, "]"), *value);
+            }
+            if (d < static_cast<double>(min) || d > static_cast<double>(max)) {
+                return range_error(key, min, max, value->dump());
             }
             v = static_cast<std::int64_t>(d);
         } else {
@@ -90,7 +129,8 @@ public:
     }
 
     Status get_double(std::string_view key, double& out, double min, double max) {
-        const Json* value = find(key);
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         if (!value->is_number()) return type_error(key, str_cat("number in [", min, ", ", max, "]"), *value);
         const double v = value->get<double>();
@@ -104,7 +144,8 @@ public:
 
     Status get_enum(std::string_view key, std::string& out,
                     std::initializer_list<std::string_view> choices) {
-        const Json* value = find(key);
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         std::string choice_list;
         for (auto c : choices) choice_list += str_cat(choice_list.empty() ? "" : ", ", "\"", c, "\"");
@@ -122,7 +163,8 @@ public:
 
     // A string or a list of non-empty strings.
     Status get_path_list(std::string_view key, std::vector<std::string>& out) {
-        const Json* value = find(key);
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         std::vector<std::string> paths;
         if (value->is_string()) {
@@ -149,48 +191,99 @@ public:
 
     // Returns the sub-object at key (null if absent) after checking that it is an object.
     Status get_object(std::string_view key, const Json*& out) {
-        out = find(key);
+        ZINF_TRY(lookup(key, out));
         if (out != nullptr && !out->is_object()) return type_error(key, "object", *out);
         return Status::ok();
     }
 
-    // Flags every key that no get_* asked for.
+    // Applies the key table to every key that no get_* asked for.
     Status finish() {
+        ZINF_TRY(pending_);
         for (auto it = object_.begin(); it != object_.end(); ++it) {
             const std::string& key = it.key();
             if (known_.count(key) != 0) continue;
-            if (std::find(deepspeed_unimplemented_.begin(), deepspeed_unimplemented_.end(), key) !=
-                deepspeed_unimplemented_.end()) {
-                warnings_.push_back(str_cat(path_of(key),
-                                            ": DeepSpeed key not implemented by zinfinity; ignored"));
-                continue;
-            }
-            std::string best;
-            std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-            auto consider = [&](std::string_view candidate) {
-                const std::size_t d = edit_distance(key, candidate);
-                if (d < best_distance) {
-                    best_distance = d;
-                    best = candidate;
-                }
-            };
-            for (const auto& k : known_) consider(k);
-            for (auto k : deepspeed_unimplemented_) consider(k);
-            std::string message = str_cat(path_of(key), ": unknown key");
-            if (!best.empty() && best_distance <= std::max<std::size_t>(3, key.size() / 2)) {
-                message += str_cat("; did you mean '", path_of(best), "'?");
-            } else if (!known_.empty()) {
-                std::string list;
-                for (const auto& k : known_) list += str_cat(list.empty() ? "" : ", ", k);
-                message += str_cat(" (valid keys here: ", list, ")");
-            }
-            return Status::invalid_argument(message);
+            ZINF_TRY(apply_table(key, *it));
         }
         return Status::ok();
     }
 
 private:
+    const Json* value_of(std::string_view key) const {
+        auto it = object_.find(std::string(key));
+        return it == object_.end() ? nullptr : &*it;
+    }
+
+    Status apply_table(const std::string& key, const Json& value) {
+        const std::string path = path_of(key);
+        const KeyInfo* info = find_key(path);
+        if (info != nullptr && info->status == KeyStatus::kAlias) {
+            const std::string_view canonical = last_segment(info->accepted);
+            if (value_of(canonical) != nullptr && known_.count(std::string(canonical)) == 0) {
+                return Status::invalid_argument(str_cat(path, " and ", info->accepted,
+                                                        " are two spellings of one key; keep one"));
+            }
+            info = find_key(info->accepted);
+        }
+        if (info == nullptr) return unknown_key(key);
+        switch (info->status) {
+            case KeyStatus::kWarned:
+                warnings_.push_back(str_cat(path, ": DeepSpeed key not implemented by zinfinity (",
+                                            info->note, "); ignored"));
+                return Status::ok();
+            case KeyStatus::kDefaultOnly: {
+                const Json accepted = Json::parse(info->accepted);
+                if (same_value(value, accepted)) return Status::ok();
+                return Status::not_supported(str_cat(
+                    path, ": zinfinity implements only DeepSpeed's default ", info->accepted,
+                    " (", info->note, "); got ", value.dump()));
+            }
+            case KeyStatus::kRefusedIfEnabled: {
+                const bool enabled = value.is_object() && value.contains("enabled") &&
+                                     value["enabled"].is_boolean() && value["enabled"].get<bool>();
+                if (!enabled) return Status::ok();  // disabled: DeepSpeed does nothing either
+                return Status::not_supported(str_cat(path, ".enabled: true, but not implemented by "
+                                                           "zinfinity (",
+                                                     info->note, "); set it false or remove the block"));
+            }
+            default:
+                // An implemented key the parser did not read: a bug in this file, caught by
+                // ConfigKeys.EveryImplementedKeyIsRead.
+                return Status::internal(str_cat(path, ": in the key table as ",
+                                                key_status_name(info->status), " but not read"));
+        }
+    }
+
+    Status unknown_key(const std::string& key) const {
+        std::string best;
+        std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+        std::string list = sibling_keys(path_);
+        std::size_t start = 0;
+        while (start < list.size()) {
+            std::size_t comma = list.find(", ", start);
+            if (comma == std::string::npos) comma = list.size();
+            const std::string candidate = list.substr(start, comma - start);
+            const std::size_t d = edit_distance(key, candidate);
+            if (d < best_distance) {
+                best_distance = d;
+                best = candidate;
+            }
+            start = comma + 2;
+        }
+        std::string message = str_cat(path_of(key), ": unknown key");
+        if (!best.empty() && best_distance <= std::max<std::size_t>(3, key.size() / 2)) {
+            message += str_cat("; did you mean '", path_of(best), "'?");
+        } else if (!list.empty()) {
+            message += str_cat(" (valid keys here: ", list, ")");
+        }
+        return Status::invalid_argument(message);
+    }
+
     Status type_error(std::string_view key, std::string_view expected, const Json& got) const {
+        if (got.is_string() && got.get<std::string>() == "auto") {
+            return Status::invalid_argument(str_cat(
+                path_of(key), ": \"auto\" cannot be resolved by zinfinity here; give a value (",
+                expected, ")"));
+        }
         return Status::invalid_argument(
             str_cat(path_of(key), ": expected ", expected, ", got ", type_name(got)));
     }
@@ -203,15 +296,15 @@ private:
     const Json& object_;
     std::string path_;
     std::vector<std::string>& warnings_;
-    std::vector<std::string_view> deepspeed_unimplemented_;
     std::set<std::string, std::less<>> known_;
+    Status pending_;
 };
 
 constexpr std::int64_t kMaxCount = std::numeric_limits<std::int64_t>::max();
 
 Status read_aio(const Json& object, const std::string& path, std::vector<std::string>& warnings,
                 AioConfig& aio) {
-    ObjectReader r(object, path, warnings, {"use_gds"});
+    ObjectReader r(object, path, warnings);
     std::int64_t block_size = static_cast<std::int64_t>(aio.block_size_bytes);
     ZINF_TRY(r.get_int(std::string_view("block_size"), block_size, 512, std::int64_t{1} << 30));
     if (block_size % 512 != 0) {
@@ -221,22 +314,9 @@ Status read_aio(const Json& object, const std::string& path, std::vector<std::st
     }
     aio.block_size_bytes = static_cast<std::uint64_t>(block_size);
     ZINF_TRY(r.get_int(std::string_view("queue_depth"), aio.queue_depth, 1, 4096));
-    // `thread_count` is the older name of `intra_op_parallelism`; DeepSpeed now ignores it
-    // silently, zinfinity honours it (and refuses both at once when they disagree).
-    int thread_count = 0;
-    const bool has_thread_count = r.find("thread_count") != nullptr;
-    const bool has_intra = r.find("intra_op_parallelism") != nullptr;
-    ZINF_TRY(r.get_int(std::string_view("thread_count"), thread_count, 1, 256));
+    // `thread_count` is the older name (an alias in the key table): DeepSpeed now ignores it
+    // silently, zinfinity honours it, and both at once is an error.
     ZINF_TRY(r.get_int(std::string_view("intra_op_parallelism"), aio.intra_op_parallelism, 1, 256));
-    if (has_thread_count) {
-        if (has_intra && thread_count != aio.intra_op_parallelism) {
-            return Status::invalid_argument(str_cat(
-                r.path_of("thread_count"), ": ", thread_count, " disagrees with ",
-                r.path_of("intra_op_parallelism"), ": ", aio.intra_op_parallelism,
-                " (thread_count is the older name of the same setting; keep one)"));
-        }
-        aio.intra_op_parallelism = thread_count;
-    }
     ZINF_TRY(r.get_bool("single_submit", aio.single_submit));
     ZINF_TRY(r.get_bool("overlap_events", aio.overlap_events));
     ZINF_TRY(r.get_enum("backend", aio.backend, {"auto", "io_uring", "libaio", "posix"}));
@@ -265,11 +345,11 @@ Status read_offload_device(ObjectReader& r, OffloadDevice& device) {
 
 Status read_offload_param(const Json& object, const std::string& path,
                           std::vector<std::string>& warnings, OffloadParamConfig& c) {
-    ObjectReader r(object, path, warnings, {});
+    ObjectReader r(object, path, warnings);
     ZINF_TRY(read_offload_device(r, c.device));
     ZINF_TRY(r.get_path_list("nvme_path", c.nvme_path));
-    ZINF_TRY(r.get_int(std::string_view("buffer_count"), c.buffer_count, 1, 1024));
-    ZINF_TRY(r.get_int(std::string_view("buffer_size"), c.buffer_size_numel, 1, kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("buffer_count"), c.buffer_count, 0, 1024));
+    ZINF_TRY(r.get_int(std::string_view("buffer_size"), c.buffer_size_numel, 0, kMaxCount));
     ZINF_TRY(r.get_int(std::string_view("max_in_cpu"), c.max_in_cpu_numel, 0, kMaxCount));
     ZINF_TRY(r.get_bool("pin_memory", c.pin_memory));
     ZINF_TRY(r.finish());
@@ -282,14 +362,12 @@ Status read_offload_param(const Json& object, const std::string& path,
 
 Status read_offload_optimizer(const Json& object, const std::string& path,
                               std::vector<std::string>& warnings, OffloadOptimizerConfig& c) {
-    ObjectReader r(object, path, warnings, {"ratio"});
+    ObjectReader r(object, path, warnings);
     ZINF_TRY(read_offload_device(r, c.device));
     ZINF_TRY(r.get_path_list("nvme_path", c.nvme_path));
-    ZINF_TRY(r.get_int(std::string_view("buffer_count"), c.buffer_count, 1, 1024));
     ZINF_TRY(r.get_bool("pin_memory", c.pin_memory));
     ZINF_TRY(r.get_bool("pipeline_read", c.pipeline_read));
     ZINF_TRY(r.get_bool("pipeline_write", c.pipeline_write));
-    ZINF_TRY(r.get_bool("fast_init", c.fast_init));
     ZINF_TRY(r.finish());
     if (c.device == OffloadDevice::kNvme && c.nvme_path.empty()) {
         return Status::invalid_argument(
@@ -298,48 +376,63 @@ Status read_offload_optimizer(const Json& object, const std::string& path,
     return Status::ok();
 }
 
-Status read_zero(const Json& object, const std::string& path, std::vector<std::string>& warnings,
-                 ZeroConfig& z) {
-    ObjectReader r(object, path, warnings,
-                   {"allgather_partitions", "reduce_scatter", "elastic_checkpoint",
-                    "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
-                    "stage3_gather_fp16_weights_on_model_save", "zero_hpz_partition_size",
-                    "zero_quantized_weights", "zero_quantized_gradients", "ignore_unused_parameters",
-                    "legacy_stage1", "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory",
-                    "memory_efficient_linear", "mics_shard_size", "mics_hierarchical_params_gather",
-                    "stage3_model_persistence_threshold", "load_from_fp32_weights",
-                    "use_multi_rank_bucket_allreduce", "module_granularity_threshold",
-                    "log_trace_cache_warnings", "zeropp_loco_param", "use_all_reduce_for_fetch_params"});
-    ZINF_TRY(r.get_int(std::string_view("stage"), z.stage, 0, 3));
-    ZINF_TRY(r.get_bool("contiguous_gradients", z.contiguous_gradients));
-    ZINF_TRY(r.get_bool("overlap_comm", z.overlap_comm));
-    ZINF_TRY(r.get_int(std::string_view("reduce_bucket_size"), z.reduce_bucket_size_numel, 1, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("allgather_bucket_size"), z.allgather_bucket_size_numel, 1, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("sub_group_size"), z.sub_group_size_numel, 1, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("stage3_prefetch_bucket_size"),
-                       z.stage3_prefetch_bucket_size_numel, 0, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("stage3_max_live_parameters"),
-                       z.stage3_max_live_parameters_numel, 0, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("stage3_max_reuse_distance"),
-                       z.stage3_max_reuse_distance_numel, 0, kMaxCount));
-    ZINF_TRY(r.get_int(std::string_view("stage3_param_persistence_threshold"),
-                       z.stage3_param_persistence_threshold_numel, 0, kMaxCount));
-    const Json* sub = nullptr;
-    ZINF_TRY(r.get_object("offload_param", sub));
-    if (sub != nullptr) {
-        ZINF_TRY(read_offload_param(*sub, r.path_of("offload_param"), warnings, z.offload_param));
+// DeepSpeed's legacy offload switches, mapped to the sections that replaced them with a
+// deprecation warning; a legacy switch beside its replacement is an error.
+Status read_legacy_offload(ObjectReader& r, const std::string& path,
+                           std::vector<std::string>& warnings, bool has_param, bool has_optimizer,
+                           ZeroConfig& z) {
+    bool cpu_offload = false, cpu_offload_param = false, pin = true;
+    const bool has_pin = r.find("cpu_offload_use_pin_memory") != nullptr;
+    ZINF_TRY(r.get_bool("cpu_offload", cpu_offload));
+    ZINF_TRY(r.get_bool("cpu_offload_param", cpu_offload_param));
+    ZINF_TRY(r.get_bool("cpu_offload_use_pin_memory", pin));
+    struct Legacy {
+        bool on;
+        bool replaced_given;
+        const char* name;
+        const char* replacement;
+        OffloadDevice* device;
+        bool* pin_memory;
+    };
+    const Legacy legacy[] = {
+        {cpu_offload, has_optimizer, "cpu_offload", "offload_optimizer",
+         &z.offload_optimizer.device, &z.offload_optimizer.pin_memory},
+        {cpu_offload_param, has_param, "cpu_offload_param", "offload_param",
+         &z.offload_param.device, &z.offload_param.pin_memory},
+    };
+    bool mapped = false;
+    for (const Legacy& l : legacy) {
+        if (!l.on) continue;
+        if (l.replaced_given) {
+            return Status::invalid_argument(str_cat(path, ".", l.name, ": deprecated, and ", path, ".",
+                                                    l.replacement, " is given too; keep ",
+                                                    l.replacement));
+        }
+        *l.device = OffloadDevice::kCpu;
+        if (has_pin) *l.pin_memory = pin;
+        mapped = true;
+        warnings.push_back(str_cat(path, ".", l.name, ": deprecated by DeepSpeed; read as ", path,
+                                   ".", l.replacement, " {\"device\": \"cpu\", \"pin_memory\": ",
+                                   *l.pin_memory ? "true" : "false", "}"));
     }
-    ZINF_TRY(r.get_object("offload_optimizer", sub));
-    if (sub != nullptr) {
-        ZINF_TRY(read_offload_optimizer(*sub, r.path_of("offload_optimizer"), warnings,
-                                        z.offload_optimizer));
+    if (has_pin && !mapped) {
+        warnings.push_back(str_cat(path, ".cpu_offload_use_pin_memory: deprecated by DeepSpeed, and "
+                                         "no legacy offload switch is on; no effect (use the "
+                                         "pin_memory of offload_param / offload_optimizer)"));
     }
-    ZINF_TRY(r.finish());
+    return Status::ok();
+}
+
+// The stage's rules: offload_param below stage 3 is ignored by DeepSpeed (a warning here, and
+// the parameters stay on the device); offload_optimizer needs a partitioned optimizer.
+Status check_stage_offload(const std::string& path, std::vector<std::string>& warnings,
+                           ZeroConfig& z) {
     if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
-        return Status::invalid_argument(str_cat(
-            path, ".offload_param.device: \"", offload_device_name(z.offload_param.device),
-            "\" needs ", path, ".stage 3 (parameters are offloaded only when partitioned), got stage ",
-            z.stage));
+        warnings.push_back(str_cat(
+            path, ".offload_param: parameters are offloaded only at stage 3 (partitioned), and ",
+            path, ".stage is ", z.stage, "; as DeepSpeed does, offload_param is ignored and the "
+            "parameters stay on the device"));
+        z.offload_param.device = OffloadDevice::kNone;
     }
     if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
         return Status::invalid_argument(str_cat(
@@ -349,9 +442,75 @@ Status read_zero(const Json& object, const std::string& path, std::vector<std::s
     return Status::ok();
 }
 
+Status read_zero(const Json& object, const std::string& path, std::vector<std::string>& warnings,
+                 ZeroConfig& z) {
+    ObjectReader r(object, path, warnings);
+    ZINF_TRY(r.get_int(std::string_view("stage"), z.stage, 0, 3));
+    ZINF_TRY(r.get_int(std::string_view("sub_group_size"), z.sub_group_size_numel, 0, kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("stage3_prefetch_bucket_size"),
+                       z.stage3_prefetch_bucket_size_numel, 0, kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("stage3_max_live_parameters"),
+                       z.stage3_max_live_parameters_numel, 0, kMaxCount));
+    ZINF_TRY(r.get_int(std::string_view("stage3_param_persistence_threshold"),
+                       z.stage3_param_persistence_threshold_numel, 0, kMaxCount));
+    const Json* param = nullptr;
+    const Json* optimizer = nullptr;
+    ZINF_TRY(r.get_object("offload_param", param));
+    ZINF_TRY(r.get_object("offload_optimizer", optimizer));
+    if (param != nullptr) {
+        ZINF_TRY(read_offload_param(*param, r.path_of("offload_param"), warnings, z.offload_param));
+    }
+    if (optimizer != nullptr) {
+        ZINF_TRY(read_offload_optimizer(*optimizer, r.path_of("offload_optimizer"), warnings,
+                                        z.offload_optimizer));
+    }
+    ZINF_TRY(read_legacy_offload(r, path, warnings, param != nullptr, optimizer != nullptr, z));
+    ZINF_TRY(r.finish());
+    return check_stage_offload(path, warnings, z);
+}
+
+Status read_betas(ObjectReader& p, OptimizerConfig& o) {
+    const Json* betas = p.find("betas");
+    if (betas == nullptr) return Status::ok();
+    if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+        !(*betas)[1].is_number()) {
+        return Status::invalid_argument(str_cat(
+            p.path_of("betas"), ": expected a list of two numbers in [0, 1), got ", betas->dump()));
+    }
+    o.beta1 = (*betas)[0].get<double>();
+    o.beta2 = (*betas)[1].get<double>();
+    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) {
+        return Status::invalid_argument(
+            str_cat(p.path_of("betas"), ": each must be in [0, 1), got ", betas->dump()));
+    }
+    return Status::ok();
+}
+
+Status read_optimizer_params(const Json& params, const std::string& ppath,
+                             std::vector<std::string>& warnings, OptimizerConfig& o) {
+    ObjectReader p(params, ppath, warnings);
+    ZINF_TRY(p.get_double("lr", o.lr, 0.0, 1e6));
+    ZINF_TRY(read_betas(p, o));
+    ZINF_TRY(p.get_double("eps", o.eps, 0.0, 1.0));
+    ZINF_TRY(p.get_double("weight_decay", o.weight_decay, 0.0, 1e3));
+    ZINF_TRY(p.get_bool("adam_w_mode", o.adam_w_mode));
+    const bool adam = o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW;
+    for (const char* key : {"bias_correction", "amsgrad"}) {
+        const Json* v = p.find(key);
+        if (v != nullptr && !adam) {
+            return Status::invalid_argument(str_cat(ppath, ".", key, ": only Adam and AdamW have it, "
+                                                    "and the optimizer is ",
+                                                    optimizer_type_name(o.type)));
+        }
+    }
+    ZINF_TRY(p.get_bool("bias_correction", o.bias_correction));
+    ZINF_TRY(p.get_bool("amsgrad", o.amsgrad));
+    return p.finish();
+}
+
 Status read_optimizer(const Json& object, const std::string& path,
                       std::vector<std::string>& warnings, OptimizerConfig& o) {
-    ObjectReader r(object, path, warnings, {"legacy_fusion"});
+    ObjectReader r(object, path, warnings);
     std::string type = std::string(optimizer_type_name(o.type));
     ZINF_TRY(r.get_enum("type", type, {"Adam", "AdamW", "Adagrad", "Lion", "adam", "adamw",
                                        "adagrad", "lion"}));
@@ -370,61 +529,85 @@ Status read_optimizer(const Json& object, const std::string& path,
     const Json* params = nullptr;
     ZINF_TRY(r.get_object("params", params));
     ZINF_TRY(r.finish());
-    if (params != nullptr) {
-        const std::string ppath = join(path, "params");
-        ObjectReader p(*params, ppath, warnings, {"torch_adam", "bias_correction", "amsgrad",
-                                                  "initial_accumulator_value", "lr_decay", "foreach",
-                                                  "fused", "capturable", "maximize", "set_grad_none"});
-        ZINF_TRY(p.get_double("lr", o.lr, 0.0, 1e6));
-        if (const Json* betas = p.find("betas")) {
-            if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
-                !(*betas)[1].is_number()) {
-                return Status::invalid_argument(
-                    str_cat(ppath, ".betas: expected a list of two numbers in [0, 1), got ",
-                            betas->dump()));
-            }
-            o.beta1 = (*betas)[0].get<double>();
-            o.beta2 = (*betas)[1].get<double>();
-            if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) {
-                return Status::invalid_argument(
-                    str_cat(ppath, ".betas: each must be in [0, 1), got ", betas->dump()));
+    if (params == nullptr) return Status::ok();
+    return read_optimizer_params(*params, join(path, "params"), warnings, o);
+}
+
+Status read_scheduler_params(const Json& params, const std::string& ppath,
+                             std::vector<std::string>& warnings, SchedulerConfig& s) {
+    ObjectReader p(params, ppath, warnings);
+    ZINF_TRY(p.get_double("warmup_min_lr", s.warmup_min_lr, 0.0, 1e6));
+    ZINF_TRY(p.get_double("warmup_max_lr", s.warmup_max_lr, 0.0, 1e6));
+    ZINF_TRY(p.get_int(std::string_view("warmup_num_steps"), s.warmup_num_steps, 0, kMaxCount));
+    std::string warmup_type = s.warmup_linear ? "linear" : "log";
+    ZINF_TRY(p.get_enum("warmup_type", warmup_type, {"log", "linear"}));
+    s.warmup_linear = warmup_type == "linear";
+    ZINF_TRY(p.get_int(std::string_view("total_num_steps"), s.total_num_steps, 0, kMaxCount));
+    ZINF_TRY(p.get_double("warmup_min_ratio", s.warmup_min_ratio, 0.0, 1e6));
+    ZINF_TRY(p.get_double("cos_min_ratio", s.cos_min_ratio, 0.0, 1e6));
+    ZINF_TRY(p.get_double("cycle_min_lr", s.cycle_min_lr, 0.0, 1e6));
+    ZINF_TRY(p.get_double("cycle_max_lr", s.cycle_max_lr, 0.0, 1e6));
+    ZINF_TRY(p.get_double("decay_lr_rate", s.decay_lr_rate, 0.0, 1e6));
+    ZINF_TRY(p.get_int(std::string_view("cycle_first_step_size"), s.cycle_first_step_size, 1, kMaxCount));
+    s.cycle_second_step_size_given = p.find("cycle_second_step_size") != nullptr &&
+                                     !p.find("cycle_second_step_size")->is_null();
+    if (s.cycle_second_step_size_given) {
+        ZINF_TRY(p.get_int(std::string_view("cycle_second_step_size"), s.cycle_second_step_size, 1,
+                           kMaxCount));
+    }
+    ZINF_TRY(p.get_int(std::string_view("cycle_first_stair_count"), s.cycle_first_stair_count, 0,
+                       kMaxCount));
+    s.cycle_second_stair_count_given = p.find("cycle_second_stair_count") != nullptr &&
+                                       !p.find("cycle_second_stair_count")->is_null();
+    if (s.cycle_second_stair_count_given) {
+        ZINF_TRY(p.get_int(std::string_view("cycle_second_stair_count"), s.cycle_second_stair_count,
+                           0, kMaxCount));
+    }
+    ZINF_TRY(p.get_int(std::string_view("decay_step_size"), s.decay_step_size, 0, kMaxCount));
+    ZINF_TRY(p.get_bool("cycle_momentum", s.cycle_momentum));
+    ZINF_TRY(p.get_double("cycle_min_mom", s.cycle_min_mom, 0.0, 1.0));
+    ZINF_TRY(p.get_double("cycle_max_mom", s.cycle_max_mom, 0.0, 1.0));
+    ZINF_TRY(p.get_double("decay_mom_rate", s.decay_mom_rate, 0.0, 1e6));
+    ZINF_TRY(p.get_double("lr_range_test_min_lr", s.lr_range_test_min_lr, 0.0, 1e6));
+    ZINF_TRY(p.get_int(std::string_view("lr_range_test_step_size"), s.lr_range_test_step_size, 1,
+                       kMaxCount));
+    ZINF_TRY(p.get_double("lr_range_test_step_rate", s.lr_range_test_step_rate, 0.0, 1e6));
+    ZINF_TRY(p.get_bool("lr_range_test_staircase", s.lr_range_test_staircase));
+    ZINF_TRY(p.finish());
+    // Required parameters, per schedule.
+    const bool needs_total =
+        s.type == SchedulerType::kWarmupDecayLR || s.type == SchedulerType::kWarmupCosineLR;
+    if (needs_total && p.find("total_num_steps") == nullptr) {
+        return Status::invalid_argument(str_cat(ppath, ".total_num_steps: required by this schedule"));
+    }
+    if (s.type == SchedulerType::kOneCycle) {
+        for (const char* key : {"cycle_min_lr", "cycle_max_lr"}) {
+            if (p.find(key) == nullptr) {
+                return Status::invalid_argument(str_cat(ppath, ".", key, ": required by OneCycle"));
             }
         }
-        ZINF_TRY(p.get_double("eps", o.eps, 0.0, 1.0));
-        ZINF_TRY(p.get_double("weight_decay", o.weight_decay, 0.0, 1e3));
-        ZINF_TRY(p.get_bool("adam_w_mode", o.adam_w_mode));
-        ZINF_TRY(p.finish());
     }
     return Status::ok();
 }
 
 Status read_scheduler(const Json& object, const std::string& path,
                       std::vector<std::string>& warnings, SchedulerConfig& s) {
-    ObjectReader r(object, path, warnings, {});
+    ObjectReader r(object, path, warnings);
     std::string type = "none";
-    ZINF_TRY(r.get_enum("type", type, {"WarmupLR", "WarmupDecayLR", "none"}));
-    s.type = type == "WarmupLR"        ? SchedulerType::kWarmupLR
-             : type == "WarmupDecayLR" ? SchedulerType::kWarmupDecayLR
-                                       : SchedulerType::kNone;
+    ZINF_TRY(r.get_enum("type", type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle",
+                                       "LRRangeTest", "none"}));
+    s.type = type == "WarmupLR"         ? SchedulerType::kWarmupLR
+             : type == "WarmupDecayLR"  ? SchedulerType::kWarmupDecayLR
+             : type == "WarmupCosineLR" ? SchedulerType::kWarmupCosineLR
+             : type == "OneCycle"       ? SchedulerType::kOneCycle
+             : type == "LRRangeTest"    ? SchedulerType::kLRRangeTest
+                                        : SchedulerType::kNone;
     const Json* params = nullptr;
     ZINF_TRY(r.get_object("params", params));
     ZINF_TRY(r.finish());
-    if (params != nullptr) {
-        const std::string ppath = join(path, "params");
-        ObjectReader p(*params, ppath, warnings, {"last_batch_iteration"});
-        ZINF_TRY(p.get_double("warmup_min_lr", s.warmup_min_lr, 0.0, 1e6));
-        ZINF_TRY(p.get_double("warmup_max_lr", s.warmup_max_lr, 0.0, 1e6));
-        ZINF_TRY(p.get_int(std::string_view("warmup_num_steps"), s.warmup_num_steps, 0, kMaxCount));
-        std::string warmup_type = s.warmup_linear ? "linear" : "log";
-        ZINF_TRY(p.get_enum("warmup_type", warmup_type, {"log", "linear"}));
-        s.warmup_linear = warmup_type == "linear";
-        ZINF_TRY(p.get_int(std::string_view("total_num_steps"), s.total_num_steps, 0, kMaxCount));
-        ZINF_TRY(p.finish());
-    }
-    if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps == 0) {
-        return Status::invalid_argument(
-            str_cat(path, ".params.total_num_steps: required by WarmupDecayLR"));
-    }
+    const Json empty = Json::object();
+    ZINF_TRY(read_scheduler_params(params != nullptr ? *params : empty, join(path, "params"),
+                                   warnings, s));
     if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps < s.warmup_num_steps) {
         return Status::invalid_argument(str_cat(path, ".params.total_num_steps: ", s.total_num_steps,
                                                 " is below warmup_num_steps ", s.warmup_num_steps));
@@ -434,7 +617,7 @@ Status read_scheduler(const Json& object, const std::string& path,
 
 Status read_model(const Json& object, const std::string& path, std::vector<std::string>& warnings,
                   ModelConfig& m) {
-    ObjectReader r(object, path, warnings, {});
+    ObjectReader r(object, path, warnings);
     std::string type = "mlp";
     ZINF_TRY(r.get_enum("type", type, {"mlp"}));
     m.type = ModelType::kMlp;
@@ -472,7 +655,7 @@ Status read_model(const Json& object, const std::string& path, std::vector<std::
 
 Status read_data(const Json& object, const std::string& path, std::vector<std::string>& warnings,
                  DataConfig& d) {
-    ObjectReader r(object, path, warnings, {});
+    ObjectReader r(object, path, warnings);
     ZINF_TRY(r.get_enum("dataset", d.dataset, {"fashion-mnist", "synthetic"}));
     if (const Json* p = r.find("path")) {
         if (!p->is_string() || p->get<std::string>().empty()) {
@@ -491,7 +674,7 @@ Status read_data(const Json& object, const std::string& path, std::vector<std::s
 
 Status read_device(const Json& object, const std::string& path, std::vector<std::string>& warnings,
                    DeviceConfig& d) {
-    ObjectReader r(object, path, warnings, {});
+    ObjectReader r(object, path, warnings);
     ZINF_TRY(r.get_enum("type", d.type, {"cpu", "cuda"}));
     ZINF_TRY(r.get_int(std::string_view("memory_budget"), d.memory_budget_bytes, 1 << 20,
                        kMaxCount));
@@ -614,23 +797,66 @@ Status check_placement(const EngineConfig& c) {
     return Status::ok();
 }
 
+Status read_precision(ObjectReader& r, EngineConfig& c) {
+    const Json* sub = nullptr;
+    ZINF_TRY(r.get_object("bf16", sub));
+    if (sub != nullptr) {
+        ObjectReader b(*sub, "bf16", c.warnings);
+        ZINF_TRY(b.get_bool("enabled", c.bf16.enabled));
+        ZINF_TRY(b.finish());
+    }
+    ZINF_TRY(r.get_object("fp16", sub));
+    if (sub != nullptr) {
+        ObjectReader f(*sub, "fp16", c.warnings);
+        ZINF_TRY(f.get_bool("enabled", c.fp16.enabled));
+        ZINF_TRY(f.get_double("loss_scale", c.fp16.loss_scale, 0.0, 1e30));
+        ZINF_TRY(f.get_int(std::string_view("initial_scale_power"), c.fp16.initial_scale_power, 0, 64));
+        ZINF_TRY(f.get_int(std::string_view("loss_scale_window"), c.fp16.loss_scale_window, 1, 1'000'000'000));
+        ZINF_TRY(f.get_int(std::string_view("hysteresis"), c.fp16.hysteresis, 1, 1'000'000));
+        ZINF_TRY(f.get_double("min_loss_scale", c.fp16.min_loss_scale, 0.0, 1e30));
+        ZINF_TRY(f.finish());
+    }
+    if (c.bf16.enabled && c.fp16.enabled) {
+        return Status::invalid_argument("bf16.enabled and fp16.enabled: choose one");
+    }
+    ZINF_TRY(r.get_object("data_types", sub));
+    if (sub != nullptr) {
+        ObjectReader d(*sub, "data_types", c.warnings);
+        ZINF_TRY(d.finish());  // grad_accum_dtype: default only
+    }
+    return Status::ok();
+}
+
+// zinfinity's own blocks.
+Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
+    const Json* sub = nullptr;
+    ZINF_TRY(r.get_object("swap", sub));
+    if (sub != nullptr) {
+        ObjectReader s(*sub, "swap", c.warnings);
+        ZINF_TRY(s.get_bool("verify_checksums", c.swap.verify_checksums));
+        ZINF_TRY(s.finish());
+    }
+    ZINF_TRY(r.get_object("model", sub));
+    if (sub != nullptr) ZINF_TRY(read_model(*sub, "model", c.warnings, c.model));
+    ZINF_TRY(r.get_object("data", sub));
+    if (sub != nullptr) ZINF_TRY(read_data(*sub, "data", c.warnings, c.data));
+    ZINF_TRY(r.get_object("device", sub));
+    if (sub != nullptr) ZINF_TRY(read_device(*sub, "device", c.warnings, c.device));
+    ZINF_TRY(r.get_object("cpu_optimizer", sub));
+    if (sub != nullptr) {
+        ObjectReader s(*sub, "cpu_optimizer", c.warnings);
+        ZINF_TRY(s.get_enum("isa", c.cpu_optimizer.isa, {"auto", "avx512", "avx2", "scalar"}));
+        ZINF_TRY(s.get_int(std::string_view("threads"), c.cpu_optimizer.threads, 0, 4096));
+        ZINF_TRY(s.finish());
+    }
+    return Status::ok();
+}
+
 Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) {
     if (!root.is_object()) {
         return Status::invalid_argument(str_cat("expected a JSON object at top level, got ", type_name(root)));
     }
-    ObjectReader r(root, "", c.warnings,
-                   {"wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor",
-                    "sparse_gradients", "amp", "zero_allow_untested_optimizer", "memory_breakdown",
-                    "flops_profiler", "activation_checkpointing", "tensorboard", "wandb",
-                    "csv_monitor", "comet", "comms_logger", "autotuning", "elasticity", "pipeline",
-                    "communication_data_type", "dump_state", "checkpoint", "data_efficiency",
-                    "curriculum_learning", "compression_training", "sparse_attention",
-                    "zero_force_ds_cpu_optimizer", "disable_allgather", "dataloader_drop_last",
-                    "data_types", "nebula", "eigenvalue", "progressive_layer_drop",
-                    "quantize_training", "hybrid_engine", "torch_autocast", "compile",
-                    "weight_quantization", "seq_parallel_communication_data_type",
-                    "use_data_before_expert_parallelism", "timers", "graph_harvesting",
-                    "aio_config", "gradient_accumulation_dtype", "fp32_reduce_scatter"});
+    ObjectReader r(root, "", c.warnings);
     // Batch keys are read by resolve_batch; mark them known here.
     r.find("train_batch_size");
     r.find("train_micro_batch_size_per_gpu");
@@ -645,52 +871,138 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
     if (sub != nullptr) ZINF_TRY(read_aio(*sub, "aio", c.warnings, c.aio));
     ZINF_TRY(r.get_object("zero_optimization", sub));
     if (sub != nullptr) ZINF_TRY(read_zero(*sub, "zero_optimization", c.warnings, c.zero));
-    ZINF_TRY(r.get_object("bf16", sub));
-    if (sub != nullptr) {
-        ObjectReader b(*sub, "bf16", c.warnings, {"immediate_grad_update", "check_grad_overflow"});
-        ZINF_TRY(b.get_bool("enabled", c.bf16.enabled));
-        ZINF_TRY(b.finish());
-    }
-    ZINF_TRY(r.get_object("fp16", sub));
-    if (sub != nullptr) {
-        ObjectReader f(*sub, "fp16", c.warnings, {"auto_cast", "consecutive_hysteresis",
-                                                  "fp16_master_weights_and_grads"});
-        ZINF_TRY(f.get_bool("enabled", c.fp16.enabled));
-        ZINF_TRY(f.get_double("loss_scale", c.fp16.loss_scale, 0.0, 1e30));
-        ZINF_TRY(f.get_int(std::string_view("initial_scale_power"), c.fp16.initial_scale_power, 0, 64));
-        ZINF_TRY(f.get_int(std::string_view("loss_scale_window"), c.fp16.loss_scale_window, 1, 1'000'000'000));
-        ZINF_TRY(f.get_int(std::string_view("hysteresis"), c.fp16.hysteresis, 1, 1'000'000));
-        ZINF_TRY(f.get_double("min_loss_scale", c.fp16.min_loss_scale, 0.0, 1e30));
-        ZINF_TRY(f.finish());
-    }
-    if (c.bf16.enabled && c.fp16.enabled) {
-        return Status::invalid_argument("bf16.enabled and fp16.enabled: choose one");
-    }
+    ZINF_TRY(read_precision(r, c));
     ZINF_TRY(r.get_object("optimizer", sub));
     if (sub != nullptr) ZINF_TRY(read_optimizer(*sub, "optimizer", c.warnings, c.optimizer));
     ZINF_TRY(r.get_object("scheduler", sub));
     if (sub != nullptr) ZINF_TRY(read_scheduler(*sub, "scheduler", c.warnings, c.scheduler));
-    ZINF_TRY(r.get_object("swap", sub));
-    if (sub != nullptr) {
-        ObjectReader s(*sub, "swap", c.warnings, {});
-        ZINF_TRY(s.get_bool("verify_checksums", c.swap.verify_checksums));
-        ZINF_TRY(s.finish());
-    }
-    ZINF_TRY(r.get_object("model", sub));
-    if (sub != nullptr) ZINF_TRY(read_model(*sub, "model", c.warnings, c.model));
-    ZINF_TRY(r.get_object("data", sub));
-    if (sub != nullptr) ZINF_TRY(read_data(*sub, "data", c.warnings, c.data));
-    ZINF_TRY(r.get_object("device", sub));
-    if (sub != nullptr) ZINF_TRY(read_device(*sub, "device", c.warnings, c.device));
-    ZINF_TRY(r.get_object("cpu_optimizer", sub));
-    if (sub != nullptr) {
-        ObjectReader s(*sub, "cpu_optimizer", c.warnings, {});
-        ZINF_TRY(s.get_enum("isa", c.cpu_optimizer.isa, {"auto", "avx512", "avx2", "scalar"}));
-        ZINF_TRY(s.get_int(std::string_view("threads"), c.cpu_optimizer.threads, 0, 4096));
-        ZINF_TRY(s.finish());
-    }
+    ZINF_TRY(read_zinfinity_blocks(r, c));
     ZINF_TRY(r.finish());
     return check_placement(c);
+}
+
+// ---- "auto" ---------------------------------------------------------------------------------
+// Hugging Face's DeepSpeed configs are full of "auto", which its Trainer fills in from its own
+// arguments. zinfinity resolves what it can determine (batch sizes from each other, bucket and
+// prefetch sizes from the model's hidden size as Hugging Face does, optimizer hyperparameters
+// and precision switches from their defaults), records each resolution, and leaves the rest:
+// reading an "auto" left over is an error that names the key.
+
+bool is_auto(const Json* v) { return v != nullptr && v->is_string() && v->get<std::string>() == "auto"; }
+
+// The model's hidden size for Hugging Face's bucket formulas: the widest hidden layer of the
+// MLP (its input width when it has none).
+std::uint64_t hidden_size(const Json& root) {
+    std::vector<std::uint64_t> layers = ModelConfig{}.layers;
+    const auto model = root.find("model");
+    if (model != root.end() && model->is_object()) {
+        const auto l = model->find("layers");
+        if (l != model->end() && l->is_array() && l->size() >= 2) {
+            layers.clear();
+            for (const auto& v : *l) layers.push_back(v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
+        }
+    }
+    if (layers.size() <= 2) return layers.front();
+    return *std::max_element(layers.begin() + 1, layers.end() - 1);
+}
+
+void resolve_optimizer_auto(Json& root, std::vector<std::string>& notes) {
+    auto opt = root.find("optimizer");
+    if (opt == root.end() || !opt->is_object()) return;
+    auto params = opt->find("params");
+    if (params == opt->end() || !params->is_object()) return;
+    const auto type = opt->find("type");
+    const bool lion = type != opt->end() && type->is_string() &&
+                      (type->get<std::string>() == "Lion" || type->get<std::string>() == "lion");
+    const OptimizerConfig defaults;
+    const std::pair<const char*, Json> fill[] = {
+        {"lr", defaults.lr},
+        {"betas", Json::array({0.9, lion ? 0.99 : 0.999})},
+        {"eps", defaults.eps},
+        {"weight_decay", defaults.weight_decay},
+    };
+    for (const auto& [key, value] : fill) {
+        auto it = params->find(key);
+        if (it == params->end() || !is_auto(&*it)) continue;
+        *it = value;
+        notes.push_back(str_cat("optimizer.params.", key, ": auto -> ", value.dump(), " (the default)"));
+    }
+}
+
+void resolve_block_auto(Json& root, std::vector<std::string>& notes) {
+    for (const char* block : {"fp16", "bf16"}) {
+        auto it = root.find(block);
+        if (it == root.end() || !it->is_object()) continue;
+        auto enabled = it->find("enabled");
+        if (enabled == it->end() || !is_auto(&*enabled)) continue;
+        *enabled = false;
+        notes.push_back(str_cat(block, ".enabled: auto -> false (DeepSpeed's default; set true to "
+                                       "train in ", block, ")"));
+    }
+    auto zero = root.find("zero_optimization");
+    if (zero != root.end() && zero->is_object()) {
+        const std::uint64_t h = hidden_size(root);
+        const std::pair<const char*, std::uint64_t> sizes[] = {
+            {"reduce_bucket_size", h * h},
+            {"stage3_prefetch_bucket_size", static_cast<std::uint64_t>(0.9 * static_cast<double>(h * h))},
+            {"prefetch_bucket_size", static_cast<std::uint64_t>(0.9 * static_cast<double>(h * h))},
+            {"stage3_param_persistence_threshold", 10 * h},
+            {"param_persistence_threshold", 10 * h},
+        };
+        for (const auto& [key, value] : sizes) {
+            auto it = zero->find(key);
+            if (it == zero->end() || !is_auto(&*it)) continue;
+            *it = value;
+            notes.push_back(str_cat("zero_optimization.", key, ": auto -> ", value,
+                                    " (from the model's hidden size ", h, ", as Hugging Face does)"));
+        }
+    }
+    auto sched = root.find("scheduler");
+    if (sched == root.end() || !sched->is_object()) return;
+    auto params = sched->find("params");
+    if (params == sched->end() || !params->is_object()) return;
+    if (auto it = params->find("warmup_min_lr"); it != params->end() && is_auto(&*it)) {
+        *it = 0.0;
+        notes.push_back("scheduler.params.warmup_min_lr: auto -> 0 (the default)");
+    }
+    if (auto it = params->find("warmup_max_lr"); it != params->end() && is_auto(&*it)) {
+        double lr = OptimizerConfig{}.lr;
+        const auto opt = root.find("optimizer");
+        if (opt != root.end() && opt->contains("params") && (*opt)["params"].contains("lr") &&
+            (*opt)["params"]["lr"].is_number()) {
+            lr = (*opt)["params"]["lr"].get<double>();
+        }
+        *it = lr;
+        notes.push_back(str_cat("scheduler.params.warmup_max_lr: auto -> ", lr, " (optimizer.params.lr)"));
+    }
+}
+
+// Batch keys: an "auto" is dropped so that resolve_batch derives it from the others;
+// gradient_accumulation_steps falls back to 1 (DeepSpeed's default) when the others cannot give
+// it. Returns the names dropped, for the notes once their values are known.
+Result<std::vector<std::string>> resolve_batch_auto(Json& root) {
+    std::vector<std::string> dropped;
+    for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu",
+                            "gradient_accumulation_steps"}) {
+        auto it = root.find(key);
+        if (it == root.end() || !is_auto(&*it)) continue;
+        root.erase(it);
+        dropped.emplace_back(key);
+    }
+    const auto has = [&](const char* key) { return root.contains(key); };
+    const auto dropped_key = [&](const char* key) {
+        return std::find(dropped.begin(), dropped.end(), key) != dropped.end();
+    };
+    if (dropped_key("gradient_accumulation_steps") &&
+        !(has("train_batch_size") && has("train_micro_batch_size_per_gpu"))) {
+        root["gradient_accumulation_steps"] = 1;
+    }
+    if (dropped_key("train_micro_batch_size_per_gpu") && !has("train_batch_size")) {
+        return Status::invalid_argument(
+            "train_micro_batch_size_per_gpu: \"auto\" cannot be resolved: give it, or give "
+            "train_batch_size (zinfinity has no Hugging Face arguments to take it from)");
+    }
+    return dropped;
 }
 
 Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
@@ -701,11 +1013,29 @@ Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
     Json root = parsed;
     for (const auto& assignment : options.overrides) ZINF_TRY(apply_override(root, assignment));
     EngineConfig config;
+    std::vector<std::string> dropped;
+    if (root.is_object()) {
+        resolve_optimizer_auto(root, config.resolved);
+        resolve_block_auto(root, config.resolved);
+        auto batch = resolve_batch_auto(root);
+        if (!batch.has_value()) return batch.error().with_context(source_name);
+        dropped = std::move(*batch);
+    }
     Status status = read_root(root, options, config);
     if (!status.is_ok()) return status.with_context(source_name);
+    for (const auto& key : dropped) {
+        const std::uint64_t value = key == "train_batch_size" ? config.batch.train_batch_size
+                                    : key == "train_micro_batch_size_per_gpu"
+                                        ? config.batch.train_micro_batch_size_per_gpu
+                                        : config.batch.gradient_accumulation_steps;
+        config.resolved.push_back(str_cat(key, ": auto -> ", value, " (train_batch_size = micro x "
+                                                                     "accumulation x world size ",
+                                          options.world_size, ")"));
+    }
     config.canonical_json = root.dump();  // nlohmann's object keeps keys sorted
     if (options.log_warnings) {
         for (const auto& w : config.warnings) log::warn_once(w, str_cat(source_name, ": ", w));
+        for (const auto& n : config.resolved) log::info(source_name, ": ", n);
     }
     return config;
 }

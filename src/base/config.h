@@ -40,31 +40,26 @@ struct OffloadParamConfig {
     int buffer_count = 5;
     std::uint64_t buffer_size_numel = 100'000'000;
     std::uint64_t max_in_cpu_numel = 1'000'000'000;
-    bool pin_memory = false;
+    bool pin_memory = true;  // DeepSpeed's default
 };
 
 // `zero_optimization.offload_optimizer`.
 struct OffloadOptimizerConfig {
     OffloadDevice device = OffloadDevice::kNone;
     std::vector<std::string> nvme_path;
-    int buffer_count = 4;
-    bool pin_memory = false;
+    bool pin_memory = true;  // DeepSpeed's default
     bool pipeline_read = false;
     bool pipeline_write = false;
-    bool fast_init = false;
 };
 
-// `zero_optimization`. Sizes in elements, as in DeepSpeed.
+// `zero_optimization`. Sizes in elements, as in DeepSpeed. Keys zinfinity does not implement
+// (overlap_comm, bucket sizes, ...) are in the key table (config_keys.h) and warn.
 struct ZeroConfig {
     int stage = 0;
-    bool contiguous_gradients = true;
-    bool overlap_comm = false;
-    std::uint64_t reduce_bucket_size_numel = 500'000'000;
-    std::uint64_t allgather_bucket_size_numel = 500'000'000;
+    // 0: sub-groups of the largest parameter partition (DeepSpeed: one parameter per sub-group).
     std::uint64_t sub_group_size_numel = 1'000'000'000;
-    std::uint64_t stage3_prefetch_bucket_size_numel = 50'000'000;
+    std::uint64_t stage3_prefetch_bucket_size_numel = 50'000'000;  // 0: no prefetch
     std::uint64_t stage3_max_live_parameters_numel = 1'000'000'000;
-    std::uint64_t stage3_max_reuse_distance_numel = 1'000'000'000;
     std::uint64_t stage3_param_persistence_threshold_numel = 100'000;
     OffloadParamConfig offload_param;
     OffloadOptimizerConfig offload_optimizer;
@@ -95,17 +90,52 @@ struct OptimizerConfig {
     double weight_decay = 0.0;
     // DeepSpeed's `Adam` applies decoupled weight decay unless `adam_w_mode` is false.
     bool adam_w_mode = true;
+    bool bias_correction = true;  // Adam, AdamW
+    bool amsgrad = false;         // Adam, AdamW
 };
 
-enum class SchedulerType : std::uint8_t { kNone, kWarmupLR, kWarmupDecayLR };
+enum class SchedulerType : std::uint8_t {
+    kNone,
+    kWarmupLR,
+    kWarmupDecayLR,
+    kWarmupCosineLR,
+    kOneCycle,
+    kLRRangeTest,
+};
 
+// `scheduler`: DeepSpeed's schedules with DeepSpeed's parameter names and defaults
+// (deepspeed/runtime/lr_schedules.py). Each type reads the parameters it has.
 struct SchedulerConfig {
     SchedulerType type = SchedulerType::kNone;
+    // WarmupLR, WarmupDecayLR (and WarmupCosineLR's warmup_num_steps / warmup_type).
     double warmup_min_lr = 0.0;
     double warmup_max_lr = 0.001;
     std::uint64_t warmup_num_steps = 1000;
     bool warmup_linear = false;  // `warmup_type`: "log" (DeepSpeed's default) or "linear"
-    std::uint64_t total_num_steps = 0;  // WarmupDecayLR only; required there
+    std::uint64_t total_num_steps = 0;  // WarmupDecayLR, WarmupCosineLR; required there
+    // WarmupCosineLR: ratios of the optimizer's lr.
+    double warmup_min_ratio = 0.0;
+    double cos_min_ratio = 0.0001;
+    // OneCycle.
+    double cycle_min_lr = 0.0;   // required
+    double cycle_max_lr = 0.0;   // required
+    double decay_lr_rate = 0.0;
+    std::uint64_t cycle_first_step_size = 2000;
+    std::uint64_t cycle_second_step_size = 0;  // 0: as cycle_first_step_size (DeepSpeed: None)
+    bool cycle_second_step_size_given = false;
+    std::uint64_t cycle_first_stair_count = 0;
+    std::uint64_t cycle_second_stair_count = 0;  // DeepSpeed: None = as first
+    bool cycle_second_stair_count_given = false;
+    std::uint64_t decay_step_size = 0;
+    bool cycle_momentum = true;  // cycles beta1 (Adam's momentum) inversely to the lr
+    double cycle_min_mom = 0.8;
+    double cycle_max_mom = 0.9;
+    double decay_mom_rate = 0.0;
+    // LRRangeTest.
+    double lr_range_test_min_lr = 1e-3;
+    std::uint64_t lr_range_test_step_size = 2000;
+    double lr_range_test_step_rate = 1.0;
+    bool lr_range_test_staircase = false;
 };
 
 // zinfinity's `swap` block.
@@ -174,8 +204,11 @@ struct EngineConfig {
     // The configuration as loaded (after --set overrides), compact JSON with sorted keys: what a
     // checkpoint's config digest is computed over.
     std::string canonical_json;
-    // Warnings met while loading (DeepSpeed keys that zinfinity does not implement), already logged.
+    // Warnings met while loading (DeepSpeed keys that zinfinity does not implement, deprecated
+    // keys mapped), already logged.
     std::vector<std::string> warnings;
+    // Each "auto" resolved, with its value and where it came from; logged at info level.
+    std::vector<std::string> resolved;
 };
 
 struct LoadOptions {

@@ -100,8 +100,14 @@ TEST(ConfigTest, ElementCountsAcceptScientificNotation) {
 }
 
 TEST(ConfigTest, OffloadRules) {
-    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})")
-                  .find("needs zero_optimization.stage 3"),
+    // Below stage 3 DeepSpeed ignores offload_param: a warning, and the parameters stay put.
+    auto below = load_text(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
+    ASSERT_TRUE(below.has_value()) << below.error().to_string();
+    EXPECT_EQ(below->zero.offload_param.device, OffloadDevice::kNone);
+    ASSERT_EQ(below->warnings.size(), 1u);
+    EXPECT_NE(below->warnings[0].find("offload_param is ignored"), std::string::npos);
+    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})")
+                  .find("needs zero_optimization.stage 1, 2 or 3"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")
                   .find("zero_optimization.offload_param.nvme_path: required"),

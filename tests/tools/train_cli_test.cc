@@ -259,10 +259,10 @@ TEST(TrainCliTest, BadConfigNamesTheKey) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("did you mean 'zero_optimization.stage'"), std::string::npos) << r.out;
     r = train(dir, "--config " + config +
-                       " --set zero_optimization.stage=2 "
-                       "--set zero_optimization.offload_param.device=cpu");
+                       " --set zero_optimization.stage=0 "
+                       "--set zero_optimization.offload_optimizer.device=cpu");
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.out.find("offload_param.device"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("offload_optimizer.device"), std::string::npos) << r.out;
     r = train(dir, "--config " + config + " --set train_batch_size=33");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("train_batch_size"), std::string::npos) << r.out;

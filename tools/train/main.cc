@@ -14,6 +14,7 @@
 
 #include "io/file_system.h"
 #include "src/base/config.h"
+#include "src/base/config_keys.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -75,6 +76,9 @@ void declare_flags(zinf::cli::Args& args) {
     args.add("predict-png", "predictions.png",
              "where --predict writes the samples as a PNG grid, captioned P:<predicted> "
              "T:<true>");
+    args.add_switch("config-keys",
+                    "print every config key zinfinity knows (DeepSpeed's and its own) with what\n"
+                    "zinfinity does with it, as a Markdown table, and exit");
     args.add_switch("measure-overlap",
                     "after training, time --overlap-steps real steps, as many I/O-only steps "
                     "(the same reads and writes, no compute) and compute-only steps (a second "
@@ -299,6 +303,10 @@ int run(int argc, char** argv) {
     declare_flags(args);
     if (auto exit_code = args.parse_or_exit(argc - 1, argv + 1, "zinfinity-train")) {
         return *exit_code;
+    }
+    if (args.get_switch("config-keys")) {
+        std::printf("%s", zinf::config::key_table_markdown().c_str());
+        return 0;
     }
     if (!args.given("config")) {
         std::fprintf(stderr, "zinfinity-train: --config FILE is required (see --help)\n");
