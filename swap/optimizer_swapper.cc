@@ -19,11 +19,11 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind) {
+std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind, bool amsgrad) {
     switch (kind) {
         case kernels::OptimizerKind::kAdam:
         case kernels::OptimizerKind::kAdamW:
-            return 3;
+            return amsgrad ? 4 : 3;
         case kernels::OptimizerKind::kAdagrad:
         case kernels::OptimizerKind::kLion:
             return 2;
@@ -33,9 +33,10 @@ std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind) {
 }
 
 std::uint64_t OptimizerSwapper::buffer_size_bytes(std::uint64_t sub_group_numel,
-                                                  kernels::OptimizerKind kind) {
+                                                  kernels::OptimizerKind kind, bool amsgrad) {
     // Each state is its own partition at an aligned offset (see SwapStore's layout).
-    return state_count(kind) * align_up(sub_group_numel * sizeof(float), kExtentAlignmentBytes);
+    return state_count(kind, amsgrad) *
+           align_up(sub_group_numel * sizeof(float), kExtentAlignmentBytes);
 }
 
 std::size_t OptimizerSwapper::buffers_needed(const OptimizerSwapperOptions& options) {
@@ -56,7 +57,15 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                                                 ") and sub_group_size (", options.sub_group_numel,
                                                 ") must be positive"));
     }
-    const std::uint64_t need_bytes = buffer_size_bytes(options.sub_group_numel, options.kind);
+    const bool adam = options.kind == kernels::OptimizerKind::kAdam ||
+                      options.kind == kernels::OptimizerKind::kAdamW;
+    if (options.amsgrad && !adam) {
+        return Status::invalid_argument(str_cat("optimizer swapper: amsgrad with ",
+                                                kernels::optimizer_kind_name(options.kind),
+                                                "; only Adam and AdamW have it"));
+    }
+    const std::uint64_t need_bytes =
+        buffer_size_bytes(options.sub_group_numel, options.kind, options.amsgrad);
     if (pool.buffer_size_bytes() < need_bytes) {
         return Status::invalid_argument(
             str_cat("optimizer swapper: pinned pool '", pool.name(), "' has buffers of ",
@@ -71,7 +80,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                     " pipeline_write=", options.pipeline_write, " needs ", need_count));
     }
     std::unique_ptr<OptimizerSwapper> s(new OptimizerSwapper(store, pool, kernel, options));
-    s->state_count_ = state_count(options.kind);
+    s->state_count_ = state_count(options.kind, options.amsgrad);
     s->sub_group_count_ = static_cast<std::size_t>((options.numel + options.sub_group_numel - 1) /
                                                    options.sub_group_numel);
     s->ticket_count_ = need_count;
@@ -106,7 +115,7 @@ void OptimizerSwapper::drain() noexcept {
 Status OptimizerSwapper::initialize(ParamSource& source) {
     ZINF_ASSERT(store_.committed());
     Status status;
-    PartitionId ids[3];
+    PartitionId ids[kMaxStates];
     for (std::size_t g = 0; g < sub_group_count_ && status.is_ok(); ++g) {
         SwapTicket& ticket = tickets_[g % ticket_count_];
         if (ticket.in_flight()) {
@@ -138,7 +147,7 @@ Status OptimizerSwapper::initialize(ParamSource& source) {
 }
 
 Status OptimizerSwapper::issue_read(std::size_t sub_group, SwapTicket& ticket) {
-    PartitionId ids[3];
+    PartitionId ids[kMaxStates];
     for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(sub_group, k);
     ZINF_ASSIGN_OR_RETURN(
         const std::size_t n,
@@ -161,6 +170,8 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
     };
     kernels::OptimizerState state;
     state.params = as_floats(0);
+    // AMSGrad's running maximum is the last state of the sub-group.
+    if (options_.amsgrad) state.max_exp_avg_sq = as_floats(state_count_ - 1);
     switch (options_.kind) {
         case kernels::OptimizerKind::kAdam:
         case kernels::OptimizerKind::kAdamW:
@@ -188,10 +199,11 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
 }
 
 Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
-    if (params.kind != options_.kind) {
-        return Status::invalid_argument(
-            str_cat("optimizer swapper: step with ", kernels::optimizer_kind_name(params.kind),
-                    " on states laid out for ", kernels::optimizer_kind_name(options_.kind)));
+    if (params.kind != options_.kind || params.amsgrad != options_.amsgrad) {
+        return Status::invalid_argument(str_cat(
+            "optimizer swapper: step with ", kernels::optimizer_kind_name(params.kind),
+            params.amsgrad ? " (amsgrad)" : "", " on states laid out for ",
+            kernels::optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
     }
     // Reject bad hyperparameters before any sub-group changes.
     ZINF_TRY(kernels::validate(params));
@@ -260,7 +272,8 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
 }
 
 Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> params,
-                                        std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+                                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
+                                        std::span<float> max_exp_avg_sq) {
     ZINF_ASSERT_LT(sub_group, sub_group_count_);
     const std::uint64_t numel = sub_group_numel(sub_group);
     ZINF_ASSERT_EQ(params.size(), numel);
@@ -281,6 +294,11 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
             ZINF_ASSERT_EQ(exp_avg_sq.size(), numel);
             std::memcpy(exp_avg_sq.data(), ticket.data(k).data(), numel * sizeof(float));
         }
+        if (options_.amsgrad && !max_exp_avg_sq.empty()) {
+            ZINF_ASSERT_EQ(max_exp_avg_sq.size(), numel);
+            std::memcpy(max_exp_avg_sq.data(), ticket.data(state_count_ - 1).data(),
+                        numel * sizeof(float));
+        }
     }
     drain();
     return status;
@@ -288,12 +306,13 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
 
 Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const float> params,
                                          std::span<const float> exp_avg,
-                                         std::span<const float> exp_avg_sq) {
+                                         std::span<const float> exp_avg_sq,
+                                         std::span<const float> max_exp_avg_sq) {
     ZINF_ASSERT_LT(sub_group, sub_group_count_);
     const std::uint64_t numel = sub_group_numel(sub_group);
     ZINF_ASSERT_EQ(params.size(), numel);
     SwapTicket& ticket = tickets_[0];
-    PartitionId ids[3];
+    PartitionId ids[kMaxStates];
     for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(sub_group, k);
     auto n = swapper_->prepare(std::span<const PartitionId>(ids, state_count_), ticket);
     Status status = n.has_value() ? Status::ok() : n.error();
@@ -311,7 +330,8 @@ Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const 
         put(0, params);
         std::size_t k = 1;
         if (options_.kind != kernels::OptimizerKind::kAdagrad) put(k++, exp_avg);
-        if (k < state_count_) put(k, exp_avg_sq);
+        if (options_.kind != kernels::OptimizerKind::kLion) put(k++, exp_avg_sq);
+        if (options_.amsgrad) put(k, max_exp_avg_sq);
         status = swapper_->write_back(ticket);
         if (status.is_ok()) status = ticket.wait();
     }

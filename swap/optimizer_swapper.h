@@ -25,6 +25,7 @@ struct OptimizerSwapperOptions {
     std::uint64_t numel = 0;            // parameters handled by this swapper
     std::uint64_t sub_group_numel = 0;  // `zero_optimization.sub_group_size`
     kernels::OptimizerKind kind = kernels::OptimizerKind::kAdamW;
+    bool amsgrad = false;  // Adam, AdamW: a fourth state, the running maximum of exp_avg_sq
     bool pipeline_read = true;   // `offload_optimizer.pipeline_read`
     bool pipeline_write = true;  // `offload_optimizer.pipeline_write`
     // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.
@@ -85,10 +86,12 @@ public:
 
     // The pool buffer size one sub-group needs, and how many buffers a step holds at once.
     static std::uint64_t buffer_size_bytes(std::uint64_t sub_group_numel,
-                                           kernels::OptimizerKind kind);
+                                           kernels::OptimizerKind kind, bool amsgrad = false);
     static std::size_t buffers_needed(const OptimizerSwapperOptions& options);
-    // 1 + the states the optimizer keeps: 3 for Adam/AdamW, 2 for Adagrad and Lion.
-    static std::size_t state_count(kernels::OptimizerKind kind);
+    // 1 + the states the optimizer keeps: 3 for Adam/AdamW (4 with amsgrad), 2 for Adagrad and
+    // Lion. In this order in a sub-group: master, exp_avg, exp_avg_sq, max_exp_avg_sq.
+    static std::size_t state_count(kernels::OptimizerKind kind, bool amsgrad = false);
+    static constexpr std::size_t kMaxStates = 4;
 
     // Writes the initial master parameters (from `source`) and zeroed states of every
     // sub-group, overlapping the writes. Blocks until all are on disk.
@@ -105,15 +108,16 @@ public:
     // the step is measured against (zinfinity-bench optimizer). Leaves the states unchanged.
     Status io_only_pass();
 
-    // Reads one sub-group's master parameters and states (tests, checkpoints). `exp_avg` /
-    // `exp_avg_sq` may be empty when the optimizer keeps no such state. Blocks.
+    // Reads one sub-group's master parameters and states (tests, checkpoints). A state span may
+    // be empty when the optimizer keeps no such state (or the caller wants none). Blocks.
     Status read_sub_group(std::size_t sub_group, std::span<float> params, std::span<float> exp_avg,
-                          std::span<float> exp_avg_sq);
+                          std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq = {});
 
     // Writes one sub-group's master parameters and states (checkpoint load); the same shapes
     // as read_sub_group (an empty state span writes zeros). Blocks until it is on disk.
     Status write_sub_group(std::size_t sub_group, std::span<const float> params,
-                           std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+                           std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                           std::span<const float> max_exp_avg_sq = {});
 
     std::size_t sub_group_count() const noexcept { return sub_group_count_; }
     std::uint64_t sub_group_numel(std::size_t sub_group) const noexcept;

@@ -124,6 +124,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
             "train_micro_batch_size_per_gpu: ", config.batch.train_micro_batch_size_per_gpu,
             " exceeds the model's batch_rows_max ", model.batch_rows_max()));
     }
+    ZINF_TRY(engine::check_scheduler(config.scheduler));
     ZINF_TRY(engine::check_swap_directories(config));
     engine::PlanInputs in;
     for (const auto& info : model.parameters().all()) in.parameter_numels.push_back(info.numel);
@@ -224,12 +225,12 @@ double Engine::current_lr() const noexcept {
 
 Result<std::vector<float>> Engine::master_parameters() {
     std::vector<float> out(states_->numel());
+    engine::ChunkBuffers buffers(states_->layout(), states_->chunk_numel());
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const std::size_t n = states_->chunk_length(k);
-        std::vector<float> m(engine::keeps_exp_avg(states_->kind()) ? n : 0);
-        std::vector<float> v(engine::keeps_exp_avg_sq(states_->kind()) ? n : 0);
-        ZINF_TRY(states_->read_chunk(
-            k, {std::span<float>(out.data() + k * states_->chunk_numel(), n), m, v}));
+        engine::StateChunk c = buffers.chunk(n);
+        c.master = std::span<float>(out.data() + k * states_->chunk_numel(), n);
+        ZINF_TRY(states_->read_chunk(k, c));
     }
     return out;
 }
@@ -241,6 +242,7 @@ IoFigures Engine::io_figures() const {
     f.bytes_read = o.bytes_read;
     f.bytes_written = o.bytes_written;
     f.stall_seconds = o.stall_seconds + optimizer_read_wait_seconds_;
+    f.faults_injected = o.faults_injected;
     return f;
 }
 
@@ -402,6 +404,13 @@ Status Engine::run_optimizer(double unscale) {
     p.step = optimizer_updates_ + 1;
     p.lr = last_step_.lr;
     p.grad_scale = unscale * coef;
+    // OneCycle cycles the momentum: DeepSpeed writes betas = (momentum, 0.99) into every
+    // optimizer that has betas (Adagrad has none, and keeps its own).
+    if (const auto beta1 = engine::momentum(config_.scheduler, optimizer_updates_);
+        beta1.has_value() && p.kind != kernels::OptimizerKind::kAdagrad) {
+        p.beta1 = *beta1;
+        p.beta2 = engine::kOneCycleBeta2;
+    }
     Status s = states_->step(p, *optimizer_io_);
     optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
     if (s.is_ok()) s = device_.synchronize(stream());
@@ -492,48 +501,50 @@ Result<std::vector<std::int32_t>> Engine::predict(const Batch& batch) {
 }
 
 // Checkpoint files, written chunk by chunk of the state store so that states on NVMe never need
-// to fit in memory: master.fp32, exp_avg.fp32, exp_avg_sq.fp32 (those the optimizer keeps) and
-// parameters.<dtype> (the optimizer domain). The same files whatever the placement, so a
-// checkpoint resumes under any config.
+// to fit in memory: master.fp32, exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 (those the
+// optimizer keeps) and parameters.<dtype> (the optimizer domain). The same files whatever the
+// placement, so a checkpoint resumes under any config.
 namespace {
 
-struct StateFiles {
-    engine::CheckpointFile master, exp_avg, exp_avg_sq;
-};
+constexpr const char* kStateFileNames[4] = {"master.fp32", "exp_avg.fp32", "exp_avg_sq.fp32",
+                                            "max_exp_avg_sq.fp32"};
 
-std::span<std::byte> floats(std::span<float> v) { return std::as_writable_bytes(v); }
+std::span<float> state_span(const engine::StateChunk& c, std::size_t i) {
+    switch (i) {
+        case 0: return c.master;
+        case 1: return c.exp_avg;
+        case 2: return c.exp_avg_sq;
+        default: return c.max_exp_avg_sq;
+    }
+}
+
+bool kept(const engine::StateLayout& l, std::size_t i) {
+    return i == 0 || (i == 1 && l.exp_avg) || (i == 2 && l.exp_avg_sq) || (i == 3 && l.max_exp_avg_sq);
+}
 
 }  // namespace
 
 Status Engine::save_states(engine::CheckpointWriter& w) {
-    const auto kind = states_->kind();
-    const bool keeps_m = engine::keeps_exp_avg(kind);
-    const bool keeps_v = engine::keeps_exp_avg_sq(kind);
-    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
-    std::vector<float> pbuf(chunk), mbuf(keeps_m ? chunk : 0), vbuf(keeps_v ? chunk : 0);
-    StateFiles f;
-    ZINF_ASSIGN_OR_RETURN(f.master, w.begin_file("master.fp32"));
-    if (keeps_m) {
-        ZINF_ASSIGN_OR_RETURN(f.exp_avg, w.begin_file("exp_avg.fp32"));
-    }
-    if (keeps_v) {
-        ZINF_ASSIGN_OR_RETURN(f.exp_avg_sq, w.begin_file("exp_avg_sq.fp32"));
+    const engine::StateLayout layout = states_->layout();
+    engine::ChunkBuffers buffers(layout, states_->chunk_numel());
+    engine::CheckpointFile files[4];
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (!kept(layout, i)) continue;
+        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(kStateFileNames[i]));
     }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-        const std::size_t n = states_->chunk_length(k);
-        const engine::StateChunk c{std::span<float>(pbuf.data(), n),
-                                   std::span<float>(mbuf.data(), keeps_m ? n : 0),
-                                   std::span<float>(vbuf.data(), keeps_v ? n : 0)};
+        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
         ZINF_TRY(states_->read_chunk(k, c));
-        ZINF_TRY(f.master.append(floats(c.master)));
-        if (keeps_m) ZINF_TRY(f.exp_avg.append(floats(c.exp_avg)));
-        if (keeps_v) ZINF_TRY(f.exp_avg_sq.append(floats(c.exp_avg_sq)));
+        for (std::size_t i = 0; i < 4; ++i) {
+            if (kept(layout, i)) ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
+        }
     }
-    ZINF_TRY(w.end_file(f.master));
-    if (keeps_m) ZINF_TRY(w.end_file(f.exp_avg));
-    if (keeps_v) ZINF_TRY(w.end_file(f.exp_avg_sq));
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (kept(layout, i)) ZINF_TRY(w.end_file(files[i]));
+    }
     // The parameters (the optimizer domain), in their dtype.
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
     ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
@@ -545,34 +556,26 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
 }
 
 Status Engine::load_states(const engine::CheckpointReader& r) {
-    const auto kind = states_->kind();
-    const bool keeps_m = engine::keeps_exp_avg(kind);
-    const bool keeps_v = engine::keeps_exp_avg_sq(kind);
-    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
+    const engine::StateLayout layout = states_->layout();
+    engine::ChunkBuffers buffers(layout, states_->chunk_numel());
     const std::uint64_t state_bytes = static_cast<std::uint64_t>(states_->numel()) * 4;
-    std::vector<float> pbuf(chunk), mbuf(keeps_m ? chunk : 0), vbuf(keeps_v ? chunk : 0);
-    StateFiles f;
-    ZINF_ASSIGN_OR_RETURN(f.master, r.open_file("master.fp32", state_bytes));
-    if (keeps_m) {
-        ZINF_ASSIGN_OR_RETURN(f.exp_avg, r.open_file("exp_avg.fp32", state_bytes));
-    }
-    if (keeps_v) {
-        ZINF_ASSIGN_OR_RETURN(f.exp_avg_sq, r.open_file("exp_avg_sq.fp32", state_bytes));
+    engine::CheckpointFile files[4];
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (!kept(layout, i)) continue;
+        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(kStateFileNames[i], state_bytes));
     }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-        const std::size_t n = states_->chunk_length(k);
-        const engine::StateChunk c{std::span<float>(pbuf.data(), n),
-                                   std::span<float>(mbuf.data(), keeps_m ? n : 0),
-                                   std::span<float>(vbuf.data(), keeps_v ? n : 0)};
-        ZINF_TRY(f.master.read(floats(c.master)));
-        if (keeps_m) ZINF_TRY(f.exp_avg.read(floats(c.exp_avg)));
-        if (keeps_v) ZINF_TRY(f.exp_avg_sq.read(floats(c.exp_avg_sq)));
-        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq}));
+        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
+        for (std::size_t i = 0; i < 4; ++i) {
+            if (kept(layout, i)) ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
+        }
+        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq, c.max_exp_avg_sq}));
     }
-    ZINF_TRY(r.end_file(f.master));
-    if (keeps_m) ZINF_TRY(r.end_file(f.exp_avg));
-    if (keeps_v) ZINF_TRY(r.end_file(f.exp_avg_sq));
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (kept(layout, i)) ZINF_TRY(r.end_file(files[i]));
+    }
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
     ZINF_ASSIGN_OR_RETURN(auto fp, r.open_file("parameters." + std::string(dtype_name(plan_.dtype)),
                                                static_cast<std::uint64_t>(states_->numel()) * eb));
@@ -613,6 +616,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     w.set("dtype", std::string(dtype_name(plan_.dtype)));
     w.set("master_dtype", "fp32");
     w.set("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind)));
+    w.set("amsgrad", plan_.optimizer.amsgrad ? "1" : "0");
     w.set("domain_numel", std::to_string(plan_.domain_numel));
     w.set("model_numel", std::to_string(part.model_numel()));
     ZINF_TRY(w.commit());
@@ -636,6 +640,8 @@ Status Engine::check_loadable(const engine::CheckpointReader& r) const {
     ZINF_TRY(expect("world_size", std::to_string(part.world_size())));
     ZINF_TRY(expect("dtype", std::string(dtype_name(plan_.dtype))));
     ZINF_TRY(expect("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind))));
+    // Checkpoints from before amsgrad existed have no such key: they had none.
+    if (r.get("amsgrad").has_value()) ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
     ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
     ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
     ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));

@@ -89,6 +89,8 @@ struct IoFigures {
     std::uint64_t bytes_written = 0;
     // Compute blocked waiting for parameters plus the optimizer blocked waiting for reads.
     double stall_seconds = 0.0;
+    // Faults injected into the swap I/O (EngineOptions::io_faults); 0 without a plan.
+    std::uint64_t faults_injected = 0;
 };
 
 class Engine {

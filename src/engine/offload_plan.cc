@@ -42,6 +42,8 @@ kernels::OptimizerParams optimizer_params(const config::OptimizerConfig& c) noex
     p.beta2 = c.beta2;
     p.eps = c.eps;
     p.weight_decay = c.weight_decay;
+    p.bias_correction = c.bias_correction;
+    p.amsgrad = c.amsgrad;
     return p;
 }
 
@@ -124,11 +126,12 @@ void size_optimizer_swap(const config::EngineConfig& config, std::size_t first_p
     so.numel = plan.domain_numel;
     so.sub_group_numel = plan.sub_group_numel;
     so.kind = plan.optimizer.kind;
+    so.amsgrad = plan.optimizer.amsgrad;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
     so.first_partition = static_cast<swap::PartitionId>(first_partition);
     const auto buffer_bytes = static_cast<std::size_t>(
-        swap::OptimizerSwapper::buffer_size_bytes(plan.sub_group_numel, so.kind));
+        swap::OptimizerSwapper::buffer_size_bytes(plan.sub_group_numel, so.kind, so.amsgrad));
     plan.optimizer_pool.name = "offload_optimizer";
     plan.optimizer_pool.buffer_count = swap::OptimizerSwapper::buffers_needed(so);
     plan.optimizer_pool.buffer_size_bytes = buffer_bytes;
@@ -176,8 +179,10 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     }
 
     // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
-    // the kernels' alignment; the NVMe swapper takes it as given), at most the domain.
-    const std::uint64_t sgs = zc.sub_group_size_numel;
+    // the kernels' alignment; the NVMe swapper takes it as given), at most the domain. 0 is
+    // DeepSpeed's "one parameter per sub-group": here, sub-groups of the largest partition.
+    const std::uint64_t sgs = zc.sub_group_size_numel != 0 ? zc.sub_group_size_numel
+                                                           : plan.largest_partition_numel;
     plan.sub_group_numel =
         plan.optimizer_states == Home::kNvme
             ? static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16),
@@ -255,7 +260,8 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
     plan.optimizer = optimizer_params(config.optimizer);
     plan.cpu_isa = config.cpu_optimizer.isa;
     plan.cpu_threads = config.cpu_optimizer.threads;
-    plan.state_count = swap::OptimizerSwapper::state_count(plan.optimizer.kind);
+    plan.state_count =
+        swap::OptimizerSwapper::state_count(plan.optimizer.kind, plan.optimizer.amsgrad);
 
     place_states(config, in, plan);
 
@@ -308,8 +314,8 @@ std::string OffloadPlan::describe() const {
     s += str_cat("\n    gradients: ", gradients == Home::kHost ? "host memory" : "device",
                  gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "",
                  ", ", format_bytes(domain_numel * eb), " in the optimizer domain");
-    s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " moment",
-                 state_count == 2 ? "" : "s", ", ",
+    s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " state",
+                 state_count == 2 ? "" : "s", optimizer.amsgrad ? " with amsgrad's maximum" : "", ", ",
                  format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),
                  "): ", home_name(optimizer_states), ", sub-groups of ", sub_group_numel,
                  " elements");

@@ -31,7 +31,7 @@ public:
     }
 
     Status step(const kernels::OptimizerParams& params, swap::GradientSource& io) override {
-        ZINF_ASSERT(params.kind == kind());
+        ZINF_ASSERT(StateLayout::of(params).arrays() == layout().arrays());
         for (std::size_t k = 0; k < chunk_count(); ++k) {
             const std::size_t at = k * chunk_numel();
             const std::size_t n = chunk_length(k);
@@ -39,6 +39,7 @@ public:
             state.params = {master_ + at, n};
             if (exp_avg_ != nullptr) state.exp_avg = {exp_avg_ + at, n};
             if (exp_avg_sq_ != nullptr) state.exp_avg_sq = {exp_avg_sq_ + at, n};
+            if (max_exp_avg_sq_ != nullptr) state.max_exp_avg_sq = {max_exp_avg_sq_ + at, n};
             ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, io.gradients(k, at, n));
             ZINF_TRY(kernel_.step(params, state, g, io.param_copy(k, at, n)));
             ZINF_TRY(io.updated(k, at, state.params));
@@ -47,32 +48,37 @@ public:
     }
 
     Status read_chunk(std::size_t k, const StateChunk& out) override {
-        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size());
+        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size(),
+                    out.max_exp_avg_sq.size());
         const std::size_t at = k * chunk_numel();
         copy_out(master_ + at, out.master);
         if (exp_avg_ != nullptr) copy_out(exp_avg_ + at, out.exp_avg);
         if (exp_avg_sq_ != nullptr) copy_out(exp_avg_sq_ + at, out.exp_avg_sq);
+        if (max_exp_avg_sq_ != nullptr) copy_out(max_exp_avg_sq_ + at, out.max_exp_avg_sq);
         return Status::ok();
     }
 
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
-        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size());
+        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size(),
+                    in.max_exp_avg_sq.size());
         const std::size_t at = k * chunk_numel();
         copy_in(in.master, master_ + at);
         if (exp_avg_ != nullptr) copy_in(in.exp_avg, exp_avg_ + at);
         if (exp_avg_sq_ != nullptr) copy_in(in.exp_avg_sq, exp_avg_sq_ + at);
+        if (max_exp_avg_sq_ != nullptr) copy_in(in.max_exp_avg_sq, max_exp_avg_sq_ + at);
         return Status::ok();
     }
 
 protected:
     InMemoryStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
-        : StateStore(plan.domain_numel, plan.sub_group_numel, plan.optimizer.kind),
+        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
           kernel_(kernel) {}
-    // Points the store at its arrays (each numel() floats, zeroed; null for a moment not kept).
-    void adopt(float* master, float* exp_avg, float* exp_avg_sq) noexcept {
+    // Points the store at its arrays (each numel() floats, zeroed; null for a state not kept).
+    void adopt(float* master, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq) noexcept {
         master_ = master;
         exp_avg_ = exp_avg;
         exp_avg_sq_ = exp_avg_sq;
+        max_exp_avg_sq_ = max_exp_avg_sq;
     }
 
 private:
@@ -87,6 +93,7 @@ private:
     float* master_ = nullptr;
     float* exp_avg_ = nullptr;
     float* exp_avg_sq_ = nullptr;
+    float* max_exp_avg_sq_ = nullptr;
 };
 
 // offload_optimizer "none": the states in device memory, counted against the device budget. The
@@ -103,13 +110,14 @@ public:
             ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what));
             return device.fill_zero(b.data(), bytes, 0);
         };
+        const StateLayout layout = s->layout();
         ZINF_TRY(allocate(s->master_, "device fp32 master parameters"));
-        if (keeps_exp_avg(plan.optimizer.kind)) ZINF_TRY(allocate(s->exp_avg_, "device exp_avg"));
-        if (keeps_exp_avg_sq(plan.optimizer.kind)) {
-            ZINF_TRY(allocate(s->exp_avg_sq_, "device exp_avg_sq"));
-        }
+        if (layout.exp_avg) ZINF_TRY(allocate(s->exp_avg_, "device exp_avg"));
+        if (layout.exp_avg_sq) ZINF_TRY(allocate(s->exp_avg_sq_, "device exp_avg_sq"));
+        if (layout.max_exp_avg_sq) ZINF_TRY(allocate(s->max_exp_avg_sq_, "device max_exp_avg_sq"));
         ZINF_TRY(device.synchronize(0));
-        s->adopt(s->master_.as<float>(), s->exp_avg_.as<float>(), s->exp_avg_sq_.as<float>());
+        s->adopt(s->master_.as<float>(), s->exp_avg_.as<float>(), s->exp_avg_sq_.as<float>(),
+                 s->max_exp_avg_sq_.as<float>());
         return std::unique_ptr<StateStore>(std::move(s));
     }
     Home home() const noexcept override { return Home::kDevice; }
@@ -120,6 +128,7 @@ private:
     DeviceBuffer master_;
     DeviceBuffer exp_avg_;
     DeviceBuffer exp_avg_sq_;
+    DeviceBuffer max_exp_avg_sq_;
 };
 
 // offload_optimizer "cpu": the states in host memory outside the device budget.
@@ -135,13 +144,14 @@ public:
             b = std::move(*r);
             return Status::ok();
         };
+        const StateLayout layout = s->layout();
         ZINF_TRY(allocate(s->master_, "host fp32 master parameters"));
-        if (keeps_exp_avg(plan.optimizer.kind)) ZINF_TRY(allocate(s->exp_avg_, "host exp_avg"));
-        if (keeps_exp_avg_sq(plan.optimizer.kind)) {
-            ZINF_TRY(allocate(s->exp_avg_sq_, "host exp_avg_sq"));
-        }
-        s->adopt(s->master_.as<float>(), s->exp_avg_.empty() ? nullptr : s->exp_avg_.as<float>(),
-                 s->exp_avg_sq_.empty() ? nullptr : s->exp_avg_sq_.as<float>());
+        if (layout.exp_avg) ZINF_TRY(allocate(s->exp_avg_, "host exp_avg"));
+        if (layout.exp_avg_sq) ZINF_TRY(allocate(s->exp_avg_sq_, "host exp_avg_sq"));
+        if (layout.max_exp_avg_sq) ZINF_TRY(allocate(s->max_exp_avg_sq_, "host max_exp_avg_sq"));
+        auto floats = [](AlignedBuffer& b) { return b.empty() ? nullptr : b.as<float>(); };
+        s->adopt(floats(s->master_), floats(s->exp_avg_), floats(s->exp_avg_sq_),
+                 floats(s->max_exp_avg_sq_));
         return std::unique_ptr<StateStore>(std::move(s));
     }
     Home home() const noexcept override { return Home::kHost; }
@@ -152,6 +162,7 @@ private:
     AlignedBuffer master_;
     AlignedBuffer exp_avg_;
     AlignedBuffer exp_avg_sq_;
+    AlignedBuffer max_exp_avg_sq_;
 };
 
 // offload_optimizer "nvme": the states in the swap store, each chunk one sub-group of the
@@ -159,7 +170,7 @@ private:
 class NvmeStateStore final : public StateStore {
 public:
     NvmeStateStore(const OffloadPlan& plan, swap::OptimizerSwapper& swapper)
-        : StateStore(plan.domain_numel, plan.sub_group_numel, plan.optimizer.kind),
+        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
           swapper_(swapper) {
         ZINF_ASSERT_EQ(swapper.options().sub_group_numel, plan.sub_group_numel);
         ZINF_ASSERT_EQ(swapper.sub_group_count(), chunk_count());
@@ -176,12 +187,16 @@ public:
         return s;
     }
     Status read_chunk(std::size_t k, const StateChunk& out) override {
-        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size());
-        return swapper_.read_sub_group(k, out.master, out.exp_avg, out.exp_avg_sq);
+        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size(),
+                    out.max_exp_avg_sq.size());
+        return swapper_.read_sub_group(k, out.master, out.exp_avg, out.exp_avg_sq,
+                                       out.max_exp_avg_sq);
     }
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
-        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size());
-        return swapper_.write_sub_group(k, in.master, in.exp_avg, in.exp_avg_sq);
+        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size(),
+                    in.max_exp_avg_sq.size());
+        return swapper_.write_sub_group(k, in.master, in.exp_avg, in.exp_avg_sq,
+                                        in.max_exp_avg_sq);
     }
     Status io_only_pass() override { return swapper_.io_only_pass(); }
     double last_read_wait_seconds() const noexcept override { return read_wait_seconds_; }
@@ -193,11 +208,12 @@ private:
 
 }  // namespace
 
-bool keeps_exp_avg(kernels::OptimizerKind kind) noexcept {
-    return kind != kernels::OptimizerKind::kAdagrad;
-}
-bool keeps_exp_avg_sq(kernels::OptimizerKind kind) noexcept {
-    return kind != kernels::OptimizerKind::kLion;
+StateLayout StateLayout::of(const kernels::OptimizerParams& params) noexcept {
+    StateLayout l;
+    l.exp_avg = params.kind != kernels::OptimizerKind::kAdagrad;
+    l.exp_avg_sq = params.kind != kernels::OptimizerKind::kLion;
+    l.max_exp_avg_sq = params.amsgrad;
+    return l;
 }
 
 std::size_t StateStore::chunk_length(std::size_t k) const noexcept {
@@ -206,18 +222,17 @@ std::size_t StateStore::chunk_length(std::size_t k) const noexcept {
 }
 
 std::uint64_t StateStore::state_bytes() const noexcept {
-    const std::uint64_t arrays =
-        1 + (keeps_exp_avg(kind_) ? 1 : 0) + (keeps_exp_avg_sq(kind_) ? 1 : 0);
-    return arrays * numel_ * sizeof(float);
+    return layout_.arrays() * numel_ * sizeof(float);
 }
 
 void StateStore::check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
-                             std::size_t exp_avg_sq) const {
+                             std::size_t exp_avg_sq, std::size_t max_exp_avg_sq) const {
     ZINF_ASSERT_LT(k, chunk_count());
     const std::size_t n = chunk_length(k);
     ZINF_ASSERT_EQ(master, n);
-    ZINF_ASSERT_EQ(exp_avg, keeps_exp_avg(kind_) ? n : 0);
-    ZINF_ASSERT_EQ(exp_avg_sq, keeps_exp_avg_sq(kind_) ? n : 0);
+    ZINF_ASSERT_EQ(exp_avg, layout_.exp_avg ? n : 0);
+    ZINF_ASSERT_EQ(exp_avg_sq, layout_.exp_avg_sq ? n : 0);
+    ZINF_ASSERT_EQ(max_exp_avg_sq, layout_.max_exp_avg_sq ? n : 0);
 }
 
 Result<std::unique_ptr<StateStore>> make_state_store(const OffloadPlan& plan, Device& device,

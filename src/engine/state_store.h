@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/optimizer.h"
 #include "src/base/aligned.h"
@@ -29,16 +30,46 @@ struct StateChunk {
     std::span<float> master;
     std::span<float> exp_avg;
     std::span<float> exp_avg_sq;
+    std::span<float> max_exp_avg_sq;
 };
 struct ConstStateChunk {
     std::span<const float> master;
     std::span<const float> exp_avg;
     std::span<const float> exp_avg_sq;
+    std::span<const float> max_exp_avg_sq;
 };
 
-// Which moments the optimizer keeps: Adam/AdamW both, Adagrad exp_avg_sq, Lion exp_avg.
-bool keeps_exp_avg(kernels::OptimizerKind kind) noexcept;
-bool keeps_exp_avg_sq(kernels::OptimizerKind kind) noexcept;
+// Which fp32 arrays the optimizer keeps besides the master: Adam/AdamW exp_avg and exp_avg_sq
+// (and max_exp_avg_sq with amsgrad), Adagrad exp_avg_sq, Lion exp_avg.
+struct StateLayout {
+    bool exp_avg = false;
+    bool exp_avg_sq = false;
+    bool max_exp_avg_sq = false;
+    static StateLayout of(const kernels::OptimizerParams& params) noexcept;
+    std::size_t arrays() const noexcept {
+        return 1 + (exp_avg ? 1 : 0) + (exp_avg_sq ? 1 : 0) + (max_exp_avg_sq ? 1 : 0);
+    }
+};
+
+// Host buffers of one chunk of every state the layout keeps (checkpoints, tests).
+class ChunkBuffers {
+public:
+    ChunkBuffers(const StateLayout& layout, std::size_t chunk_numel)
+        : master_(chunk_numel),
+          exp_avg_(layout.exp_avg ? chunk_numel : 0),
+          exp_avg_sq_(layout.exp_avg_sq ? chunk_numel : 0),
+          max_exp_avg_sq_(layout.max_exp_avg_sq ? chunk_numel : 0) {}
+    // Spans of `numel` elements (none for a state not kept).
+    StateChunk chunk(std::size_t numel) {
+        auto first = [numel](std::vector<float>& v) {
+            return std::span<float>(v.data(), v.empty() ? 0 : numel);
+        };
+        return {first(master_), first(exp_avg_), first(exp_avg_sq_), first(max_exp_avg_sq_)};
+    }
+
+private:
+    std::vector<float> master_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+};
 
 class StateStore {
 public:
@@ -54,14 +85,14 @@ public:
     }
     // The elements of chunk k.
     std::size_t chunk_length(std::size_t k) const noexcept;
-    kernels::OptimizerKind kind() const noexcept { return kind_; }
+    const StateLayout& layout() const noexcept { return layout_; }
     // Bytes of states held (in the store's home).
     std::uint64_t state_bytes() const noexcept;
 
     // Master values from `initial` (chunk by chunk), moments zero. Blocks until stored.
     virtual Status initialize(swap::ParamSource& initial) = 0;
     // One optimizer step over every chunk in order: gradients from `io`, new parameters handed
-    // to `io` after each chunk. params.kind must be the store's kind. Errors: the kernel's
+    // to `io` after each chunk. params.kind and amsgrad must be the store's. Errors: the kernel's
     // kInvalidArgument (nothing changed), `io`'s, the NVMe store's I/O errors (naming the
     // partition); after an error the chunks already stepped keep the new values, so the caller
     // restores a checkpoint before stepping again.
@@ -76,15 +107,16 @@ public:
     virtual double last_read_wait_seconds() const noexcept { return 0.0; }
 
 protected:
-    StateStore(std::size_t numel, std::size_t chunk_numel, kernels::OptimizerKind kind) noexcept
-        : numel_(numel), chunk_numel_(chunk_numel), kind_(kind) {}
+    StateStore(std::size_t numel, std::size_t chunk_numel, StateLayout layout) noexcept
+        : numel_(numel), chunk_numel_(chunk_numel), layout_(layout) {}
+    // Asserts that each span of a chunk has chunk_length(k) elements, or none when not kept.
     void check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
-                     std::size_t exp_avg_sq) const;
+                     std::size_t exp_avg_sq, std::size_t max_exp_avg_sq) const;
 
 private:
     std::size_t numel_;
     std::size_t chunk_numel_;
-    kernels::OptimizerKind kind_;
+    StateLayout layout_;
 };
 
 // The store the plan asks for: device memory (plan.optimizer_states kDevice; a host-addressable

@@ -292,16 +292,21 @@ TEST(ScheduleTest, WarmupAndDecayFollowDeepSpeed) {
     s.warmup_min_lr = 0.0;
     s.warmup_max_lr = 1.0;
     s.warmup_num_steps = 10;
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 0), 0.0);
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 4), std::log(5.0) / std::log(10.0));
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 10), 1.0);
+    // Step k runs at DeepSpeed's last_batch_iteration k - 1 (the engine steps the scheduler
+    // after the optimizer); step 0 gets the constructor's min_lr.
+    s.warmup_min_lr = 0.25;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 0), 0.25);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 1), 0.25);  // log(1) = 0
+    s.warmup_min_lr = 0.0;
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 5), std::log(5.0) / std::log(10.0));
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 11), 1.0);
     EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 1000), 1.0);
     s.warmup_linear = true;
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 4), 0.4);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 5), 0.4);
     s.type = config::SchedulerType::kWarmupDecayLR;
     s.total_num_steps = 20;
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 15), 0.5);
-    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 25), 0.0);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 16), 0.5);
+    EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 26), 0.0);
     s.type = config::SchedulerType::kNone;
     EXPECT_DOUBLE_EQ(engine::learning_rate(s, 5, 3), 5.0);
 }

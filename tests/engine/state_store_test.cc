@@ -27,6 +27,7 @@ struct StoreCase {
     const char* name;
     Home home;
     const char* zero;  // spliced into the small config; @NVME@ is the test's directory
+    bool amsgrad = false;
 };
 
 const StoreCase kStores[] = {
@@ -37,7 +38,24 @@ const StoreCase kStores[] = {
     {"nvme", Home::kNvme,
      R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
+    // AMSGrad: a fourth state, the running maximum of exp_avg_sq.
+    {"device_amsgrad", Home::kDevice, R"("zero_optimization": {"stage": 1, "sub_group_size": 1000},)",
+     true},
+    {"host_amsgrad", Home::kHost,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "cpu"}},)",
+     true},
+    {"nvme_amsgrad", Home::kNvme,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)",
+     true},
 };
+
+config::EngineConfig config_of(const StoreCase& c, const std::string& nvme_dir) {
+    std::vector<std::string> overrides;
+    if (c.amsgrad) overrides.push_back("optimizer.params.amsgrad=true");
+    return load_config(with_nvme(small_config(c.zero), nvme_dir), overrides);
+}
 
 // The gradient of element i at step s: deterministic, varied in sign and size.
 float gradient(std::size_t i, std::uint64_t s) {
@@ -81,7 +99,7 @@ public:
 // (swap store, pinned pool, swapper) when the store is on NVMe.
 struct Rig {
     explicit Rig(const StoreCase& c, const std::string& nvme_dir) {
-        const auto config = load_config(with_nvme(small_config(c.zero), nvme_dir));
+        const auto config = config_of(c, nvme_dir);
         PlanInputs in;
         in.parameter_numels = {1500, 700, 40};
         in.device_budget_bytes = 64u << 20;
@@ -107,17 +125,24 @@ struct Rig {
     }
 
     // Every state, read chunk by chunk.
+    // Every state, read chunk by chunk (a state the store does not keep stays empty).
     struct States {
-        std::vector<float> master, exp_avg, exp_avg_sq;
+        std::vector<float> master, exp_avg, exp_avg_sq, max_exp_avg_sq;
     };
     States read_all() {
-        States out{std::vector<float>(store->numel()), std::vector<float>(store->numel()),
-                   std::vector<float>(store->numel())};
+        const StateLayout l = store->layout();
+        const std::size_t numel = store->numel();
+        States out{std::vector<float>(numel), std::vector<float>(l.exp_avg ? numel : 0),
+                   std::vector<float>(l.exp_avg_sq ? numel : 0),
+                   std::vector<float>(l.max_exp_avg_sq ? numel : 0)};
+        auto part = [](std::vector<float>& v, std::size_t at, std::size_t n) {
+            return v.empty() ? std::span<float>() : std::span<float>(v).subspan(at, n);
+        };
         for (std::size_t k = 0; k < store->chunk_count(); ++k) {
             const std::size_t at = k * store->chunk_numel(), n = store->chunk_length(k);
-            const Status s = store->read_chunk(k, {std::span<float>(out.master).subspan(at, n),
-                                                   std::span<float>(out.exp_avg).subspan(at, n),
-                                                   std::span<float>(out.exp_avg_sq).subspan(at, n)});
+            const Status s = store->read_chunk(
+                k, {part(out.master, at, n), part(out.exp_avg, at, n), part(out.exp_avg_sq, at, n),
+                    part(out.max_exp_avg_sq, at, n)});
             EXPECT_TRUE(s.is_ok()) << s.to_string();
         }
         return out;
@@ -143,20 +168,23 @@ TEST_P(StateStoreConformance, StepsAreBitwiseTheWholeDomainStepOfTheKernel) {
     ASSERT_TRUE(rig.store->initialize(initial));
     // The reference: the same kernel over the whole domain at once.
     const std::size_t n = rig.store->numel();
-    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+    EXPECT_EQ(rig.store->layout().max_exp_avg_sq, GetParam().amsgrad);
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), vmax(GetParam().amsgrad ? n : 0, 0.0f);
     ASSERT_TRUE(initial.fill(0, 0, p));
     for (std::uint64_t s = 1; s <= 3; ++s) {
         kernels::OptimizerParams params = rig.plan.optimizer;
         params.step = s;
         Gradients g(n, s);
         ASSERT_TRUE(rig.store->step(params, g));
-        ASSERT_TRUE(rig.kernel->step(params, {p, m, v}, kernels::GradView::fp32(g.grads())));
+        ASSERT_TRUE(
+            rig.kernel->step(params, {p, m, v, vmax}, kernels::GradView::fp32(g.grads())));
         EXPECT_EQ(test_support::bits(g.published()), test_support::bits(p)) << "step " << s;
     }
     const auto states = rig.read_all();
     EXPECT_EQ(test_support::bits(states.master), test_support::bits(p));
     EXPECT_EQ(test_support::bits(states.exp_avg), test_support::bits(m));
     EXPECT_EQ(test_support::bits(states.exp_avg_sq), test_support::bits(v));
+    EXPECT_EQ(test_support::bits(states.max_exp_avg_sq), test_support::bits(vmax));
 }
 
 TEST_P(StateStoreConformance, ChunkedWriteThenReadRoundTripsBitwise) {
@@ -174,15 +202,17 @@ TEST_P(StateStoreConformance, ChunkedWriteThenReadRoundTripsBitwise) {
     Rig b(GetParam(), dir_.path() + "/b");
     for (std::size_t k = 0; k < b.store->chunk_count(); ++k) {
         const std::size_t at = k * b.store->chunk_numel(), n = b.store->chunk_length(k);
-        ASSERT_TRUE(b.store->write_chunk(
-            k, {std::span<const float>(saved.master).subspan(at, n),
-                std::span<const float>(saved.exp_avg).subspan(at, n),
-                std::span<const float>(saved.exp_avg_sq).subspan(at, n)}));
+        auto part = [&](const std::vector<float>& v) {
+            return v.empty() ? std::span<const float>() : std::span<const float>(v).subspan(at, n);
+        };
+        ASSERT_TRUE(b.store->write_chunk(k, {part(saved.master), part(saved.exp_avg),
+                                             part(saved.exp_avg_sq), part(saved.max_exp_avg_sq)}));
     }
     const auto loaded = b.read_all();
     EXPECT_EQ(test_support::bits(loaded.master), test_support::bits(saved.master));
     EXPECT_EQ(test_support::bits(loaded.exp_avg), test_support::bits(saved.exp_avg));
     EXPECT_EQ(test_support::bits(loaded.exp_avg_sq), test_support::bits(saved.exp_avg_sq));
+    EXPECT_EQ(test_support::bits(loaded.max_exp_avg_sq), test_support::bits(saved.max_exp_avg_sq));
     kernels::OptimizerParams params = a.plan.optimizer;
     params.step = 3;
     Gradients ga(a.store->numel(), 3), gb(b.store->numel(), 3);
@@ -195,7 +225,7 @@ TEST_P(StateStoreConformance, ChunkedWriteThenReadRoundTripsBitwise) {
 // file system) names the file, and the engine refuses to train until a load succeeds; the next
 // (good) load restores it.
 TEST_P(StateStoreConformance, FailedLoadNamesTheFileAndTheEngineRefusesUntilALoadSucceeds) {
-    const auto config = load_config(with_nvme(small_config(GetParam().zero), dir_.path()));
+    const auto config = config_of(GetParam(), dir_.path());
     test::TempDir ckpt("ckpt");
     {
         test_support::Trainer t(config);
