@@ -1085,6 +1085,9 @@ EngineStats Engine::stats() const {
         impl.pieces_fixed_buffer_written.load(std::memory_order_relaxed);
     s.pieces_fixed_file = impl.pieces_fixed_file.load(std::memory_order_relaxed);
     s.pieces_plain = impl.pieces_plain.load(std::memory_order_relaxed);
+    if (impl.fault_shared) {
+        s.faults_injected = impl.fault_shared->faults_injected.load(std::memory_order_relaxed);
+    }
     std::array<std::uint64_t, kHistogramBuckets> counts{};
     std::uint64_t total = 0;
     for (int i = 0; i < kHistogramBuckets; ++i) {

@@ -107,7 +107,10 @@ struct EngineStats {
     std::uint64_t pieces_fixed_buffer_written = 0;  // WRITE_FIXED
     std::uint64_t pieces_fixed_file = 0;            // IOSQE_FIXED_FILE (either direction)
     std::uint64_t pieces_plain = 0;                 // neither a fixed buffer nor a fixed file
-    double latency_us_p50 = 0;             // per caller-level operation, submit to completion
+    // Faults injected by EngineOptions::faults (0 without a plan): a sweep knows whether its
+    // n-th piece was reached.
+    std::uint64_t faults_injected = 0;
+    double latency_us_p50 = 0;  // per caller-level operation, submit to completion
     double latency_us_p99 = 0;
 };
 

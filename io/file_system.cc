@@ -233,7 +233,12 @@ Status remove_tree_at(FileSystem& fs, const Directory& parent, std::string_view 
         return Status::from_errno(errno, str_cat("stat ", parent.path_of(name)));
     }
     if (!S_ISDIR(st.st_mode)) return fs.remove_at(parent, name, /*directory=*/false);
-    ZINF_ASSIGN_OR_RETURN(Directory dir, fs.open_directory_at(parent, name));
+    // Opened directly, not through `fs`: a removal is one operation (FileOp::kRemove) to a fault
+    // plan, however many directories it walks.
+    FileDescriptor fd(
+        ::openat(parent.fd(), n.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) return Status::from_errno(errno, str_cat("open directory ", parent.path_of(name)));
+    const Directory dir(std::move(fd), parent.path_of(name));
     // List first, then remove: removing while reading a directory stream may skip entries.
     ZINF_ASSIGN_OR_RETURN(const std::vector<std::string> entries, list_directory(dir));
     for (const auto& entry : entries) ZINF_TRY(remove_tree_at(fs, dir, entry));

@@ -90,7 +90,8 @@ FileSystem& posix_file_system() noexcept;
 
 // Removes the entry `name` of `parent` and, when it is a directory, everything below it, walking
 // with directory descriptors and never following a symbolic link (a link is removed, not its
-// target). Bounded by the tree's size. Errors: the first failing removal, naming its path.
+// target). Bounded by the tree's size. Only its unlinks go through `fs` (FileOp::kRemove).
+// Errors: the first failing removal, naming its path.
 Status remove_tree_at(FileSystem& fs, const Directory& parent, std::string_view name);
 
 // Checks that a directory may hold this user's files without another user being able to replace

@@ -320,6 +320,7 @@ OffloadFigures Offload::figures() const {
         const auto s = io_->stats();
         f.bytes_read = s.bytes_read;
         f.bytes_written = s.bytes_written;
+        f.faults_injected = s.faults_injected;
     }
     if (residency_) {
         f.stall_seconds +=

@@ -103,6 +103,7 @@ struct OffloadFigures {
     std::uint64_t bytes_read = 0;
     std::uint64_t bytes_written = 0;
     double stall_seconds = 0;  // compute waiting for parameters, optimizer waiting for reads
+    std::uint64_t faults_injected = 0;
 };
 
 class Offload {

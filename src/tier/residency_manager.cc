@@ -476,6 +476,10 @@ void ResidencyManager::complete_move(PartitionId id, const Status& status) {
     check_budgets();
 }
 
+void ResidencyManager::defer(const Status& status) {
+    if (!status.is_ok() && deferred_.is_ok()) deferred_ = status;
+}
+
 Status ResidencyManager::wait_move(PartitionId id) {
     if (id == kNoPartition) {
         ZINF_ASSERT(!in_flight_.empty());
@@ -496,7 +500,8 @@ void ResidencyManager::poll_moves_quietly() {
         const PartitionId id = in_flight_[i];
         Result<bool> done = mover_.poll(parts_[id].token);
         if (!done.has_value()) {
-            complete_move(id, done.error());  // logged there for prefetches; retried on demand
+            complete_move(id, done.error());  // logged there for prefetches
+            defer(done.error());
         } else if (*done) {
             complete_move(id, Status::ok());
         } else {
@@ -557,8 +562,7 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
             if (prefetch) return std::optional<std::size_t>();
             if (!in_flight_.empty()) {
                 // Copies on their way in or out become evictable once they land.
-                const Status waited = wait_move(kNoPartition);
-                (void)waited;  // a failure is the failed partition's business, retried on demand
+                defer(wait_move(kNoPartition));
                 continue;
             }
             return Status::no_space(str_cat("residency: no room for partition ", for_id, " (",
@@ -594,7 +598,7 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
         }
         if (started.code() == StatusCode::kBusy) {
             ZINF_ASSERT(!in_flight_.empty());
-            (void)wait_move(kNoPartition);
+            defer(wait_move(kNoPartition));
             continue;
         }
         ZINF_TRY(started);
@@ -676,7 +680,7 @@ Status ResidencyManager::ensure_resident(PartitionId id, Tier tier) {
         if (step_taken == Step::kMoverBusy) {
             // The mover is saturated: let its oldest move finish.
             ZINF_ASSERT(!in_flight_.empty());
-            (void)wait_move(kNoPartition);
+            defer(wait_move(kNoPartition));
             continue;
         }
         // Queue what comes next behind the demand move before blocking on it.
@@ -746,6 +750,10 @@ Result<void*> ResidencyManager::acquire(PartitionId id, Tier tier) {
     if (p.pin_count > 0)
         ZINF_ASSERT_MSG(p.pinned_tier == tier,
                         str_cat("partition ", id, " is acquired in another tier"));
+    // A move nobody waited for (a prefetch, a write-back on the way) failed since the last
+    // acquire: report it once here, so that no I/O error goes unseen; the data is intact (the
+    // failed copy was discarded) and the next acquire retries.
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
     ++stats_.acquires;
     trace_access(id, tier);
     poll_moves_quietly();
@@ -829,6 +837,7 @@ Status ResidencyManager::drain() {
 }
 
 Status ResidencyManager::flush() {
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
     ZINF_TRY(drain());
     for (PartitionId id = 0; id < parts_.size(); ++id) {
         if (!parts_[id].registered) continue;
@@ -849,7 +858,7 @@ Status ResidencyManager::flush() {
                 break;
             }
             if (started.code() == StatusCode::kBusy) {
-                (void)wait_move(kNoPartition);
+                defer(wait_move(kNoPartition));
                 continue;
             }
             ZINF_TRY(started);

@@ -152,7 +152,9 @@ public:
     // is valid until release(). A partition is acquired in one tier at a time (asserted);
     // acquiring it again in the same tier nests. Errors: kNoSpace (what is acquired does not fit
     // in the budget), the mover's error for a failed move (the partition stays as it was before
-    // the failed move, so a retry is possible).
+    // the failed move, so a retry is possible), and — once, before anything else happens — the
+    // error of a background move (prefetch, write-back) that failed since the last acquire or
+    // flush: no I/O error goes unreported, and every byte stays as it was.
     Result<void*> acquire(PartitionId id, Tier tier);
     // Unpins. `dirty`: the bytes were modified in the acquired tier; every other copy becomes
     // stale and is dropped (it is written back when evicted or flushed). On a device with
@@ -165,7 +167,7 @@ public:
     // loops to keep the pipeline moving; acquire() and release() call it too.
     Status poll();
     // Writes every dirty copy down to NVMe (e.g. before a checkpoint) and waits for it.
-    // Precondition: nothing acquired.
+    // Precondition: nothing acquired. Reports a background move's failure first, as acquire.
     Status flush();
     // Waits for every move in flight.
     Status drain();
@@ -211,6 +213,9 @@ private:
     };
 
     ResidencyManager(const ResidencyOptions& options, Mover& mover, Device* device);
+    // Keeps the first error of a move whose caller did not wait for it, for the next acquire or
+    // flush to report (once).
+    void defer(const Status& status);
 
     Partition& part(PartitionId id);
     const Partition& part(PartitionId id) const;
@@ -269,6 +274,7 @@ private:
     Mover& mover_;
     Device* device_;
     std::span<std::byte> host_region_;
+    Status deferred_;  // see defer()
     DeviceBuffer device_memory_;          // the device tier
     std::byte* device_region_ = nullptr;  // device_memory_'s bytes
     ExtentAllocator device_alloc_;

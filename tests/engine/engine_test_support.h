@@ -94,6 +94,27 @@ struct Trainer {
         return TrainingStack::create(c);
     }
 
+    // One optimizer step (its micro-steps) on the next batches; the last micro-step's loss, or
+    // the first error.
+    Result<float> try_step() {
+        const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;
+        std::vector<float> x(rows * dataset->features());
+        std::vector<std::int32_t> y(rows);
+        float loss = 0;
+        for (std::uint64_t s = 0; s < config.batch.gradient_accumulation_steps; ++s) {
+            const std::uint64_t micro = engine().micro_steps();
+            const std::uint64_t per_epoch = batcher->batches_per_epoch();
+            if (batcher->epoch() != micro / per_epoch) batcher->start_epoch(micro / per_epoch);
+            const std::size_t n = batcher->fill(micro % per_epoch, x, y);
+            ZINF_ASSIGN_OR_RETURN(loss, engine().forward(Batch{
+                                            std::span<const float>(x.data(), n * dataset->features()),
+                                            std::span<const std::int32_t>(y.data(), n), n}));
+            ZINF_TRY(engine().backward());
+            ZINF_TRY(engine().step());
+        }
+        return loss;
+    }
+
     std::vector<float> run(std::uint64_t steps) {
         std::vector<float> losses;
         const std::size_t rows = config.batch.train_micro_batch_size_per_gpu;

@@ -320,8 +320,12 @@ TEST(SwapStore, EnospcLeavesNoPartitionFalselyValid) {
 }
 
 // Injected read and write errors at every position of a short scenario end in a clean Status.
+// Fail the n-th piece for every n the scenario reaches: each injected fault surfaces as exactly
+// one error (a failed swap-out leaves the partition invalid, a failed swap-in leaves it valid
+// and reports), and a run past the last piece injects nothing and fails nothing.
 TEST(SwapStore, FailNthOpSweepEndsCleanly) {
-    for (std::uint64_t n = 1; n <= 12; ++n) {
+    std::uint64_t reached = 0;
+    for (std::uint64_t n = 1; n <= 200; ++n) {
         io::FaultPlan plan;
         plan.fail_nth_op = n;
         Fixture f;
@@ -330,13 +334,15 @@ TEST(SwapStore, FailNthOpSweepEndsCleanly) {
         ASSERT_TRUE(f.store->commit().is_ok());
         std::vector<std::byte> data(150'000, std::byte{3});
         std::vector<std::byte> back(150'000);
-        int errors = 0;
+        std::uint64_t errors = 0;
         for (PartitionId p = 0; p < 3; ++p) {
             SwapHandle h;
             ASSERT_TRUE(f.store->swap_out(p, data, h).is_ok());
-            if (!h.wait().is_ok()) {
+            const Status s = h.wait();
+            if (!s.is_ok()) {
                 ++errors;
                 EXPECT_FALSE(f.store->is_valid(p));
+                EXPECT_NE(s.message().find("offset"), std::string::npos) << s.to_string();
             }
         }
         for (PartitionId p = 0; p < 3; ++p) {
@@ -350,8 +356,13 @@ TEST(SwapStore, FailNthOpSweepEndsCleanly) {
                 ++errors;
             }
         }
-        EXPECT_LE(errors, 1) << n;
+        const std::uint64_t injected = f.engine->stats().faults_injected;
+        EXPECT_EQ(errors, injected) << "n=" << n;
+        if (injected == 0) break;  // past the scenario's last piece
+        reached = n;
     }
+    EXPECT_GE(reached, 12u);  // the data and checksum pieces of 3 partitions, out and in
+    EXPECT_LT(reached, 200u);
 }
 
 }  // namespace
