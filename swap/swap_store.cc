@@ -69,14 +69,13 @@ SwapHandle::~SwapHandle() {
 
 bool SwapHandle::done() const noexcept {
     if (store_ == nullptr) return true;
-    return data_io_.done() && (!has_sums_io_ || sums_io_.done());
+    return data_io_.done();
 }
 
 void SwapHandle::wait_transfer() noexcept {
     if (store_ == nullptr) return;
     // The statuses are read again by wait(); IoHandle::wait is idempotent once done.
     (void)data_io_.wait();
-    if (has_sums_io_) (void)sums_io_.wait();
 }
 
 Status SwapHandle::wait() {
@@ -107,10 +106,6 @@ SwapStore::~SwapStore() {
     if (files_open_) {
         const Status a = engine_.close(data_file_);
         if (!a.is_ok()) log::warning("swap '", name_, "': ", a.to_string());
-        if (verify_) {
-            const Status b = engine_.close(sums_file_);
-            if (!b.is_ok()) log::warning("swap '", name_, "': ", b.to_string());
-        }
     }
     // run_dir_ then removes the files and the directories, and releases the locks.
 }
@@ -164,7 +159,7 @@ Status SwapStore::space_check() const {
             return Status::from_errno(errno, str_cat("stat ", base));
         Need& n = needs[st.st_dev];
         if (n.path.empty()) n.path = base;
-        n.bytes += std::min(per_path, data_bytes_) + (i == 0 && verify_ ? sums_bytes_ : 0);
+        n.bytes += std::min(per_path, data_bytes_);
     }
     for (const auto& [dev, need] : needs) {
         ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(need.path));
@@ -194,18 +189,14 @@ Status SwapStore::commit() {
     const std::vector<std::string> data_paths = run_dir_.file_paths(kDataFileName);
     ZINF_ASSIGN_OR_RETURN(data_file_, engine_.open(data_paths, data_options));
     if (verify_) {
-        io::FileOptions sums_options = data_options;
-        sums_options.stripe_chunk_bytes = 0;
-        sums_options.preallocate_bytes = sums_bytes_;
-        const std::string sums_path = run_dir_.file_paths(kSumsFileName).front();
-        auto sums_file = engine_.open(sums_path, sums_options);
-        if (!sums_file.has_value()) {
+        // The table lives in memory only: swap files belong to one run and are never read by
+        // another, so a copy on disk would have no reader.
+        auto sums = AlignedBuffer::allocate(sums_bytes_, kExtentAlignmentBytes, true);
+        if (!sums.has_value()) {
             (void)engine_.close(data_file_);
-            return sums_file.error();
+            return sums.error();
         }
-        sums_file_ = *sums_file;
-        ZINF_ASSIGN_OR_RETURN(sums_,
-                              AlignedBuffer::allocate(sums_bytes_, kExtentAlignmentBytes, true));
+        sums_ = std::move(*sums);
     }
     files_open_ = true;
     live_ = std::make_unique<Live[]>(partitions_.size());
@@ -377,19 +368,8 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
     handle.count_ = count;
     handle.range_ = false;
     handle.buffer_ = const_cast<std::byte*>(buffer.data());
-    handle.has_sums_io_ = verify_;
-    io::Engine::BatchItem items[2];
-    items[0] = {&handle.data_io_, io::OpKind::kWrite, data_file_, a.offset_bytes,
-                std::span<std::byte>(handle.buffer_, length)};
-    std::size_t n = 1;
-    if (verify_) {
-        const std::uint64_t sums_length =
-            b.sums_offset_bytes + sums_extent_bytes(b.block_count) - a.sums_offset_bytes;
-        items[1] = {&handle.sums_io_, io::OpKind::kWrite, sums_file_, a.sums_offset_bytes,
-                    sums_.span().subspan(a.sums_offset_bytes, sums_length)};
-        n = 2;
-    }
-    const Status s = engine_.submit(std::span<const io::Engine::BatchItem>(items, n));
+    const Status s = engine_.submit_write(handle.data_io_, data_file_, a.offset_bytes,
+                                          std::span<const std::byte>(handle.buffer_, length));
     if (!s.is_ok()) {
         for (std::uint32_t i = first; i < first + count; ++i) {
             live_[i].state.store(State::kFailed, std::memory_order_release);
@@ -438,7 +418,6 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
     handle.range_offset_bytes_ = range_offset;
     handle.range_length_bytes_ = range_length;
     handle.buffer_ = buffer.data();
-    handle.has_sums_io_ = false;
     const Status s =
         engine_.submit_read(handle.data_io_, data_file_, file_offset, buffer.first(length));
     if (!s.is_ok()) {
@@ -494,16 +473,12 @@ Status SwapStore::verify_blocks(const Partition& p, std::uint64_t from_bytes,
 Status SwapStore::complete(SwapHandle& handle) {
     ZINF_ASSERT(handle.store_ == this);
     Status status = handle.data_io_.wait();
-    if (handle.has_sums_io_) {
-        Status sums_status = handle.sums_io_.wait();
-        if (status.is_ok()) status = std::move(sums_status);
-    }
     const std::uint32_t first = handle.first_index_;
     const std::uint32_t count = handle.count_;
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
     if (handle.op_ == io::OpKind::kWrite) {
-        // Only now, with every byte (and its checksums) acknowledged, is the copy valid.
+        // Only now, with every byte acknowledged, is the copy valid.
         const State state = status.is_ok() ? State::kValid : State::kFailed;
         for (std::uint32_t i = first; i < first + count; ++i) {
             ZINF_ASSERT(live_[i].state.load() == State::kWriting);

@@ -9,9 +9,9 @@
 // operation (see swap_out_run). Every kSwapBlockBytes of a partition (partition-relative; the
 // last block may be short) has an XXH3-64 checksum, seeded with the partition id and block
 // index so that a block written to the wrong place also fails. The checksums are kept in memory
-// (the copy that is trusted) and written beside the data, into "swap.xxh3" in the run directory,
-// at an aligned extent per partition laid out in the same order, so that a run's checksums go
-// out in one write too. Both files live as long as the store.
+// only, one aligned extent per partition: swap files belong to one run and are never read by
+// another, so a copy on disk would have no reader (checkpoints carry their own checksums). The
+// swap file lives as long as the store.
 //
 // Lifecycle: create() -> reserve()* -> commit() -> swap_out / swap_in ... -> destruction (removes
 // the files and the run directory).
@@ -114,14 +114,12 @@ private:
     io::OpKind op_ = io::OpKind::kRead;
     std::uint32_t first_index_ = 0;  // layout index of the first partition
     std::uint32_t count_ = 0;        // partitions in the run
-    bool has_sums_io_ = false;
     // Sub-range read: what was read and where it sits (count_ == 1).
     bool range_ = false;
     std::uint64_t range_offset_bytes_ = 0;
     std::uint64_t range_length_bytes_ = 0;
     std::byte* buffer_ = nullptr;
     io::IoHandle data_io_;
-    io::IoHandle sums_io_;
 };
 
 class SwapStore {
@@ -199,7 +197,6 @@ public:
     void reset_stats() noexcept;
 
     static constexpr std::string_view kDataFileName = "swap.data";
-    static constexpr std::string_view kSumsFileName = "swap.xxh3";
 
 private:
     friend class SwapHandle;
@@ -245,7 +242,6 @@ private:
     std::uint64_t sums_bytes_ = 0;
     AlignedBuffer sums_;  // the trusted checksums, laid out like the checksum file
     io::FileId data_file_ = 0;
-    io::FileId sums_file_ = 0;
     bool files_open_ = false;
     std::atomic<std::uint32_t> in_flight_{0};
 
