@@ -394,13 +394,22 @@ void EngineWorker::carve_locked() {
             std::byte* buffer = h.buffer_ + h.cursor_bytes_;
             const Stripe& s = f.stripes[stripe];
             const std::size_t align = f.alignment_bytes;
-            if (f.direct && physical % align != 0 &&
-                reinterpret_cast<std::uintptr_t>(buffer) % align == physical % align) {
-                // A head piece up to the next aligned offset, so that the rest can go direct.
-                length = std::min<std::uint64_t>(length, align - physical % align);
+            // Buffered and direct pieces of one request never share a page: a buffered write
+            // that dirties a page in flight with an O_DIRECT write to another part of it can
+            // write the page back over the direct bytes (the kernel then logs "Page cache
+            // invalidation failure on direct I/O"), and later buffered reads see stale data.
+            // So a request whose buffer and offset agree modulo the alignment goes buffered up
+            // to the first page boundary, direct over whole pages, and buffered after the last.
+            const std::uint64_t page = std::max<std::uint64_t>(align, kPageBytes);
+            bool direct = false;
+            if (f.direct && reinterpret_cast<std::uintptr_t>(buffer) % align == physical % align) {
+                if (physical % page != 0) {
+                    length = std::min<std::uint64_t>(length, page - physical % page);
+                } else if (length >= page) {
+                    length = align_down(length, page);
+                    direct = true;
+                }
             }
-            const bool direct = f.direct && physical % align == 0 && length % align == 0 &&
-                                is_aligned(buffer, align);
             Piece& piece = pieces_[free_[--free_count_]];
             ZINF_ASSERT(piece.handle == nullptr);
             Request& r = piece.request;

@@ -9,7 +9,8 @@
 // several drives add up. O_DIRECT is used where the file system accepts it (see FileOptions);
 // pieces that are not aligned to the file's logical block size (an odd tail, an odd offset) go
 // through a buffered descriptor of the same file, so the caller's bytes never see garbage and
-// nothing is written past the intended extent.
+// nothing is written past the intended extent. Direct and buffered pieces of one request never
+// share a page (see EngineWorker::carve_locked).
 #pragma once
 
 #include <atomic>
