@@ -211,6 +211,7 @@ void CpuDevice::worker_main() {
         // The slot stays ours until completed_seq_ moves past it: enqueue never overwrites it.
         const Op op = ring_[completed_seq_ % ring_.size()];
         lock.unlock();
+        if (options_.op_delay.count() > 0) std::this_thread::sleep_for(options_.op_delay);
         run_op(op);
         lock.lock();
         ++completed_seq_;

@@ -6,6 +6,7 @@
 // Self-contained on purpose: it links only zinf_base. The CUDA device lives in src/device/cuda.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +37,10 @@ struct CpuDeviceOptions {
     std::size_t queue_capacity = 1024;
     // Events that may be outstanding (recorded and not yet released) at once.
     std::size_t event_capacity = 4096;
+    // The worker waits this long before each operation (worker_thread only): a slow copy
+    // engine, under which a caller that reuses a host buffer before its copy has run reads or
+    // publishes the wrong bytes, where a fast worker would usually hide the missing wait.
+    std::chrono::microseconds op_delay{0};
 };
 
 // Thread-safe: any thread may call any member. Streams share one FIFO, which orders work more

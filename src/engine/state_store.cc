@@ -70,15 +70,34 @@ public:
     }
 
 protected:
+    // master, exp_avg, exp_avg_sq, max_exp_avg_sq.
+    static constexpr std::size_t kStateArrays = 4;
+
     InMemoryStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
         : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
           kernel_(kernel) {}
-    // Points the store at its arrays (each numel() floats, zeroed; null for a state not kept).
-    void adopt(float* master, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq) noexcept {
-        master_ = master;
-        exp_avg_ = exp_avg;
-        exp_avg_sq_ = exp_avg_sq;
-        max_exp_avg_sq_ = max_exp_avg_sq;
+
+    // Allocates (zeroed) every array the layout keeps with `allocate(buffer, bytes, what)` and
+    // points the store at them.
+    template <typename Buffer, typename Allocate>
+    Status allocate_arrays(Buffer (&arrays)[kStateArrays], const OffloadPlan& plan,
+                           const char* where, Allocate allocate) {
+        static constexpr const char* kNames[kStateArrays] = {"fp32 master parameters", "exp_avg",
+                                                             "exp_avg_sq", "max_exp_avg_sq"};
+        const StateLayout l = layout();
+        const bool kept[kStateArrays] = {true, l.exp_avg, l.exp_avg_sq, l.max_exp_avg_sq};
+        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
+        float* pointers[kStateArrays] = {};
+        for (std::size_t i = 0; i < kStateArrays; ++i) {
+            if (!kept[i]) continue;
+            ZINF_TRY(allocate(arrays[i], bytes, str_cat(where, " ", kNames[i])));
+            pointers[i] = arrays[i].template as<float>();
+        }
+        master_ = pointers[0];
+        exp_avg_ = pointers[1];
+        exp_avg_sq_ = pointers[2];
+        max_exp_avg_sq_ = pointers[3];
+        return Status::ok();
     }
 
 private:
@@ -105,19 +124,13 @@ public:
                                                       const kernels::OptimizerKernel& kernel) {
         ZINF_ASSERT(device.kind() == DeviceKind::kCpu);
         std::unique_ptr<DeviceStateStore> s(new DeviceStateStore(plan, kernel));
-        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
-        auto allocate = [&](DeviceBuffer& b, const char* what) -> Status {
-            ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what));
+        ZINF_TRY(s->allocate_arrays(s->arrays_, plan, "device", [&](DeviceBuffer& b,
+                                                                      std::size_t bytes,
+                                                                      const std::string& what) {
+            ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what.c_str()));
             return device.fill_zero(b.data(), bytes, 0);
-        };
-        const StateLayout layout = s->layout();
-        ZINF_TRY(allocate(s->master_, "device fp32 master parameters"));
-        if (layout.exp_avg) ZINF_TRY(allocate(s->exp_avg_, "device exp_avg"));
-        if (layout.exp_avg_sq) ZINF_TRY(allocate(s->exp_avg_sq_, "device exp_avg_sq"));
-        if (layout.max_exp_avg_sq) ZINF_TRY(allocate(s->max_exp_avg_sq_, "device max_exp_avg_sq"));
+        }));
         ZINF_TRY(device.synchronize(0));
-        s->adopt(s->master_.as<float>(), s->exp_avg_.as<float>(), s->exp_avg_sq_.as<float>(),
-                 s->max_exp_avg_sq_.as<float>());
         return std::unique_ptr<StateStore>(std::move(s));
     }
     Home home() const noexcept override { return Home::kDevice; }
@@ -125,10 +138,7 @@ public:
 private:
     DeviceStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
         : InMemoryStateStore(plan, kernel) {}
-    DeviceBuffer master_;
-    DeviceBuffer exp_avg_;
-    DeviceBuffer exp_avg_sq_;
-    DeviceBuffer max_exp_avg_sq_;
+    DeviceBuffer arrays_[kStateArrays];
 };
 
 // offload_optimizer "cpu": the states in host memory outside the device budget.
@@ -137,21 +147,14 @@ public:
     static Result<std::unique_ptr<StateStore>> create(const OffloadPlan& plan,
                                                       const kernels::OptimizerKernel& kernel) {
         std::unique_ptr<HostStateStore> s(new HostStateStore(plan, kernel));
-        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
-        auto allocate = [&](AlignedBuffer& b, const char* what) -> Status {
+        ZINF_TRY(s->allocate_arrays(s->arrays_, plan, "host", [](AlignedBuffer& b,
+                                                                   std::size_t bytes,
+                                                                   const std::string& what) {
             auto r = AlignedBuffer::allocate(bytes, kDefaultAlignmentBytes, /*zero_fill=*/true);
             if (!r.has_value()) return r.error().with_context(what);
             b = std::move(*r);
             return Status::ok();
-        };
-        const StateLayout layout = s->layout();
-        ZINF_TRY(allocate(s->master_, "host fp32 master parameters"));
-        if (layout.exp_avg) ZINF_TRY(allocate(s->exp_avg_, "host exp_avg"));
-        if (layout.exp_avg_sq) ZINF_TRY(allocate(s->exp_avg_sq_, "host exp_avg_sq"));
-        if (layout.max_exp_avg_sq) ZINF_TRY(allocate(s->max_exp_avg_sq_, "host max_exp_avg_sq"));
-        auto floats = [](AlignedBuffer& b) { return b.empty() ? nullptr : b.as<float>(); };
-        s->adopt(floats(s->master_), floats(s->exp_avg_), floats(s->exp_avg_sq_),
-                 floats(s->max_exp_avg_sq_));
+        }));
         return std::unique_ptr<StateStore>(std::move(s));
     }
     Home home() const noexcept override { return Home::kHost; }
@@ -159,10 +162,7 @@ public:
 private:
     HostStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
         : InMemoryStateStore(plan, kernel) {}
-    AlignedBuffer master_;
-    AlignedBuffer exp_avg_;
-    AlignedBuffer exp_avg_sq_;
-    AlignedBuffer max_exp_avg_sq_;
+    AlignedBuffer arrays_[kStateArrays];
 };
 
 // offload_optimizer "nvme": the states in the swap store, each chunk one sub-group of the
@@ -256,7 +256,8 @@ OptimizerIo::OptimizerIo(const OffloadPlan& plan, zero::ParameterCoordinator& co
       device_(device),
       dtype_(plan.dtype),
       update_(plan.parameter_update),
-      copy_gradients_(plan.gradients_copied_to_host) {}
+      copy_gradients_(plan.gradients_copied_to_host),
+      master_persists_(plan.optimizer_states != Home::kNvme) {}
 
 Result<std::unique_ptr<OptimizerIo>> OptimizerIo::create(const OffloadPlan& plan,
                                                          zero::ParameterCoordinator& coordinator,
@@ -323,8 +324,13 @@ Status OptimizerIo::updated(std::size_t, std::uint64_t offset_numel,
             return Status::ok();  // the kernel wrote them
         case ParameterUpdate::kCopyMaster: {
             auto* device_params = static_cast<std::byte*>(coordinator_.domain().parameters);
-            return device_.copy_to_device(device_params + offset_numel * sizeof(float),
-                                          params.data(), params.size_bytes(), 0);
+            ZINF_TRY(device_.copy_to_device(device_params + offset_numel * sizeof(float),
+                                            params.data(), params.size_bytes(), 0));
+            // The NVMe store's chunk buffer is reused (read into, written out) as soon as this
+            // returns: the copy must have read it. A master in memory stays put until the
+            // engine's synchronize at the end of the step, so that copy may overlap the next
+            // chunk's kernel.
+            return master_persists_ ? Status::ok() : device_.synchronize(0);
         }
         case ParameterUpdate::kThroughCoordinator: {
             // Blocks until copied: the staging buffer is reused by the next chunk.
