@@ -311,6 +311,11 @@ Status Engine::stage_batch(const Batch& batch) {
                                     stream()));
     ZINF_TRY(device_.copy_to_device(labels_device_.data(), batch.labels.data(),
                                     batch.labels.size_bytes(), stream()));
+    // The copies read the caller's batch, which it may free or refill as soon as forward,
+    // evaluate or predict returns, on an error too (a failed model forward returned before
+    // anything waited for them: ThreadSanitizer, engine_fault_test). The stream is idle here
+    // (each step and backward end synchronized), so this waits for these few KiB only.
+    ZINF_TRY(device_.synchronize(stream()));
     rows_staged_ = batch.rows;
     return Status::ok();
 }
@@ -472,13 +477,19 @@ Status Engine::io_only_step() {
     return Status::ok();
 }
 
-Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
+// A forward without training over one batch (evaluation, prediction).
+Status Engine::inference_forward(const Batch& batch) {
     ZINF_ASSERT(!forward_done_);
     ZINF_TRY(check_usable());
     ZINF_TRY(stage_batch(batch));
-    model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
-    ZINF_TRY(model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
-                            batch.rows));
+    const model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
+    return model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
+                          batch.rows);
+}
+
+Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
+    ZINF_TRY(inference_forward(batch));
+    const model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
     ZINF_TRY(model_.count_correct(ctx, correct_device_.as<std::uint64_t>(), false));
     std::uint64_t correct = 0;
     ZINF_TRY(device_.copy_to_host(&correct, correct_device_.data(), sizeof correct, stream()));
@@ -488,12 +499,7 @@ Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
 }
 
 Result<std::vector<std::int32_t>> Engine::predict(const Batch& batch) {
-    ZINF_ASSERT(!forward_done_);
-    ZINF_TRY(check_usable());
-    ZINF_TRY(stage_batch(batch));
-    model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
-    ZINF_TRY(model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
-                            batch.rows));
+    ZINF_TRY(inference_forward(batch));
     std::vector<std::int32_t> predicted(batch.rows * model_.batch_shape().label_numel);
     ZINF_TRY(model_.read_predictions(stream(), predicted));
     ZINF_TRY(coordinator_->end_evaluation(stream()));

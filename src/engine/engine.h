@@ -198,6 +198,7 @@ private:
     Status check_loadable(const engine::CheckpointReader& r) const;
     Status restore_counters(const engine::CheckpointReader& r);
     Status stage_batch(const Batch& batch);
+    Status inference_forward(const Batch& batch);
     Status run_optimizer(double norm_unscale);
     Result<kernels::GradStats> gradient_stats();
     void build_summary();

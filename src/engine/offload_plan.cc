@@ -201,33 +201,36 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
 
 }  // namespace
 
+namespace {
+
+// The fields the two spellings of the aio block share (all but use_direct's type).
+template <typename To, typename From>
+void copy_aio_fields(To& to, const From& from) {
+    to.block_size_bytes = from.block_size_bytes;
+    to.queue_depth = from.queue_depth;
+    to.intra_op_parallelism = from.intra_op_parallelism;
+    to.single_submit = from.single_submit;
+    to.overlap_events = from.overlap_events;
+    to.backend = from.backend;
+    to.register_buffers = from.register_buffers;
+    to.sqpoll = from.sqpoll;
+}
+
+}  // namespace
+
 io::AioOptions aio_options(const config::AioConfig& aio) {
     io::AioOptions o;
-    o.block_size_bytes = aio.block_size_bytes;
-    o.queue_depth = aio.queue_depth;
-    o.intra_op_parallelism = aio.intra_op_parallelism;
-    o.single_submit = aio.single_submit;
-    o.overlap_events = aio.overlap_events;
-    o.backend = aio.backend;
+    copy_aio_fields(o, aio);
     o.use_direct = direct_mode(aio.use_direct);
-    o.register_buffers = aio.register_buffers;
-    o.sqpoll = aio.sqpoll;
     return o;
 }
 
 config::AioConfig aio_config(const io::AioOptions& aio) {
     config::AioConfig c;
-    c.block_size_bytes = aio.block_size_bytes;
-    c.queue_depth = aio.queue_depth;
-    c.intra_op_parallelism = aio.intra_op_parallelism;
-    c.single_submit = aio.single_submit;
-    c.overlap_events = aio.overlap_events;
-    c.backend = aio.backend;
+    copy_aio_fields(c, aio);
     c.use_direct = aio.use_direct == io::DirectMode::kOn    ? config::Tristate::kOn
                    : aio.use_direct == io::DirectMode::kOff ? config::Tristate::kOff
                                                             : config::Tristate::kAuto;
-    c.register_buffers = aio.register_buffers;
-    c.sqpoll = aio.sqpoll;
     return c;
 }
 

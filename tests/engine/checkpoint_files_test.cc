@@ -19,12 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using zinf::test::read_text;
 
 std::span<const std::byte> bytes_of(const std::string& s) {
     return std::as_bytes(std::span<const char>(s.data(), s.size()));

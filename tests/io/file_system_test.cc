@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "io/engine.h"
+#include "tests/support/test_seed.h"
 #include "src/base/log.h"
 #include "tests/io/io_test_util.h"
 
@@ -21,12 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using zinf::test::read_text;
 
 TEST(FileSystem, OpenAtRefusesASymbolicLinkAndLeavesItsTargetUntouched) {
     zinf::test::TempDir tmp("fs");

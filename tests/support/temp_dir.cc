@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <stdexcept>
 
@@ -59,5 +61,12 @@ TempDir::~TempDir() {
 }
 
 bool is_root() { return ::geteuid() == 0; }
+
+std::string read_text(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
 
 }  // namespace zinf::test

@@ -25,4 +25,7 @@ private:
 // True when running as root (tests that mount a tmpfs need it).
 bool is_root();
 
+// The whole content of a file ("" when it cannot be read).
+std::string read_text(const std::string& path);
+
 }  // namespace zinf::test

@@ -124,12 +124,7 @@ TEST(RunDir, AfterKill9ANewRunStartsCleanAndTrustsNothing) {
 // Another user's uid for chown (nobody); the tests that need it run as root and skip otherwise.
 constexpr uid_t kOtherUid = 65534;
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using zinf::test::read_text;
 
 // A directory `name` in `parent` with `mode` (chmod after mkdir: the umask does not apply).
 std::string make_dir(const std::string& parent, const std::string& name, mode_t mode) {

@@ -275,6 +275,16 @@ void print_overlap(const zinf::OverlapFigures& f, std::uint64_t steps) {
     std::fflush(stdout);
 }
 
+// --eval-only: the checkpoint's accuracy, without a training step.
+int evaluate_only(zinf::Trainer& trainer, const zinf::Engine& engine, bool on_test) {
+    auto accuracy = trainer.evaluate();
+    if (!accuracy.has_value()) return fail("evaluate", accuracy.error());
+    std::printf("evaluation only (no training) of the checkpoint at step %" PRIu64
+                ": %s accuracy %.2f %%\n",
+                engine.global_steps(), on_test ? "test" : "train", 100.0 * *accuracy);
+    return 0;
+}
+
 // Training with the loss log and the printer; the summary after it.
 int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flags,
           const zinf::config::EngineConfig& config, const zinf::TrainingStack& stack) {
@@ -348,11 +358,7 @@ int run(int argc, char** argv) {
     if (!trainer.has_value()) return fail("data", trainer.error());
 
     if (args.get_switch("eval-only")) {
-        auto accuracy = trainer->evaluate();
-        if (!accuracy.has_value()) return fail("evaluate", accuracy.error());
-        std::printf("evaluation only (no training) of the checkpoint at step %" PRIu64
-                    ": %s accuracy %.2f %%\n",
-                    engine.global_steps(), data->test ? "test" : "train", 100.0 * *accuracy);
+        if (int rc = evaluate_only(*trainer, engine, data->test != nullptr); rc != 0) return rc;
     } else {
         std::printf("data: %s, %zu training samples, %" PRIu64 " steps per epoch, %" PRIu64
                     " steps to run (from step %" PRIu64 ")\n",
