@@ -142,7 +142,7 @@ struct Trainer {
 
 inline std::vector<std::uint32_t> bits(const std::vector<float>& v) {
     std::vector<std::uint32_t> out(v.size());
-    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));  // none: null
     return out;
 }
 inline std::vector<std::uint32_t> bits(std::span<const float> v) {
