@@ -56,11 +56,13 @@ protected:
         return id.has_value() ? *id : 0;
     }
 
-    // Another engine like engine_, whose backends pass every raw result through `rewrite`.
-    std::unique_ptr<Engine> engine_with(long (*rewrite)(void*, const Request&, long) noexcept) {
+    // Another engine like engine_, whose backends pass every raw result through `rewrite`, with
+    // `context` (by default the count of rewrites_).
+    std::unique_ptr<Engine> engine_with(long (*rewrite)(void*, const Request&, long) noexcept,
+                                        void* context = nullptr) {
         Seams seams;
         seams.result = rewrite;
-        seams.context = &rewrites_;
+        seams.context = context != nullptr ? context : &rewrites_;
         std::string skip;
         auto engine =
             make_engine(GetParam().backend, GetParam().direct ? Tristate::kOn : Tristate::kOff,
@@ -75,6 +77,15 @@ protected:
         auto id = engine.open(dir_.file(name), fo);
         EXPECT_TRUE(id.has_value()) << id.error().to_string();
         return id.has_value() ? *id : 0;
+    }
+
+    // Writes `bytes` bytes at offset 0, then reads them back into the same buffer: the read's
+    // status (the write must succeed).
+    Status read_after_write(Engine& engine, FileId file, std::size_t bytes) {
+        AlignedBuffer buffer = must_allocate(bytes);
+        const Status w = engine.write(file, 0, buffer.span());
+        EXPECT_TRUE(w.is_ok()) << w.to_string();
+        return engine.read(file, 0, buffer.span());
     }
 
     // Writes 1 MiB of random bytes (16 pieces of 64 KiB) and reads them back; returns whether
@@ -371,9 +382,7 @@ TEST_P(BackendConformance, EagainBeyondTheRetryBoundFailsTheReadWithEagain) {
     auto engine = engine_with(&eagain_on_reads);
     ASSERT_NE(engine, nullptr);
     const FileId file = open_on(*engine, "eagain");
-    AlignedBuffer buffer = must_allocate(64 * 1024);
-    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
-    const Status st = engine->read(file, 0, buffer.span());
+    const Status st = read_after_write(*engine, file, 64 * 1024);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.errno_value(), EAGAIN) << st.to_string();
     EXPECT_NE(st.message().find("read " + dir_.file("eagain")), std::string::npos)
@@ -419,9 +428,7 @@ TEST_P(BackendConformance, EinvalOnAFreshReadIsAnErrorNotEndOfFile) {
     auto engine = engine_with(&einval_on_reads);
     ASSERT_NE(engine, nullptr);
     const FileId file = open_on(*engine, "einval");
-    AlignedBuffer buffer = must_allocate(16384);
-    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
-    const Status st = engine->read(file, 0, buffer.span());
+    const Status st = read_after_write(*engine, file, 16384);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.errno_value(), EINVAL) << st.to_string();
     EXPECT_EQ(st.message().find("end of file"), std::string::npos) << st.to_string();
@@ -431,9 +438,7 @@ TEST_P(BackendConformance, KernelErrorReachesTheCallerOnceWithContext) {
     auto engine = engine_with(&eio_on_reads);
     ASSERT_NE(engine, nullptr);
     const FileId file = open_on(*engine, "eio");
-    AlignedBuffer buffer = must_allocate(64 * 1024);
-    ASSERT_TRUE(engine->write(file, 0, buffer.span()).is_ok());
-    const Status st = engine->read(file, 0, buffer.span());
+    const Status st = read_after_write(*engine, file, 64 * 1024);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.errno_value(), EIO) << st.to_string();
     EXPECT_NE(st.message().find("read " + dir_.file("eio") + " offset 0 length 65536"),
@@ -473,19 +478,9 @@ TEST_P(BackendConformance, DirectAndBufferedPiecesOfARequestNeverShareAPage) {
     constexpr std::size_t kPage = 4096;
     constexpr std::size_t kFileBytes = 2 << 20;
     PieceLog log;
-    Seams seams;
-    seams.result = record_piece;
-    seams.context = &log;
-    std::string skip;
-    auto engine = make_engine(GetParam().backend,
-                              GetParam().direct ? Tristate::kOn : Tristate::kOff, &skip,
-                              std::nullopt, nullptr, seams);
-    ASSERT_NE(engine, nullptr) << skip;
-    FileOptions fo;
-    fo.create = true;
-    fo.preallocate_bytes = kFileBytes;
-    auto file = engine->open(dir_.file("pages"), fo);
-    ASSERT_TRUE(file.has_value()) << file.error().to_string();
+    auto engine = engine_with(&record_piece, &log);
+    ASSERT_NE(engine, nullptr);
+    const FileId file = open_on(*engine, "pages");
     std::vector<std::byte> model(kFileBytes);
     AlignedBuffer out = must_allocate(1 << 20);
     AlignedBuffer in = must_allocate(1 << 20);
@@ -501,7 +496,7 @@ TEST_P(BackendConformance, DirectAndBufferedPiecesOfARequestNeverShareAPage) {
                 const std::lock_guard lock(log.mutex);
                 log.pieces.clear();
             }
-            ASSERT_TRUE(engine->write(*file, offset, bytes).is_ok());
+            ASSERT_TRUE(engine->write(file, offset, bytes).is_ok());
             std::memcpy(model.data() + offset, bytes.data(), length);
             std::map<std::uint64_t, unsigned> modes;  // page -> 1 buffered, 2 direct
             std::uint64_t direct_bytes = 0, covered = 0;
@@ -531,12 +526,12 @@ TEST_P(BackendConformance, DirectAndBufferedPiecesOfARequestNeverShareAPage) {
             }
             // Read back through a buffer misaligned another way: buffered, from the page cache.
             std::span<std::byte> back = in.span().subspan(7, length);
-            ASSERT_TRUE(engine->read(*file, offset, back).is_ok());
+            ASSERT_TRUE(engine->read(file, offset, back).is_ok());
             ASSERT_EQ(std::memcmp(back.data(), model.data() + offset, length), 0)
                 << "shift " << shift << " round " << round;
         }
     }
-    EXPECT_TRUE(engine->close(*file).is_ok());
+    EXPECT_TRUE(engine->close(file).is_ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformance,
