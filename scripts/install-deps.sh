@@ -12,8 +12,9 @@ packages=(
   libpng-dev
   fio util-linux procps
   dataset-fashion-mnist
-  # MPI: the NCCL bootstrap for several ranks (zero/nccl_mpi_bootstrap) and, later, CPU ranks.
-  libopenmpi-dev
+  # MPI: several ranks (mpirun -np N zinfinity-train), the MPI communicator of CPU ranks and
+  # the NCCL bootstrap of GPU ranks.
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

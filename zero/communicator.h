@@ -1,11 +1,16 @@
 // zero::Communicator: collectives over the data-parallel ranks. Implementations: the single-rank
-// communicator (identity over one rank; the CPU path and every test), NCCL (GPUs), and later MPI.
-// Buffers are device memory of the Device the communicator was created for; operations are
-// ordered on `stream` of that device.
+// communicator (identity over one rank), MPI (CPU-device ranks, zero/mpi_communicator.h) and NCCL
+// (GPU ranks). Buffers are device memory of the Device the communicator was created for;
+// operations are ordered on `stream` of that device. all_gather_host is the control plane: a few
+// host bytes per rank (losses, norms, flags), from which the rank-order helpers below agree on
+// values every rank computes bit for bit the same.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "src/base/device.h"
 #include "src/base/dtype.h"
@@ -34,6 +39,18 @@ public:
     virtual Status broadcast(void* buffer, std::size_t numel, DType dtype, int root,
                              StreamId stream) = 0;
     virtual Status barrier() = 0;
+    // Host memory: recv (world_size() * send.size() bytes) receives rank r's send at
+    // r * send.size(). Blocking.
+    virtual Status all_gather_host(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
 };
+
+// Element-wise sums over the ranks of host values, added in rank order on every rank (so every
+// rank gets the same bits). In place.
+Status sum_over_ranks(Communicator& comm, std::span<double> values);
+Status sum_over_ranks(Communicator& comm, std::span<std::uint64_t> values);
+// True on every rank when `flag` is true on any.
+Result<bool> any_over_ranks(Communicator& comm, bool flag);
+// Every rank's value, in rank order.
+Result<std::vector<std::uint64_t>> gather_over_ranks(Communicator& comm, std::uint64_t value);
 
 }  // namespace zinf::zero

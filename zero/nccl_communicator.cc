@@ -175,4 +175,20 @@ Status NcclCommunicator::barrier() {
     return Status::ok();
 }
 
+Status NcclCommunicator::all_gather_host(std::span<const std::byte> send,
+                                         std::span<std::byte> recv) {
+    ZINF_ASSERT_EQ(recv.size(), send.size() * static_cast<std::size_t>(world_size_));
+    if (send.empty()) return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(DeviceBuffer staging,
+                          DeviceBuffer::allocate(device_, recv.size(), "NCCL host all-gather"));
+    auto* base = static_cast<std::byte*>(staging.data());
+    std::byte* own = base + static_cast<std::size_t>(rank_) * send.size();
+    ZINF_TRY(device_.copy_to_device(own, send.data(), send.size(), 0));
+    ZINF_TRY(device_.make_current());
+    ZINF_NCCL_TRY(ncclAllGather(own, base, send.size(), ncclInt8, comm_, device_.cuda_stream(0)),
+                  comm_);
+    ZINF_TRY(device_.copy_to_host(recv.data(), base, recv.size(), 0));
+    return device_.synchronize(0);
+}
+
 }  // namespace zinf::zero

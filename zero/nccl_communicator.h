@@ -72,6 +72,8 @@ public:
     // An all-reduce of one value on stream 0, waited for with a bound (options.barrier_timeout):
     // kTimeout after aborting the communicator, kNccl on an asynchronous error.
     Status barrier() override;
+    // Through a device buffer: copy in, ncclAllGather of bytes on stream 0, copy out, wait.
+    Status all_gather_host(std::span<const std::byte> send, std::span<std::byte> recv) override;
 
     // NCCL's asynchronous error state (a peer or network failure): kNccl when set.
     Status check_async_error();
