@@ -836,6 +836,13 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
         ZINF_TRY(s.get_bool("verify_checksums", c.swap.verify_checksums));
         ZINF_TRY(s.finish());
     }
+    ZINF_TRY(r.get_object("comm", sub));
+    if (sub != nullptr) {
+        ObjectReader s(*sub, "comm", c.warnings);
+        ZINF_TRY(s.get_bool("deterministic", c.comm.deterministic));
+        ZINF_TRY(s.get_int(std::string_view("timeout_s"), c.comm.timeout_s, 0, 7 * 24 * 3600));
+        ZINF_TRY(s.finish());
+    }
     ZINF_TRY(r.get_object("model", sub));
     if (sub != nullptr) ZINF_TRY(read_model(*sub, "model", c.warnings, c.model));
     ZINF_TRY(r.get_object("data", sub));

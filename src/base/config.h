@@ -143,6 +143,15 @@ struct SwapConfig {
     bool verify_checksums = true;
 };
 
+// zinfinity's `comm` block: the collectives between data-parallel ranks.
+struct CommConfig {
+    // Reductions summed in rank order (bitwise reproducible; a little slower than MPI's own).
+    bool deterministic = false;
+    // A collective that has not completed after this long stops the job with an error naming it
+    // (a rank failed or hung); 0: wait forever.
+    int timeout_s = 600;
+};
+
 // zinfinity's `cpu_optimizer` block: which SIMD variant the CPU optimizer uses.
 struct CpuOptimizerConfig {
     std::string isa = "auto";  // auto | avx512 | avx2 | scalar; ZINF_CPU_ISA overrides
@@ -193,6 +202,7 @@ struct EngineConfig {
     OptimizerConfig optimizer;
     SchedulerConfig scheduler;
     SwapConfig swap;
+    CommConfig comm;
     CpuOptimizerConfig cpu_optimizer;
     BatchConfig batch;
     ModelConfig model;

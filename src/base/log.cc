@@ -13,6 +13,7 @@ namespace zinf::log {
 namespace {
 std::atomic<int> g_level{-1};
 std::mutex g_mutex;
+std::string g_line_prefix;
 
 int level_from_env() {
     const char* env = std::getenv("ZINF_LOG_LEVEL");
@@ -38,13 +39,19 @@ void set_level(Level new_level) noexcept {
     g_level.store(static_cast<int>(new_level), std::memory_order_relaxed);
 }
 
+void set_line_prefix(std::string prefix) {
+    std::lock_guard lock(g_mutex);
+    g_line_prefix = std::move(prefix);
+}
+
 void write(Level line_level, std::string_view message) {
     static constexpr const char* kPrefix[] = {"[zinf debug] ", "[zinf] ", "[zinf warning] ",
                                               "[zinf error] ", ""};
     std::string line = kPrefix[static_cast<int>(line_level)];
+    std::lock_guard lock(g_mutex);
+    line.append(g_line_prefix);
     line.append(message);
     line.push_back('\n');
-    std::lock_guard lock(g_mutex);
     std::fputs(line.c_str(), stderr);
 }
 

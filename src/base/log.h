@@ -22,6 +22,9 @@ enum class Level { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kOff = 4 };
 // The threshold comes from ZINF_LOG_LEVEL (debug|info|warning|error|off) at first use; info default.
 Level level() noexcept;
 void set_level(Level level) noexcept;
+// Text put after the level tag of every line ("rank 1: " on a rank of several); empty: none.
+// Set once at start, before other threads log.
+void set_line_prefix(std::string prefix);
 // Thread-safe; one line per call.
 void write(Level level, std::string_view message);
 // Logs a warning once per distinct key for the life of the process; returns whether it logged.

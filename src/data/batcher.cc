@@ -22,10 +22,16 @@ Result<Batcher> Batcher::create(const DataSource& source, const BatcherOptions& 
         return Status::invalid_argument(
             str_cat("batcher: at most 2^32 - 1 samples, got ", source.count()));
     }
-    if (options.drop_last && source.count() < options.batch_rows) {
-        return Status::invalid_argument(str_cat("batcher: ", source.count(),
-                                                " samples make no full batch of ",
-                                                options.batch_rows, " with drop_last"));
+    if (options.shard_count == 0 || options.shard_index >= options.shard_count) {
+        return Status::invalid_argument(str_cat("batcher: shard ", options.shard_index,
+                                                " of ", options.shard_count));
+    }
+    if (options.drop_last && source.count() < options.batch_rows * options.shard_count) {
+        return Status::invalid_argument(str_cat(
+            "batcher: ", source.count(), " samples make no full batch of ", options.batch_rows,
+            options.shard_count > 1 ? str_cat(" rows on each of ", options.shard_count, " ranks")
+                                    : std::string(),
+            " with drop_last"));
     }
     Batcher batcher(source, options);
     batcher.order_.resize(source.count());
@@ -52,13 +58,13 @@ void Batcher::start_epoch(std::uint64_t epoch) {
 
 std::size_t Batcher::batches_per_epoch() const noexcept {
     const std::size_t count = order_.size();
-    return options_.drop_last ? count / options_.batch_rows
-                              : (count + options_.batch_rows - 1) / options_.batch_rows;
+    return options_.drop_last ? count / global_rows() : (count + global_rows() - 1) / global_rows();
 }
 
 std::span<const std::uint32_t> Batcher::batch_indices(std::size_t batch_index) const {
     ZINF_ASSERT_LT(batch_index, batches_per_epoch());
-    const std::size_t begin = batch_index * options_.batch_rows;
+    const std::size_t begin = std::min(
+        order_.size(), batch_index * global_rows() + options_.shard_index * options_.batch_rows);
     const std::size_t end = std::min(order_.size(), begin + options_.batch_rows);
     return std::span<const std::uint32_t>(order_).subspan(begin, end - begin);
 }

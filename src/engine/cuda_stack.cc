@@ -6,7 +6,8 @@
 
 namespace zinf {
 
-Result<TrainingStack> create_cuda_training_stack(const config::EngineConfig& config) {
+Result<TrainingStack> create_cuda_training_stack(const config::EngineConfig& config,
+                                                 const CommunicatorFactory& make_communicator) {
     if (config.device.type != "cuda") {
         return Status::invalid_argument("device.type: \"" + config.device.type +
                                         "\"; the CUDA stack needs \"cuda\"");
@@ -17,7 +18,8 @@ Result<TrainingStack> create_cuda_training_stack(const config::EngineConfig& con
     ZINF_ASSIGN_OR_RETURN(auto device, device::CudaDevice::create(device_options));
     ZINF_ASSIGN_OR_RETURN(auto compute, device::CudaCompute::create(*device));
     // The compute borrows the device: the stack destroys the compute first.
-    return assemble_training_stack(config, std::move(device), std::move(compute));
+    return assemble_training_stack(config, std::move(device), std::move(compute), {},
+                                   make_communicator);
 }
 
 }  // namespace zinf

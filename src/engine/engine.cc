@@ -125,6 +125,19 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
             " exceeds the model's batch_rows_max ", model.batch_rows_max()));
     }
     ZINF_TRY(engine::check_scheduler(config.scheduler));
+    if (communicator.world_size() > 1) {
+        // One config serves every rank: each rank swaps under its own subdirectory.
+        return create_for_rank(engine::with_rank_swap_paths(config, communicator.rank()), model,
+                               device, compute, communicator, options);
+    }
+    return create_for_rank(config, model, device, compute, communicator, options);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConfig& config,
+                                                        model::Model& model, Device& device,
+                                                        Compute& compute,
+                                                        zero::Communicator& communicator,
+                                                        const EngineOptions& options) {
     ZINF_TRY(engine::check_swap_directories(config));
     engine::PlanInputs in;
     for (const auto& info : model.parameters().all()) in.parameter_numels.push_back(info.numel);
@@ -365,19 +378,51 @@ Status Engine::backward() {
     return Status::ok();
 }
 
+// The global gradient norm, the same bits under every stage and placement at one world size:
+// one partial sum of squares per (parameter, rank slice), each over the slice in chunks of
+// kNormChunkNumel from its start, added parameter by parameter and, within one, in rank order.
+// Stage 0 holds every reduced gradient and computes every partial itself; under stages 1-3 each
+// rank computes its slices' partials and the ranks exchange them (zero::sum_over_ranks adds the
+// zeros of the other ranks' columns, which is exact), so every rank clips by the same norm.
 Result<kernels::GradStats> Engine::gradient_stats() {
     const auto& d = coordinator_->domain();
+    const auto& part = coordinator_->partitioning();
     const std::size_t eb = dtype_size_bytes(d.dtype);
     ZINF_ASSIGN_OR_RETURN(const std::byte* grads, optimizer_io_->prepare(stream()));
-    kernels::GradStats total;
-    for (std::size_t off = 0; off < d.numel; off += kNormChunkNumel) {
-        const std::size_t n = std::min(kNormChunkNumel, d.numel - off);
-        const auto s =
-            kernel_.grad_stats(kernels::GradView{grads + off * eb, n, kernel_dtype(d.dtype)});
-        total.has_inf_nan = total.has_inf_nan || s.has_inf_nan;
-        total.sum_squares += s.sum_squares;
+    const bool partitioned = coordinator_->plan().optimizer_partitioned;
+    const auto ws = static_cast<std::size_t>(part.world_size());
+    const std::size_t params = part.parameter_count();
+    // partials[p * ws + r]; the last element counts slices with an inf or NaN.
+    std::vector<double> partials(params * ws + 1, 0.0);
+    auto slice_sum = [&](std::size_t offset, std::size_t n) {
+        double sum = 0.0;
+        for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
+            const std::size_t len = std::min(kNormChunkNumel, n - at);
+            const auto s = kernel_.grad_stats(
+                kernels::GradView{grads + (offset + at) * eb, len, kernel_dtype(d.dtype)});
+            if (s.has_inf_nan) partials.back() += 1.0;
+            sum += s.sum_squares;
+        }
+        return sum;
+    };
+    for (std::size_t p = 0; p < params; ++p) {
+        const auto& slot = part.slot(p);
+        if (partitioned) {
+            const auto r = static_cast<std::size_t>(part.rank());
+            partials[p * ws + r] = slice_sum(slot.partition_offset_numel, slot.slice_numel);
+        } else {
+            for (std::size_t r = 0; r < ws; ++r) {
+                partials[p * ws + r] =
+                    slice_sum(slot.full_offset_numel + r * slot.slice_numel, slot.slice_numel);
+            }
+        }
     }
-    // TODO(zero): with several ranks, all-reduce the per-chunk partials (in chunk order) here.
+    if (partitioned && ws > 1) {
+        ZINF_TRY(zero::sum_over_ranks(communicator_, partials).with_context("gradient norm over ranks"));
+    }
+    kernels::GradStats total;
+    for (std::size_t k = 0; k < params * ws; ++k) total.sum_squares += partials[k];
+    total.has_inf_nan = partials.back() != 0.0;
     return total;
 }
 

@@ -157,6 +157,11 @@ public:
     const engine::OffloadPlan& plan() const noexcept { return plan_; }
     const zero::ParameterCoordinator& coordinator() const noexcept { return *coordinator_; }
     const model::Model& model() const noexcept { return model_; }
+    // The data-parallel world: this rank and the communicator every rank shares (host-side
+    // agreements such as the mean loss go through zero::sum_over_ranks on it).
+    int rank() const noexcept { return communicator_.rank(); }
+    int world_size() const noexcept { return communicator_.world_size(); }
+    zero::Communicator& communicator() const noexcept { return communicator_; }
 
     // The I/O of one optimizer step without its compute (zinfinity-train --measure-overlap):
     // every micro-step's parameter reads along the recorded fetch trace, the optimizer states'
@@ -186,6 +191,11 @@ public:
 private:
     class Adapter;
 
+    static Result<std::unique_ptr<Engine>> create_for_rank(const config::EngineConfig& config,
+                                                           model::Model& model, Device& device,
+                                                           Compute& compute,
+                                                           zero::Communicator& communicator,
+                                                           const EngineOptions& options);
     Engine(const config::EngineConfig& config, engine::OffloadPlan plan, model::Model& model,
            Device& device, Compute& compute, zero::Communicator& communicator,
            kernels::OptimizerKernel kernel, const EngineOptions& options);

@@ -18,7 +18,8 @@ TrainingStack::~TrainingStack() {
 }
 
 Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config,
-                                            const EngineOptions& options) {
+                                            const EngineOptions& options,
+                                            const CommunicatorFactory& make_communicator) {
     if (config.device.type != "cpu") {
         return Status::not_supported(
             "device.type: \"" + config.device.type +
@@ -32,17 +33,23 @@ Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config,
     ZINF_ASSIGN_OR_RETURN(
         auto compute, device::CpuCompute::create(
                           device.get(), device::CpuComputeOptions{config.cpu_optimizer.threads}));
-    return assemble_training_stack(config, std::move(device), std::move(compute), options);
+    return assemble_training_stack(config, std::move(device), std::move(compute), options,
+                                   make_communicator);
 }
 
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
                                               std::unique_ptr<Compute> compute,
-                                              const EngineOptions& options) {
+                                              const EngineOptions& options,
+                                              const CommunicatorFactory& make_communicator) {
     TrainingStack s;
     s.device = std::move(device);
     s.compute = std::move(compute);
-    s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
+    if (make_communicator) {
+        ZINF_ASSIGN_OR_RETURN(s.communicator, make_communicator(*s.device));
+    } else {
+        s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
+    }
     ZINF_ASSIGN_OR_RETURN(s.model, engine::build_model(config, *s.device));
     ZINF_ASSIGN_OR_RETURN(s.engine,
                           Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator,

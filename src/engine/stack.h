@@ -1,10 +1,11 @@
 // TrainingStack: everything an Engine runs on, built from the config alone: the device (the
-// `device` block), its Compute, the single-rank communicator, the model (the `model` block,
-// through the model registry) and
-// the Engine. What zinfinity-train and the tests use; an embedding program may build the pieces
+// `device` block), its Compute, the communicator (the single-rank one, or what a
+// CommunicatorFactory makes: MPI for CPU ranks, NCCL for GPU ranks), the model (the `model`
+// block, through the model registry) and the Engine. What zinfinity-train and the tests use; an embedding program may build the pieces
 // itself and call Engine::create.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "src/base/compute.h"
@@ -16,6 +17,11 @@
 
 namespace zinf {
 
+// Makes the communicator of the stack's device (zinfinity-train: MPI or NCCL over MPI when
+// launched on several ranks). Empty: the single-rank communicator.
+using CommunicatorFactory =
+    std::function<Result<std::unique_ptr<zero::Communicator>>(Device& device)>;
+
 struct TrainingStack {
     std::unique_ptr<Device> device;
     std::unique_ptr<Compute> compute;
@@ -26,7 +32,8 @@ struct TrainingStack {
     // Errors: kNotSupported for device.type "cuda" (see create_cuda_training_stack), and
     // those of each part's create (kInvalidArgument naming the key, kNoSpace).
     static Result<TrainingStack> create(const config::EngineConfig& config,
-                                        const EngineOptions& options = {});
+                                        const EngineOptions& options = {},
+                                        const CommunicatorFactory& make_communicator = {});
 
     TrainingStack() = default;
     TrainingStack(TrainingStack&&) noexcept = default;
@@ -35,11 +42,12 @@ struct TrainingStack {
 };
 
 // The rest of a stack over `device` and `compute` (owned by the stack from here): the
-// single-rank communicator, the model and the Engine. What TrainingStack::create and
+// communicator, the model and the Engine. What TrainingStack::create and
 // create_cuda_training_stack share.
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
                                               std::unique_ptr<Compute> compute,
-                                              const EngineOptions& options = {});
+                                              const EngineOptions& options = {},
+                                              const CommunicatorFactory& make_communicator = {});
 
 }  // namespace zinf

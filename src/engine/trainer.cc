@@ -94,6 +94,10 @@ Result<Trainer> Trainer::create(Engine& engine, const data::DataSource& train,
     bo.batch_rows = config.batch.train_micro_batch_size_per_gpu;
     bo.shuffle = config.data.shuffle;
     bo.seed = config.seed;
+    // Every rank draws the same order; rank r takes rows [r x micro, (r + 1) x micro) of each
+    // global micro-batch.
+    bo.shard_count = static_cast<std::size_t>(engine.world_size());
+    bo.shard_index = static_cast<std::size_t>(engine.rank());
     ZINF_ASSIGN_OR_RETURN(auto batcher, data::Batcher::create(train, bo));
     Trainer t(engine, train, eval != nullptr ? *eval : train, options, std::move(batcher));
     t.eval_is_test_ = eval != nullptr;
@@ -125,10 +129,17 @@ Status Trainer::train_one(TrainerObserver& observer) {
     const std::size_t n = batcher_.fill(index, inputs_, labels_);
     if (options_.trace != nullptr) options_.trace->span("load batch", "data", t0, Clock::now(), 4);
     run_->data_seconds += seconds_since(t0);
-    ZINF_ASSIGN_OR_RETURN(const float loss,
+    ZINF_ASSIGN_OR_RETURN(const float rank_loss,
                           engine_.forward(batch_of(inputs_, labels_, n, train_.features())));
     ZINF_TRY(engine_.backward().with_context("backward"));
     ZINF_TRY(engine_.step().with_context("step"));
+    // The loss of the global micro-batch: the mean of the ranks' (equal-sized) losses.
+    float loss = rank_loss;
+    if (engine_.world_size() > 1) {
+        double sum = rank_loss;
+        ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), std::span<double>(&sum, 1)));
+        loss = static_cast<float>(sum / engine_.world_size());
+    }
     run_->last_loss = loss;
     run_->loss_sum += loss;
     ++run_->loss_count;
@@ -225,17 +236,31 @@ Result<double> Trainer::evaluate() {
     o.batch_rows = engine_.train_micro_batch_size_per_gpu();
     o.shuffle = false;
     o.drop_last = false;
+    o.shard_count = static_cast<std::size_t>(engine_.world_size());
+    o.shard_index = static_cast<std::size_t>(engine_.rank());
     ZINF_ASSIGN_OR_RETURN(auto batcher, data::Batcher::create(eval_, o));
     std::vector<float> x(o.batch_rows * eval_.features());
     std::vector<std::int32_t> y(o.batch_rows);
-    std::uint64_t correct = 0, total = 0;
+    std::uint64_t counts[2] = {0, 0};  // correct, total
+    const std::uint32_t first_sample = 0;
     for (std::size_t b = 0; b < batcher.batches_per_epoch(); ++b) {
-        const std::size_t n = batcher.fill(b, x, y);
+        std::size_t n = batcher.fill(b, x, y);
+        // Every rank runs as many forwards (stage 3 gathers parameters collectively): a rank
+        // past the end of the last batch evaluates one sample and does not count it.
+        const bool counted = n > 0;
+        if (!counted) {
+            eval_.gather(std::span<const std::uint32_t>(&first_sample, 1),
+                         std::span<float>(x).first(eval_.features()), std::span<std::int32_t>(y).first(1));
+            n = 1;
+        }
         ZINF_ASSIGN_OR_RETURN(auto c, engine_.evaluate(batch_of(x, y, n, eval_.features())));
-        correct += c;
-        total += n;
+        if (counted) {
+            counts[0] += c;
+            counts[1] += n;
+        }
     }
-    return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total);
+    ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), counts));
+    return counts[1] == 0 ? 0.0 : static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
 }
 
 Result<std::vector<Prediction>> Trainer::predict(std::size_t count, std::uint64_t seed) {
@@ -288,6 +313,10 @@ Result<OverlapFigures> Trainer::measure_overlap(
     std::uint64_t steps,
     const std::function<Result<TrainingStack>(const config::EngineConfig&)>& make_stack) {
     const config::EngineConfig& config = engine_.config();
+    if (engine_.world_size() > 1) {
+        return Status::not_supported(
+            "--measure-overlap: one rank only (its compute-only pass builds a second engine)");
+    }
     if (!engine_.plan().needs_io) {
         return Status::invalid_argument(
             "needs offload_param or offload_optimizer on \"nvme\" (without I/O there is no "

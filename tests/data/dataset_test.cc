@@ -95,6 +95,58 @@ TEST(Batcher, FillsBatchesAndHonoursDropLast) {
               StatusCode::kInvalidArgument);
 }
 
+// Sharded over 3 ranks with 4 rows each: every batch of the shards together is the batch of 12
+// rows one batcher gives, in order, so the ranks see distinct samples and the same ones as a
+// world of one rank with the global batch.
+TEST(Batcher, ShardsSplitEachGlobalBatchInRankOrder) {
+    auto dataset = counting_dataset(50, 1);
+    BatcherOptions one{12, true, true, 7};
+    auto whole = Batcher::create(*dataset, one);
+    ASSERT_TRUE(whole.has_value());
+    std::vector<Batcher> shards;
+    for (std::size_t r = 0; r < 3; ++r) {
+        BatcherOptions o{4, true, true, 7};
+        o.shard_count = 3;
+        o.shard_index = r;
+        auto b = Batcher::create(*dataset, o);
+        ASSERT_TRUE(b.has_value());
+        shards.push_back(std::move(*b));
+    }
+    for (std::uint64_t epoch : {0u, 1u}) {
+        whole->start_epoch(epoch);
+        for (auto& s : shards) s.start_epoch(epoch);
+        ASSERT_EQ(whole->batches_per_epoch(), 4u);
+        for (std::size_t b = 0; b < 4; ++b) {
+            std::vector<std::uint32_t> joined;
+            for (auto& s : shards) {
+                EXPECT_EQ(s.batches_per_epoch(), 4u);
+                const auto part = s.batch_indices(b);
+                EXPECT_EQ(part.size(), 4u);
+                joined.insert(joined.end(), part.begin(), part.end());
+            }
+            const auto want = whole->batch_indices(b);
+            EXPECT_EQ(joined, std::vector<std::uint32_t>(want.begin(), want.end()));
+        }
+    }
+    // Without drop_last the last global batch (2 samples) leaves shards 1 and 2 empty.
+    BatcherOptions keep{4, false, false, 1};
+    keep.shard_count = 3;
+    keep.shard_index = 2;
+    auto last = Batcher::create(*dataset, keep);
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->batches_per_epoch(), 5u);
+    std::vector<float> inputs(4);
+    std::vector<std::int32_t> labels(4);
+    EXPECT_EQ(last->fill(4, inputs, labels), 0u);
+    EXPECT_EQ(last->fill(3, inputs, labels), 4u);
+    EXPECT_EQ(inputs[0], 44000.0f);  // sample 44: batch 3 is 36..47, shard 2 has 44..47
+    keep.shard_index = 3;
+    EXPECT_EQ(Batcher::create(*dataset, keep).error().code(), StatusCode::kInvalidArgument);
+    BatcherOptions too_few{20, true, true, 1};
+    too_few.shard_count = 3;
+    EXPECT_EQ(Batcher::create(*dataset, too_few).error().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SyntheticDataset, SamplesArePureFunctionsOfSeedAndIndex) {
     SyntheticOptions options;
     options.count = 500;

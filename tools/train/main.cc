@@ -28,6 +28,13 @@
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
 #include "tools/train/prediction_png.h"
+#ifdef ZINF_TRAIN_HAVE_MPI
+#include "zero/mpi_communicator.h"
+#endif
+#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
+#include "src/device/cuda_device.h"
+#include "zero/nccl_mpi_bootstrap.h"
+#endif
 
 namespace {
 
@@ -39,23 +46,63 @@ double peak_rss_mib() {
     return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
+// Where this process sits among the ranks (zero::detect_launch; one rank without MPI).
+struct Launch {
+    int rank = 0;
+    int world_size = 1;
+    int local_rank = 0;
+    std::string source = "single process";
+};
+Launch g_launch;
+
+// Errors carry the rank when there are several: every rank prints its own.
 int fail(const std::string& what, const Status& s) {
-    std::fprintf(stderr, "zinfinity-train: %s: %s\n", what.c_str(), s.to_string().c_str());
+    const std::string rank =
+        g_launch.world_size > 1 ? "rank " + std::to_string(g_launch.rank) + ": " : "";
+    std::fprintf(stderr, "zinfinity-train: %s%s: %s\n", rank.c_str(), what.c_str(),
+                 s.to_string().c_str());
     return 1;
+}
+
+// The communicator of several ranks: MPI between CPU-device ranks, NCCL (bootstrapped over MPI)
+// between GPU ranks. Empty for one rank: the stack's single-rank communicator.
+zinf::CommunicatorFactory communicator_factory(const zinf::config::EngineConfig& config) {
+    if (g_launch.world_size == 1) return {};
+    return [&config](zinf::Device& device) -> zinf::Result<std::unique_ptr<zinf::zero::Communicator>> {
+        if (device.kind() == zinf::DeviceKind::kCpu) {
+#ifdef ZINF_TRAIN_HAVE_MPI
+            zinf::zero::MpiCommunicatorOptions o;
+            o.deterministic = config.comm.deterministic;
+            o.timeout = std::chrono::seconds(config.comm.timeout_s);
+            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::MpiCommunicator::create(device, o));
+            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
+#endif
+        } else {
+#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
+            auto& cuda = static_cast<zinf::device::CudaDevice&>(device);
+            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::create_nccl_communicator_with_mpi(cuda, {}));
+            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
+#endif
+        }
+        return Status::not_supported(zinf::str_cat(
+            "several ranks on device.type \"", config.device.type,
+            "\": this zinfinity-train was built without ",
+            device.kind() == zinf::DeviceKind::kCpu ? "MPI" : "NCCL and MPI"));
+    };
 }
 
 // The stack the config's device.type asks for.
 zinf::Result<zinf::TrainingStack> make_stack(const zinf::config::EngineConfig& config) {
     if (config.device.type == "cuda") {
 #ifdef ZINF_TRAIN_HAVE_CUDA
-        return zinf::create_cuda_training_stack(config);
+        return zinf::create_cuda_training_stack(config, communicator_factory(config));
 #else
         return Status::not_supported(
             "device.type: \"cuda\": this zinfinity-train was built without CUDA (nvcc not "
             "found at build time)");
 #endif
     }
-    return zinf::TrainingStack::create(config);
+    return zinf::TrainingStack::create(config, {}, communicator_factory(config));
 }
 
 void declare_flags(zinf::cli::Args& args) {
@@ -254,7 +301,7 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
         images.push_back({p.inputs, 28, 28, p.predicted, p.label});
     }
     std::printf("predict: %zu of %zu right\n", right, predictions.size());
-    if (c.data.dataset == "fashion-mnist" && !images.empty()) {
+    if (c.data.dataset == "fashion-mnist" && !images.empty() && g_launch.rank == 0) {
         ZINF_TRY(zinf::train::write_prediction_grid(png_path, images).with_context("--predict-png"));
         std::printf("predict: %s (%zu images, captioned P:<predicted> T:<true>)\n",
                     png_path.c_str(), images.size());
@@ -289,7 +336,7 @@ int evaluate_only(zinf::Trainer& trainer, const zinf::Engine& engine, bool on_te
 int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flags,
           const zinf::config::EngineConfig& config, const zinf::TrainingStack& stack) {
     std::FILE* loss_log = nullptr;
-    if (args.given("loss-log")) {
+    if (args.given("loss-log") && g_launch.rank == 0) {  // the losses are the global ones
         loss_log = std::fopen(args.get("loss-log").c_str(), "w");
         if (loss_log == nullptr) {
             return fail("--loss-log", Status::from_errno(errno, "open " + args.get("loss-log")));
@@ -324,8 +371,14 @@ int run(int argc, char** argv) {
     }
     zinf::config::LoadOptions lo;
     lo.overrides = args.get_list("set");
+    lo.world_size = g_launch.world_size;
+    // One rank reports the config's warnings; the others would repeat them.
+    lo.log_warnings = g_launch.rank == 0;
     auto loaded = zinf::config::load(args.get("config"), lo);
     if (!loaded.has_value()) return fail("config", loaded.error());
+    if (g_launch.world_size > 1 && loaded->device.type == "cuda") {
+        loaded->device.local_rank = g_launch.local_rank;  // one GPU per rank of this node
+    }
     const auto& config = *loaded;
     auto flags = check_flags(args);
     if (!flags.has_value()) return fail("arguments", flags.error());
@@ -367,8 +420,11 @@ int run(int argc, char** argv) {
         if (int rc = train(*trainer, args, *flags, config, *stack); rc != 0) return rc;
     }
     if (trace) {
-        if (Status s = trace->write(args.get("trace")); !s.is_ok()) return fail("--trace", s);
-        std::printf("trace: %s (%zu spans)\n", args.get("trace").c_str(), trace->size());
+        std::string path = args.get("trace");
+        if (g_launch.rank != 0) path += ".rank" + std::to_string(g_launch.rank);
+        if (Status s = trace->write(path); !s.is_ok()) return fail("--trace", s);
+        std::printf("trace: %s (%zu spans%s)\n", path.c_str(), trace->size(),
+                    g_launch.world_size > 1 ? "; other ranks: FILE.rank<r>" : "");
     }
     if (flags->predict > 0) {
         if (Status s = predict(*trainer, flags->predict, config, args.get("predict-png"));
@@ -385,6 +441,42 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+// The launch: one process, or rank r of an MPI job (mpirun -np N). With several ranks, rank 0
+// prints the progress and the figures (the others' stdout is discarded, their errors and
+// warnings keep their rank), and a rank that fails stops the whole job (MPI_Abort), so that no
+// rank waits for it in a collective.
 int main(int argc, char** argv) {
-    return run(argc, argv);
+#ifdef ZINF_TRAIN_HAVE_MPI
+    auto launch = zinf::zero::detect_launch();
+    if (!launch.has_value()) return fail("launch", launch.error());
+    g_launch = {launch->rank, launch->world_size, launch->local_rank, launch->source};
+    std::unique_ptr<zinf::zero::MpiSession> session;
+    if (launch->under_mpi) {
+        auto made = zinf::zero::MpiSession::init(&argc, &argv);
+        if (!made.has_value()) return fail("MPI", made.error());
+        session = std::move(*made);
+    }
+#else
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"}) {
+        const char* n = std::getenv(v);
+        if (n != nullptr && std::strcmp(n, "1") != 0 && std::strcmp(n, "") != 0) {
+            return fail("launch", Status::not_supported(
+                                      std::string(v) + "=" + n +
+                                      ": this zinfinity-train was built without MPI (install "
+                                      "libopenmpi-dev and rebuild): one rank only"));
+        }
+    }
+#endif
+    if (g_launch.world_size > 1) {
+        zinf::log::set_line_prefix("rank " + std::to_string(g_launch.rank) + ": ");
+        if (g_launch.rank != 0) {
+            if (std::getenv("ZINF_LOG_LEVEL") == nullptr) zinf::log::set_level(zinf::log::Level::kError);
+            if (std::freopen("/dev/null", "w", stdout) == nullptr) return fail("stdout", Status::from_errno(errno, "reopen /dev/null"));
+        }
+    }
+    const int rc = run(argc, argv);
+#ifdef ZINF_TRAIN_HAVE_MPI
+    if (rc != 0 && g_launch.world_size > 1) zinf::zero::MpiSession::abort_job(rc);
+#endif
+    return rc;
 }
