@@ -207,6 +207,7 @@ Status CheckpointWriter::commit() {
     }
     committed_ = true;
     if (replacing) (void)io::remove_tree_at(*fs_, dir_, old_name);
+    if (!update_latest_) return fs_->sync(dir_.fd(), false, dir_.path()).with_context("checkpoint");
     // <dir>/latest names the newest tag, as DeepSpeed's does; replaced atomically too (rename
     // replaces a link named `latest` instead of writing through it).
     const std::string latest_tmp = ".latest.tmp." + std::to_string(::getpid());
@@ -311,6 +312,15 @@ Status CheckpointReader::read_file(const std::string& name, std::span<std::byte>
     ZINF_ASSIGN_OR_RETURN(CheckpointFile f, open_file(name, out.size()));
     ZINF_TRY(f.read(out));
     return end_file(f);
+}
+
+Result<std::uint64_t> CheckpointReader::file_size(const std::string& name) const {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+        return Status::corruption("checkpoint " + path_ + ": manifest lists no file '" + name +
+                                  "'");
+    }
+    return it->second.size_bytes;
 }
 
 Result<CheckpointFile> CheckpointReader::open_file(const std::string& name,

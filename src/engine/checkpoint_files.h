@@ -79,8 +79,12 @@ public:
     Status end_file(CheckpointFile& file);
     void set(const std::string& key, const std::string& value) { values_[key] = value; }
     // Writes the manifest, fsyncs, renames the directory to <dir>/<tag> (replacing an older one
-    // of that tag) and points <dir>/latest at the tag. Errors: kIo.
+    // of that tag) and points <dir>/latest at the tag (unless set_update_latest(false): a rank's
+    // shard inside a checkpoint being written). Errors: kIo.
     Status commit();
+    void set_update_latest(bool update) noexcept { update_latest_ = update; }
+    // The temporary directory's name inside <dir> (where the other ranks put their shards).
+    const std::string& temp_name() const noexcept { return temp_name_; }
 
 private:
     CheckpointWriter() = default;
@@ -92,6 +96,7 @@ private:
     std::map<std::string, std::string> values_;
     std::vector<std::string> files_;  // "file <name> <bytes> <checksum>" lines
     bool committed_ = true;           // nothing to clean up until create() succeeds
+    bool update_latest_ = true;
 };
 
 class CheckpointReader {
@@ -115,6 +120,8 @@ public:
     // must discard what it restored.
     Result<CheckpointFile> open_file(const std::string& name, std::uint64_t size_bytes) const;
     Status end_file(CheckpointFile& file) const;
+    // The size the manifest gives file `name`; kCorruption when it lists no such file.
+    Result<std::uint64_t> file_size(const std::string& name) const;
 
 private:
     struct FileEntry {

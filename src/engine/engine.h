@@ -127,9 +127,13 @@ public:
     // Forward without training; the predicted label of each row (rows x label_numel).
     Result<std::vector<std::int32_t>> predict(const Batch& batch);
 
-    // Writes every state to <dir>/<tag> atomically (see checkpoint_files.h).
+    // Writes every state to <dir>/<tag> atomically (see checkpoint_files.h). With several ranks
+    // (a collective: every rank calls it) each writes its shard <dir>/<tag>/rank<r>, and the
+    // checkpoint appears, with `latest` naming it, only once every shard is written.
     Status save_checkpoint(const std::string& dir, const std::string& tag);
     // Restores every state from <dir>/<tag>; the engine continues bitwise as the one that saved.
+    // A checkpoint of another world size or ZeRO stage is re-partitioned: each rank reads every
+    // shard it needs (whole, so that every checksum is verified) and takes its elements.
     // Errors: kNotFound, kCorruption (checksum, size, layout mismatch), kIo.
     Status load_checkpoint(const std::string& dir, const std::string& tag);
 
@@ -203,9 +207,18 @@ private:
     Status init_states();
     // Initial master values of domain elements [offset, offset + out.size()) (padding: zero).
     void initial_master(std::size_t offset, std::span<float> out) const;
+    // Checkpoints (engine_checkpoint.cc).
     Status save_states(engine::CheckpointWriter& w);
+    void describe_states(engine::CheckpointWriter& w) const;
+    Status save_sharded(const std::string& dir, const std::string& tag);
     Status load_states(const engine::CheckpointReader& r);
-    Status check_loadable(const engine::CheckpointReader& r) const;
+    Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
+                              int saved_world, int saved_stage);
+    Result<std::vector<engine::CheckpointReader>> open_shards(const std::string& dir,
+                                                              const std::string& tag,
+                                                              int& saved_world,
+                                                              int& saved_stage) const;
+    Status check_loadable(const engine::CheckpointReader& r, bool same_layout) const;
     Status restore_counters(const engine::CheckpointReader& r);
     Status stage_batch(const Batch& batch);
     Status inference_forward(const Batch& batch);

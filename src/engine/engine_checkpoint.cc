@@ -1,0 +1,496 @@
+// zinf::Engine's checkpoints: one rank's states as files written chunk by chunk of the state
+// store (states on NVMe never need to fit in memory), the shards of several ranks under one
+// manifest committed only when every rank wrote its shard, and loading under another world size
+// or stage by re-partitioning the saved layout element by element.
+//
+// Files of one rank (a whole checkpoint at world size 1, <tag>/rank<r> at N ranks):
+// master.fp32, exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 (those the optimizer keeps) and
+// parameters.<dtype>, each the rank's optimizer domain in order: under stages 1-3 its partition
+// (every parameter's slice r, padding included), under stage 0 the whole padded layout.
+#include <algorithm>
+#include <array>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "src/base/log.h"
+#include "src/engine/checkpoint_files.h"
+#include "src/engine/engine.h"
+
+namespace zinf {
+namespace {
+
+constexpr const char* kStateFileNames[4] = {"master.fp32", "exp_avg.fp32", "exp_avg_sq.fp32",
+                                            "max_exp_avg_sq.fp32"};
+
+std::span<float> state_span(const engine::StateChunk& c, std::size_t i) {
+    switch (i) {
+        case 0: return c.master;
+        case 1: return c.exp_avg;
+        case 2: return c.exp_avg_sq;
+        default: return c.max_exp_avg_sq;
+    }
+}
+
+bool kept(const engine::StateLayout& l, std::size_t i) {
+    return i == 0 || (i == 1 && l.exp_avg) || (i == 2 && l.exp_avg_sq) || (i == 3 && l.max_exp_avg_sq);
+}
+
+std::string exact(double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return buf;
+}
+
+std::string hex64(std::uint64_t v) {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+    return buf;
+}
+
+std::string shard_name(int rank) { return "rank" + std::to_string(rank); }
+
+// Where a saved domain put each parameter: the layout of (world size, stage) on one rank.
+struct SavedLayout {
+    zero::Partitioning part;
+    bool partitioned = false;  // stage >= 1: each shard is its partition
+    int shards = 1;            // files to read: world size, or 1 for stage 0 (all equal)
+
+    // Shard and element offset (in the shard's domain files) of element e of parameter p.
+    std::pair<int, std::uint64_t> locate(std::size_t p, std::size_t e) const {
+        const auto& s = part.slot(p);
+        if (!partitioned) return {0, s.full_offset_numel + e};
+        const auto shard = static_cast<int>(e / s.slice_numel);
+        return {shard, s.partition_offset_numel + e % s.slice_numel};
+    }
+    // Elements of parameter p from e on that sit in one shard, contiguously.
+    std::size_t run_length(std::size_t p, std::size_t e) const {
+        const auto& s = part.slot(p);
+        if (!partitioned) return s.numel - e;
+        return std::min(s.numel, (e / s.slice_numel + 1) * s.slice_numel) - e;
+    }
+};
+
+// A file of one old shard read front to back at increasing offsets, skipping what this rank
+// does not need, so that its checksum is verified over every byte.
+class ShardCursor {
+public:
+    ShardCursor(engine::CheckpointFile file, std::uint64_t size_bytes)
+        : file_(std::move(file)), size_(size_bytes) {}
+    Status read_at(std::uint64_t offset, std::span<std::byte> out) {
+        ZINF_ASSERT_GE(offset, pos_);
+        ZINF_TRY(skip_to(offset));
+        ZINF_TRY(file_.read(out));
+        pos_ += out.size();
+        return Status::ok();
+    }
+    Status finish(const engine::CheckpointReader& r) {
+        ZINF_TRY(skip_to(size_));
+        return r.end_file(file_);
+    }
+
+private:
+    Status skip_to(std::uint64_t offset) {
+        std::vector<std::byte> scratch;
+        while (pos_ < offset) {
+            const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(offset - pos_, 1 << 20));
+            scratch.resize(n);
+            ZINF_TRY(file_.read(scratch));
+            pos_ += n;
+        }
+        return Status::ok();
+    }
+    engine::CheckpointFile file_;
+    std::uint64_t size_ = 0;
+    std::uint64_t pos_ = 0;
+};
+
+}  // namespace
+
+Status Engine::save_states(engine::CheckpointWriter& w) {
+    const engine::StateLayout layout = states_->layout();
+    engine::ChunkBuffers buffers(layout, states_->chunk_numel());
+    engine::CheckpointFile files[4];
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (!kept(layout, i)) continue;
+        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(kStateFileNames[i]));
+    }
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
+        ZINF_TRY(states_->read_chunk(k, c));
+        for (std::size_t i = 0; i < 4; ++i) {
+            if (kept(layout, i)) ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
+        }
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (kept(layout, i)) ZINF_TRY(w.end_file(files[i]));
+    }
+    // The parameters (the optimizer domain), in their dtype.
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
+    std::vector<std::byte> params(chunk * eb);
+    ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const auto piece = std::span<std::byte>(params.data(), states_->chunk_length(k) * eb);
+        ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, piece, stream()));
+        ZINF_TRY(fp.append(piece));
+    }
+    return w.end_file(fp);
+}
+
+Status Engine::load_states(const engine::CheckpointReader& r) {
+    const engine::StateLayout layout = states_->layout();
+    engine::ChunkBuffers buffers(layout, states_->chunk_numel());
+    const std::uint64_t state_bytes = static_cast<std::uint64_t>(states_->numel()) * 4;
+    engine::CheckpointFile files[4];
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (!kept(layout, i)) continue;
+        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(kStateFileNames[i], state_bytes));
+    }
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
+        for (std::size_t i = 0; i < 4; ++i) {
+            if (kept(layout, i)) ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
+        }
+        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq, c.max_exp_avg_sq}));
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+        if (kept(layout, i)) ZINF_TRY(r.end_file(files[i]));
+    }
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
+    std::vector<std::byte> params(chunk * eb);
+    ZINF_ASSIGN_OR_RETURN(auto fp, r.open_file("parameters." + std::string(dtype_name(plan_.dtype)),
+                                               static_cast<std::uint64_t>(states_->numel()) * eb));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const auto piece = std::span<std::byte>(params.data(), states_->chunk_length(k) * eb);
+        ZINF_TRY(fp.read(piece));
+        ZINF_TRY(coordinator_->write_domain_parameters(k * chunk, piece, stream()));
+    }
+    return r.end_file(fp);
+}
+
+// The states saved by `shards` (one reader per old rank, or one for a stage-0 save) laid out
+// for this rank: for every chunk of this rank's domain, each parameter's elements are read from
+// the shard and offset where the saving layout put them; padding stays zero.
+Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
+                                  int saved_world, int saved_stage) {
+    const auto& part = coordinator_->partitioning();
+    std::vector<std::size_t> numels;
+    for (std::size_t p = 0; p < part.parameter_count(); ++p) numels.push_back(part.slot(p).numel);
+    ZINF_ASSIGN_OR_RETURN(auto saved_part, zero::Partitioning::create(numels, saved_world, 0));
+    SavedLayout saved{std::move(saved_part), saved_stage >= 1, saved_stage >= 1 ? saved_world : 1};
+    const std::uint64_t saved_domain = saved.partitioned ? saved.part.partition_numel()
+                                                         : saved.part.full_numel();
+    const engine::StateLayout layout = states_->layout();
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::string param_file = "parameters." + std::string(dtype_name(plan_.dtype));
+    // cursors[file][shard]: files 0-3 the states, 4 the parameters.
+    std::vector<std::vector<ShardCursor>> cursors(5);
+    for (std::size_t f = 0; f < 5; ++f) {
+        if (f < 4 && !kept(layout, f)) continue;
+        const std::string name = f < 4 ? kStateFileNames[f] : param_file;
+        const std::uint64_t bytes = saved_domain * (f < 4 ? 4 : eb);
+        for (int k = 0; k < saved.shards; ++k) {
+            ZINF_ASSIGN_OR_RETURN(auto file, shards[k].open_file(name, bytes));
+            cursors[f].emplace_back(std::move(file), bytes);
+        }
+    }
+    const bool partitioned = coordinator_->plan().optimizer_partitioned;
+    const auto rank = static_cast<std::size_t>(part.rank());
+    engine::ChunkBuffers buffers(layout, states_->chunk_numel());
+    std::vector<std::byte> params(std::max<std::size_t>(1, states_->chunk_numel()) * eb);
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const std::size_t begin = k * states_->chunk_numel();
+        const std::size_t len = states_->chunk_length(k);
+        const engine::StateChunk c = buffers.chunk(len);
+        for (std::size_t i = 0; i < 4; ++i) {
+            if (kept(layout, i)) std::fill(state_span(c, i).begin(), state_span(c, i).end(), 0.0f);
+        }
+        std::fill(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(len * eb), std::byte{0});
+        for (std::size_t p = 0; p < part.parameter_count(); ++p) {
+            // This rank's real elements of p: [first, first + count) at domain offset `at`.
+            const auto& s = part.slot(p);
+            const std::size_t first = partitioned ? rank * s.slice_numel : 0;
+            const std::size_t count = coordinator_->domain_valid_numel(p);
+            const std::size_t at = coordinator_->domain_offset_numel(p);
+            const std::size_t lo = std::max(begin, at), hi = std::min(begin + len, at + count);
+            for (std::size_t d = lo; d < hi;) {
+                const std::size_t e = first + (d - at);
+                const std::size_t n = std::min(hi - d, saved.run_length(p, e));
+                const auto [shard, offset] = saved.locate(p, e);
+                for (std::size_t f = 0; f < 5; ++f) {
+                    if (cursors[f].empty()) continue;
+                    std::span<std::byte> out =
+                        f < 4 ? std::as_writable_bytes(state_span(c, f).subspan(d - begin, n))
+                              : std::span<std::byte>(params.data() + (d - begin) * eb, n * eb);
+                    ZINF_TRY(cursors[f][shard].read_at(offset * (f < 4 ? 4 : eb), out));
+                }
+                d += n;
+            }
+        }
+        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq, c.max_exp_avg_sq}));
+        ZINF_TRY(coordinator_->write_domain_parameters(
+            begin, std::span<const std::byte>(params.data(), len * eb), stream()));
+    }
+    for (std::size_t f = 0; f < 5; ++f) {
+        for (std::size_t k = 0; k < cursors[f].size(); ++k) ZINF_TRY(cursors[f][k].finish(shards[k]));
+    }
+    return Status::ok();
+}
+
+// The manifest keys of one rank's states.
+void Engine::describe_states(engine::CheckpointWriter& w) const {
+    const auto& part = coordinator_->partitioning();
+    w.set("step", std::to_string(global_steps_));
+    w.set("micro_steps", std::to_string(micro_steps_));
+    w.set("skipped_steps", std::to_string(skipped_steps_));
+    w.set("optimizer_updates", std::to_string(optimizer_updates_));
+    w.set("global_samples", std::to_string(global_samples_));
+    const auto& ss = scaler_.state();
+    w.set("loss_scale", exact(ss.scale));
+    w.set("loss_scale_iteration", std::to_string(ss.iteration));
+    w.set("loss_scale_last_overflow", std::to_string(ss.last_overflow_iteration));
+    w.set("loss_scale_hysteresis_left", std::to_string(ss.hysteresis_left));
+    w.set("config_digest", hex64(engine::checksum(std::as_bytes(std::span<const char>(
+                               config_.canonical_json.data(), config_.canonical_json.size())))));
+    w.set("world_size", std::to_string(part.world_size()));
+    w.set("rank", std::to_string(part.rank()));
+    w.set("zero_stage", std::to_string(plan_.stage));
+    w.set("dtype", std::string(dtype_name(plan_.dtype)));
+    w.set("master_dtype", "fp32");
+    w.set("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind)));
+    w.set("amsgrad", plan_.optimizer.amsgrad ? "1" : "0");
+    w.set("domain_numel", std::to_string(plan_.domain_numel));
+    w.set("model_numel", std::to_string(part.model_numel()));
+}
+
+// Several ranks: rank 0 opens the checkpoint's temporary directory and tells the others its
+// name; every rank writes its shard there as <tmp>/rank<r> (committed inside it, without
+// `latest`); only when every rank succeeded does rank 0 write the manifest naming them all and
+// rename the directory into place and point `latest` at it. Any rank's failure leaves the
+// previous checkpoints and `latest` as they were (rank 0 removes the temporary directory).
+Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
+    const int rank = communicator_.rank();
+    const int world = communicator_.world_size();
+    std::optional<engine::CheckpointWriter> top;
+    Status status;
+    // Rank 0's temporary name and a nonce that ties the shards to this save, to every rank.
+    std::array<char, 256> shared{};
+    if (rank == 0) {
+        auto w = engine::CheckpointWriter::create(file_system(), dir, tag);
+        if (w.has_value()) {
+            top.emplace(std::move(*w));
+            const std::uint64_t nonce = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ micro_steps_;
+            std::snprintf(shared.data(), shared.size(), "%s %016" PRIx64, top->temp_name().c_str(),
+                          nonce);
+        } else {
+            status = w.error();
+        }
+    }
+    std::vector<std::array<char, 256>> all(static_cast<std::size_t>(world));
+    ZINF_TRY(communicator_.all_gather_host(std::as_bytes(std::span(shared)),
+                                           std::as_writable_bytes(std::span(all))));
+    const std::string line(all[0].data(), strnlen(all[0].data(), all[0].size()));
+    const auto space = line.find(' ');
+    if (space == std::string::npos) {
+        return rank == 0 ? status
+                         : Status::io_error("checkpoint " + dir + "/" + tag +
+                                                ": rank 0 could not create it; not saved",
+                                            EIO);
+    }
+    const std::string temp = line.substr(0, space);
+    const std::string nonce = line.substr(space + 1);
+    {
+        auto w = engine::CheckpointWriter::create(file_system(), dir + "/" + temp, shard_name(rank));
+        if (w.has_value()) {
+            w->set_update_latest(false);
+            status = save_states(*w);
+            describe_states(*w);
+            w->set("checkpoint_nonce", nonce);
+            if (status.is_ok()) status = w->commit();
+        } else {
+            status = w.error();
+        }
+    }
+    if (!status.is_ok()) log::error("checkpoint ", dir, "/", tag, ": this rank's shard: ", status.to_string());
+    // Every shard is written (or failed) before rank 0 commits or removes the directory.
+    ZINF_ASSIGN_OR_RETURN(auto failed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
+    for (int r = 0; r < world; ++r) {
+        if (failed[r] == 0) continue;
+        if (r == rank) return status;
+        return Status::io_error(str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
+                                        " could not write its shard; not saved (latest unchanged)"),
+                                EIO);
+    }
+    if (rank == 0) {
+        describe_states(*top);
+        top->set("shards", std::to_string(world));
+        top->set("checkpoint_nonce", nonce);
+        status = top->commit();
+    }
+    ZINF_ASSIGN_OR_RETURN(auto committed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
+    if (committed[0] != 0) {
+        return rank == 0 ? status
+                         : Status::io_error("checkpoint " + dir + "/" + tag +
+                                                ": rank 0 could not commit it; not saved",
+                                            EIO);
+    }
+    return Status::ok();
+}
+
+Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+    if (micro_steps_ % gradient_accumulation_steps() != 0 || forward_done_ || backward_done_) {
+        return Status::invalid_argument(
+            "save_checkpoint: only at a gradient accumulation boundary (after step())");
+    }
+    ZINF_TRY(check_usable());
+    TraceScope span(trace_, "save_checkpoint", "io", 1);
+    ZINF_TRY(device_.synchronize(stream()));
+    if (communicator_.world_size() > 1) {
+        ZINF_TRY(save_sharded(dir, tag));
+    } else {
+        ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(file_system(), dir, tag));
+        ZINF_TRY(save_states(w));
+        describe_states(w);
+        ZINF_TRY(w.commit());
+    }
+    times_.checkpoint_seconds += span.end();
+    log::info("checkpoint saved: ", dir, "/", tag, " (step ", global_steps_, ")");
+    return Status::ok();
+}
+
+// The checkpoint fits this engine: the same model, dtype and optimizer; with `same_layout`,
+// also the same world size and domain. A different config digest is only a warning (a
+// learning-rate change is a legitimate resume).
+Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layout) const {
+    const auto& part = coordinator_->partitioning();
+    auto expect = [&](const char* key, const std::string& want) -> Status {
+        ZINF_ASSIGN_OR_RETURN(auto got, r.get(key));
+        if (got != want) {
+            return Status::invalid_argument("checkpoint " + r.path() + ": " + key + " is " + got +
+                                            ", this engine has " + want);
+        }
+        return Status::ok();
+    };
+    if (same_layout) {
+        ZINF_TRY(expect("world_size", std::to_string(part.world_size())));
+        ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
+    }
+    ZINF_TRY(expect("dtype", std::string(dtype_name(plan_.dtype))));
+    ZINF_TRY(expect("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind))));
+    // Checkpoints from before amsgrad existed have no such key: they had none.
+    if (r.get("amsgrad").has_value()) ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
+    ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
+    ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));
+    const auto own = hex64(engine::checksum(std::as_bytes(
+        std::span<const char>(config_.canonical_json.data(), config_.canonical_json.size()))));
+    if (digest != own && communicator_.rank() == 0) {
+        log::warning("checkpoint ", r.path(), ": saved with a different config (digest ", digest,
+                     ", now ", own, "); continuing");
+    }
+    return Status::ok();
+}
+
+Status Engine::restore_counters(const engine::CheckpointReader& r) {
+    ZINF_ASSIGN_OR_RETURN(global_steps_, r.get_u64("step"));
+    ZINF_ASSIGN_OR_RETURN(micro_steps_, r.get_u64("micro_steps"));
+    ZINF_ASSIGN_OR_RETURN(skipped_steps_, r.get_u64("skipped_steps"));
+    ZINF_ASSIGN_OR_RETURN(optimizer_updates_, r.get_u64("optimizer_updates"));
+    ZINF_ASSIGN_OR_RETURN(global_samples_, r.get_u64("global_samples"));
+    engine::LossScaler::State ss;
+    ZINF_ASSIGN_OR_RETURN(ss.scale, r.get_double("loss_scale"));
+    ZINF_ASSIGN_OR_RETURN(ss.iteration, r.get_u64("loss_scale_iteration"));
+    ZINF_ASSIGN_OR_RETURN(auto last, r.get("loss_scale_last_overflow"));
+    ss.last_overflow_iteration = std::strtoll(last.c_str(), nullptr, 10);
+    ZINF_ASSIGN_OR_RETURN(auto hyst, r.get_u64("loss_scale_hysteresis_left"));
+    ss.hysteresis_left = static_cast<int>(hyst);
+    scaler_.restore(ss);
+    return Status::ok();
+}
+
+// Opens what this rank reads of <dir>/<tag>: the checkpoint itself (one rank saved it), or its
+// shards, checked against the manifest's nonce. Sets `saved_world` and `saved_stage`.
+Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::string& dir,
+                                                                  const std::string& tag,
+                                                                  int& saved_world,
+                                                                  int& saved_stage) const {
+    ZINF_ASSIGN_OR_RETURN(auto top, engine::CheckpointReader::open(file_system(), dir, tag));
+    ZINF_ASSIGN_OR_RETURN(auto world, top.get_u64("world_size"));
+    ZINF_ASSIGN_OR_RETURN(auto stage, top.get_u64("zero_stage"));
+    saved_world = static_cast<int>(world);
+    saved_stage = static_cast<int>(stage);
+    std::vector<engine::CheckpointReader> out;
+    if (world == 1) {
+        out.push_back(std::move(top));
+        return out;
+    }
+    ZINF_ASSIGN_OR_RETURN(auto shards, top.get_u64("shards"));
+    ZINF_ASSIGN_OR_RETURN(auto nonce, top.get("checkpoint_nonce"));
+    if (shards != world) {
+        return Status::corruption(str_cat("checkpoint ", top.path(), ": ", shards,
+                                          " shards for world size ", world));
+    }
+    // The same layout needs only this rank's shard; any other all of them (stage 0: one).
+    const bool same = saved_world == communicator_.world_size() &&
+                      (saved_stage >= 1) == coordinator_->plan().optimizer_partitioned;
+    const int from = same ? communicator_.rank() : 0;
+    const int to = same ? from + 1 : (saved_stage >= 1 ? saved_world : 1);
+    for (int r = from; r < to; ++r) {
+        ZINF_ASSIGN_OR_RETURN(auto shard,
+                              engine::CheckpointReader::open(file_system(), top.path(), shard_name(r)));
+        ZINF_ASSIGN_OR_RETURN(auto got, shard.get("checkpoint_nonce"));
+        if (got != nonce) {
+            return Status::corruption(str_cat("checkpoint ", shard.path(),
+                                              ": a shard of another save (nonce ", got,
+                                              ", manifest ", nonce, ")"));
+        }
+        out.push_back(std::move(shard));
+    }
+    return out;
+}
+
+Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+    ZINF_ASSERT(!forward_done_);
+    ZINF_ASSERT(!backward_done_);
+    TraceScope span(trace_, "load_checkpoint", "io", 1);
+    int saved_world = 1, saved_stage = 0;
+    auto shards = open_shards(dir, tag, saved_world, saved_stage);
+    const bool same_layout = saved_world == communicator_.world_size() &&
+                             (saved_stage >= 1) == coordinator_->plan().optimizer_partitioned;
+    Status checked = shards.has_value() ? check_loadable(shards->front(), same_layout)
+                                        : shards.error();
+    // Every rank loads, or none does: a rank that cannot read its shard stops them all here,
+    // before any state changes.
+    ZINF_ASSIGN_OR_RETURN(auto refused, zero::gather_over_ranks(communicator_, checked.is_ok() ? 0 : 1));
+    for (int r = 0; r < communicator_.world_size(); ++r) {
+        if (refused[r] == 0) continue;
+        if (r == communicator_.rank()) return checked;
+        return Status::invalid_argument(str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
+                                                " cannot load it (its error is above)"));
+    }
+    // From here on a failure leaves states half-restored.
+    Status s = same_layout ? load_states(shards->front())
+                           : load_repartitioned(*shards, saved_world, saved_stage);
+    if (s.is_ok()) s = coordinator_->publish_parameters(stream());
+    if (s.is_ok()) s = device_.synchronize(stream());
+    if (s.is_ok()) s = restore_counters(shards->front());
+    if (!s.is_ok()) {
+        broken_ = "loading checkpoint " + dir + "/" + tag + " failed part-way (" + s.to_string() + ")";
+        return s;
+    }
+    broken_.clear();
+    times_.checkpoint_seconds += span.end();
+    if (!same_layout) {
+        log::info("checkpoint ", dir, "/", tag, ": saved by ", saved_world, " rank(s) at stage ",
+                  saved_stage, ", re-partitioned for ", communicator_.world_size(),
+                  " rank(s) at stage ", plan_.stage);
+    }
+    log::info("checkpoint loaded: ", dir, "/", tag, " (step ", global_steps_, ")");
+    return Status::ok();
+}
+
+}  // namespace zinf
