@@ -319,9 +319,9 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
     if (!status.is_ok()) log::error("checkpoint ", dir, "/", tag, ": this rank's shard: ", status.to_string());
     // Every shard is written (or failed) before rank 0 commits or removes the directory.
     ZINF_ASSIGN_OR_RETURN(auto failed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
+    if (!status.is_ok()) return status;
     for (int r = 0; r < world; ++r) {
         if (failed[r] == 0) continue;
-        if (r == rank) return status;
         return Status::io_error(str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
                                         " could not write its shard; not saved (latest unchanged)"),
                                 EIO);
@@ -376,6 +376,7 @@ Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layou
         }
         return Status::ok();
     };
+    ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
     if (same_layout) {
         ZINF_TRY(expect("world_size", std::to_string(part.world_size())));
         ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
@@ -384,7 +385,6 @@ Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layou
     ZINF_TRY(expect("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind))));
     // Checkpoints from before amsgrad existed have no such key: they had none.
     if (r.get("amsgrad").has_value()) ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
-    ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
     ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));
     const auto own = hex64(engine::checksum(std::as_bytes(
         std::span<const char>(config_.canonical_json.data(), config_.canonical_json.size()))));
@@ -466,11 +466,11 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     // Every rank loads, or none does: a rank that cannot read its shard stops them all here,
     // before any state changes.
     ZINF_ASSIGN_OR_RETURN(auto refused, zero::gather_over_ranks(communicator_, checked.is_ok() ? 0 : 1));
+    if (!checked.is_ok()) return checked;
     for (int r = 0; r < communicator_.world_size(); ++r) {
         if (refused[r] == 0) continue;
-        if (r == communicator_.rank()) return checked;
         return Status::invalid_argument(str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
-                                                " cannot load it (its error is above)"));
+                                                " cannot load it (its error names why); not loaded"));
     }
     // From here on a failure leaves states half-restored.
     Status s = same_layout ? load_states(shards->front())
