@@ -1,0 +1,168 @@
+// mpirun -np N zinfinity-train end to end: one rank prints, the loss matches one rank's; a rank
+// that fails, is killed or hangs stops every rank with its error within a bounded time, and no
+// checkpoint is lost. Runs mpirun itself (oversubscribed; as root with Open MPI's two variables).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_seed.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+    int exit_code = -1;
+    std::string out;
+    double seconds = 0;
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+// Runs `script` with bash (the MPI variables set), capturing stdout and stderr.
+RunResult shell(const test::TempDir& dir, const std::string& script) {
+    const std::string file = dir.file("run.sh");
+    std::ofstream(file) << "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
+                        << "MPIRUN='" << ZINF_MPIEXEC << " --oversubscribe -np'\n"
+                        << "TRAIN='" << ZINF_TRAIN_BINARY << "'\n"
+                        << script << "\n";
+    const std::string out = dir.file("out.txt");
+    const auto t0 = Clock::now();
+    const int status = std::system(("bash " + file + " > " + out + " 2>&1").c_str());
+    RunResult r;
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    return r;
+}
+
+constexpr const char* kStage2 = R"("zero_optimization": {"stage": 2},)";
+
+// A 24-32-4 MLP on synthetic data under `zero` (a "zero_optimization" entry and a comma).
+std::string write_config(const test::TempDir& dir, const std::string& zero = kStage2) {
+    const std::string path = dir.file("config.json");
+    std::ofstream(path) << R"({ )" << zero << R"(
+  "train_batch_size": 32,
+  "steps_per_print": 5,
+  "seed": 3,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+  "model": {"type": "mlp", "layers": [24, 32, 4]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 4096, "epochs": 1000},
+  "device": {"type": "cpu", "memory_budget": 67108864},
+  "comm": {"deterministic": true},
+  "cpu_optimizer": {"threads": 1}
+})";
+    return path;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+}
+
+TEST(MpiTrainCli, RankZeroPrintsAndTheLossIsOneRanks) {
+    test::TempDir dir("mpi-cli");
+    const std::string config = write_config(dir);
+    const RunResult one = shell(dir, "$TRAIN --config " + config +
+                                         " --max-steps 10 --no-eval --loss-log " + dir.file("one"));
+    ASSERT_EQ(one.exit_code, 0) << one.out;
+    const RunResult two = shell(dir, "$MPIRUN 2 $TRAIN --config " + config +
+                                         " --max-steps 10 --no-eval --loss-log " + dir.file("two"));
+    ASSERT_EQ(two.exit_code, 0) << two.out;
+    EXPECT_EQ(count(two.out, "summary:"), 1u) << two.out;
+    EXPECT_NE(two.out.find("ZeRO stage 2 over 2 rank(s) (mpi, deterministic)"), std::string::npos)
+        << two.out;
+    EXPECT_NE(two.out.find("= micro 16 x accumulation 1 x world 2"), std::string::npos) << two.out;
+    // The same global batches: losses equal to fp32 rounding of the mean (one rank's micro-batch
+    // is 32 rows, two ranks' 16 each).
+    std::ifstream a(dir.file("one")), b(dir.file("two"));
+    std::string la, lb;
+    int lines = 0;
+    while (std::getline(a, la) && std::getline(b, lb)) {
+        std::istringstream sa(la), sb(lb);
+        int step_a = 0, step_b = 0;
+        double loss_a = 0, loss_b = 0;
+        sa >> step_a >> loss_a;
+        sb >> step_b >> loss_b;
+        EXPECT_EQ(step_a, step_b);
+        EXPECT_NEAR(loss_a, loss_b, 1e-5 * loss_a) << la << " | " << lb;
+        ++lines;
+    }
+    EXPECT_EQ(lines, 10);
+}
+
+// Rank 1 cannot make its swap directory (a file stands at <nvme_path>/rank1): it prints its
+// error with its rank and the whole job stops, although rank 0 is already waiting for it.
+TEST(MpiTrainCli, ARankThatFailsStopsEveryRankWithItsError) {
+    test::TempDir dir("mpi-cli");
+    std::filesystem::create_directories(dir.file("swap"));
+    std::ofstream(dir.file("swap/rank1")) << "not a directory";
+    const std::string config = write_config(
+        dir, R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                 dir.file("swap") + R"("}},)");
+    const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --max-steps 50");
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("zinfinity-train: rank 1: engine:"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(dir.file("swap/rank1")), std::string::npos) << r.out;
+    EXPECT_LT(r.seconds, 120) << r.out;
+}
+
+// A rank killed mid-run stops the job (mpirun reports it); the checkpoint `latest` names is
+// complete: the job resumes from it on both ranks.
+TEST(MpiTrainCli, AKilledRankStopsTheJobAndLatestStillResumes) {
+    test::TempDir dir("mpi-cli");
+    const std::string config = write_config(dir);
+    const std::string ck = dir.file("ck");
+    const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --no-eval --save-dir " +
+                                       ck + " --save-every 5 --max-steps 100000 &\n"
+                                       "job=$!\n"
+                                       "for i in $(seq 600); do [ -e " + ck + "/latest ] && break; sleep 0.1; done\n"
+                                       "sleep 0.5\n"
+                                       "victim=$(pgrep -n -f \"$TRAIN --config " + config + "\")\n"
+                                       "echo killing $victim\n"
+                                       "kill -9 $victim\n"
+                                       "wait $job; echo job-exit=$?");
+    EXPECT_NE(r.out.find("killing "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("job-exit=0"), std::string::npos) << r.out;
+    EXPECT_LT(r.seconds, 120) << r.out;
+    const RunResult resumed =
+        shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --no-eval --resume " + ck +
+                       " --max-steps $(( $(tr -dc 0-9 < " + ck + "/latest) + 3 ))");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+    EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+}
+
+// A rank that stops answering (SIGSTOP): the others' collective ends at comm.timeout_s with an
+// error naming it, and the job stops instead of hanging.
+TEST(MpiTrainCli, ACollectiveThatNeverCompletesEndsAtTheTimeout) {
+    test::TempDir dir("mpi-cli");
+    const std::string config = write_config(dir);
+    const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config +
+                                       " --no-eval --max-steps 10000000 --set comm.timeout_s=3 &\n"
+                                       "job=$!\n"
+                                       "sleep 2\n"
+                                       "victim=$(pgrep -n -f \"$TRAIN --config " + config + "\")\n"
+                                       "kill -STOP $victim\n"
+                                       "wait $job; echo job-exit=$?\n"
+                                       "kill -9 $victim 2>/dev/null; true");
+    EXPECT_NE(r.out.find("did not complete within 3 s"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("job-exit=0"), std::string::npos) << r.out;
+    EXPECT_LT(r.seconds, 90) << r.out;
+}
+
+}  // namespace
+}  // namespace zinf
