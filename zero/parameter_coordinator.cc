@@ -79,11 +79,17 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
             c->full_working_ = static_cast<float*>(w);
         }
     }
+    // Stages 1-2 keep no partition copy of the parameters: the rank's slices live in the full
+    // layout, where the optimizer's writes go (write_domain_parameters) and the all-gather
+    // fills in the other ranks' slices in place. With one rank the partition is the full layout.
+    const bool one_rank = partitioning.world_size() == 1;
     if (plan.optimizer_partitioned) {
-        if (options.offloaded_parameters == nullptr) {
+        if (plan.parameters_partitioned && options.offloaded_parameters == nullptr) {
             ZINF_ASSIGN_OR_RETURN(
                 c->partition_params_,
                 c->allocate(partitioning.partition_numel() * eb, "parameter partition"));
+        } else if (!plan.parameters_partitioned && one_rank) {
+            c->partition_params_ = c->full_params_;
         }
         if (options.host_gradients) {
             const std::size_t bytes = std::max<std::size_t>(partitioning.partition_numel() * eb, 64);
@@ -95,6 +101,8 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
             ZINF_TRY(device.register_host_memory(std::span<std::byte>(c->host_grads_.data(), bytes))
                          .with_context("zero: host gradient partition"));
             c->partition_grads_ = c->host_grads_.data();
+        } else if (!plan.gradients_partitioned && one_rank) {
+            c->partition_grads_ = nullptr;  // the full gradients, allocated below
         } else {
             ZINF_ASSIGN_OR_RETURN(
                 c->partition_grads_,
@@ -107,6 +115,10 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     if (!plan.gradients_partitioned) {
         ZINF_ASSIGN_OR_RETURN(c->full_grads_,
                               c->allocate(partitioning.full_numel() * eb, "gradients"));
+        // Stage 1 on one rank: the partition is the full layout.
+        if (plan.optimizer_partitioned && c->partition_grads_ == nullptr) {
+            c->partition_grads_ = c->full_grads_;
+        }
     }
     ZINF_ASSIGN_OR_RETURN(c->stage_scratch_, c->allocate(max_padded * eb, "gradient staging"));
     if (plan.gradients_partitioned) {
@@ -133,6 +145,35 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     return c;
 }
 
+MemoryHeld ParameterCoordinator::memory_held() const noexcept {
+    const std::size_t eb = elem_bytes();
+    const std::size_t full = partitioning_.full_numel() * eb;
+    const std::size_t partition = partitioning_.partition_numel() * eb;
+    MemoryHeld m;
+    m.parameters = plan_.parameters_partitioned ? partition : full;
+    m.parameter_staging =
+        partition_params_ != nullptr && partition_params_ != full_params_ && !plan_.parameters_partitioned
+            ? partition
+            : 0;
+    m.gradients = plan_.gradients_partitioned ? partition : full;
+    m.gradient_staging =
+        partition_grads_ != nullptr && partition_grads_ != full_grads_ && !plan_.gradients_partitioned
+            ? partition
+            : 0;
+    // Everything else the coordinator allocated (fp32 copies, scratch), and stage 3's gathered
+    // copies at their peak.
+    std::size_t counted = 0;
+    if (full_params_ != nullptr) counted += full;
+    if (partition_params_ != nullptr && partition_params_ != full_params_) counted += partition;
+    if (full_grads_ != nullptr) counted += full;
+    if (partition_grads_ != nullptr && partition_grads_ != full_grads_ &&
+        partition_grads_ != host_grads_.data()) {
+        counted += partition;
+    }
+    m.working = persistent_bytes_ - std::min(persistent_bytes_, counted) + peak_live_numel_ * 4;
+    return m;
+}
+
 template <typename Fn>
 Status ParameterCoordinator::for_each_slice(std::size_t offset_numel, std::size_t numel,
                                             Fn fn) const {
@@ -155,9 +196,19 @@ Status ParameterCoordinator::write_domain_parameters(std::size_t offset_numel,
     const std::size_t numel = bytes.size() / eb;
     ZINF_ASSERT_LE(offset_numel + numel, domain_.numel);
     PartitionStorage* storage = options_.offloaded_parameters;
-    if (storage == nullptr) {
+    if (storage == nullptr && domain_.parameters != nullptr) {
         ZINF_TRY(device_.copy_to_device(at(domain_.parameters, offset_numel), bytes.data(),
                                         bytes.size(), stream));
+        return device_.synchronize(stream);
+    }
+    if (storage == nullptr) {  // stages 1-2 over several ranks: the slices in the full layout
+        ZINF_TRY(for_each_slice(offset_numel, numel,
+                                [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
+                                    std::size_t n) {
+                                    return device_.copy_to_device(
+                                        at(full_params_, full_slice_offset(index) + in_slice),
+                                        bytes.data() + in_range * eb, n * eb, stream);
+                                }));
         return device_.synchronize(stream);
     }
     return for_each_slice(offset_numel, numel,
@@ -175,9 +226,20 @@ Status ParameterCoordinator::read_domain_parameters(std::size_t offset_numel,
     const std::size_t numel = bytes.size() / eb;
     ZINF_ASSERT_LE(offset_numel + numel, domain_.numel);
     PartitionStorage* storage = options_.offloaded_parameters;
-    if (storage == nullptr) {
+    if (storage == nullptr && domain_.parameters != nullptr) {
         ZINF_TRY(device_.copy_to_host(bytes.data(), at(domain_.parameters, offset_numel),
                                       bytes.size(), stream));
+        return device_.synchronize(stream);
+    }
+    if (storage == nullptr) {  // stages 1-2 over several ranks: the slices in the full layout
+        ZINF_TRY(for_each_slice(offset_numel, numel,
+                                [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
+                                    std::size_t n) {
+                                    return device_.copy_to_host(
+                                        bytes.data() + in_range * eb,
+                                        at(full_params_, full_slice_offset(index) + in_slice),
+                                        n * eb, stream);
+                                }));
         return device_.synchronize(stream);
     }
     return for_each_slice(offset_numel, numel,
@@ -237,19 +299,6 @@ Status ParameterCoordinator::initialize(const InitialValues& values, StreamId st
         }
         // The staging vector is reused: wait before overwriting it.
         ZINF_TRY(device_.synchronize(stream));
-    }
-    if (plan_.optimizer_partitioned && !plan_.parameters_partitioned) {
-        // The optimizer domain must hold the current values too: a checkpoint taken before the
-        // first applied step (all skipped under fp16) reads them from there.
-        const std::size_t eb = elem_bytes();
-        for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
-            const auto& s = partitioning_.slot(i);
-            ZINF_TRY(device_.copy_on_device(
-                at(partition_params_, s.partition_offset_numel),
-                at(full_params_,
-                   s.full_offset_numel + static_cast<std::size_t>(rank) * s.slice_numel),
-                s.slice_numel * eb, stream));
-        }
     }
     if (full_working_ != nullptr) {
         ZINF_TRY(compute_.cast(full_params_, options_.dtype, full_working_, DType::kFloat32,
@@ -437,7 +486,6 @@ Status ParameterCoordinator::accumulate_gradient(std::size_t index, const float*
 
 Status ParameterCoordinator::reduce_gradients(StreamId stream) {
     const std::size_t eb = elem_bytes();
-    const int rank = partitioning_.rank();
     for (std::size_t i = 0; i < params_.size(); ++i) {
         if (params_[i].grad_written) continue;
         const auto& s = partitioning_.slot(i);
@@ -449,18 +497,17 @@ Status ParameterCoordinator::reduce_gradients(StreamId stream) {
                                        stream));
         }
     }
-    if (!plan_.gradients_partitioned) {
+    if (!plan_.gradients_partitioned && !plan_.optimizer_partitioned) {
         ZINF_TRY(communicator_.all_reduce(full_grads_, full_grads_, partitioning_.full_numel(),
                                           options_.dtype, ReduceOp::kSum, stream));
-        if (plan_.optimizer_partitioned) {
-            for (std::size_t i = 0; i < params_.size(); ++i) {
-                const auto& s = partitioning_.slot(i);
-                ZINF_TRY(device_.copy_on_device(
-                    at(partition_grads_, s.partition_offset_numel),
-                    at(full_grads_,
-                       s.full_offset_numel + static_cast<std::size_t>(rank) * s.slice_numel),
-                    s.slice_numel * eb, stream));
-            }
+    } else if (!plan_.gradients_partitioned) {
+        // Stage 1: the rank needs only its slices of the sum (half an all-reduce's traffic).
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            const auto& s = partitioning_.slot(i);
+            ZINF_TRY(communicator_.reduce_scatter(at(full_grads_, s.full_offset_numel),
+                                                  at(partition_grads_, s.partition_offset_numel),
+                                                  s.slice_numel, options_.dtype, ReduceOp::kSum,
+                                                  stream));
         }
     }
     return Status::ok();
@@ -468,9 +515,10 @@ Status ParameterCoordinator::reduce_gradients(StreamId stream) {
 
 Status ParameterCoordinator::publish_parameters(StreamId stream) {
     if (plan_.optimizer_partitioned && !plan_.parameters_partitioned) {
+        // In place: this rank's slice is already where the all-gather puts it.
         for (std::size_t i = 0; i < params_.size(); ++i) {
             const auto& s = partitioning_.slot(i);
-            ZINF_TRY(communicator_.all_gather(at(partition_params_, s.partition_offset_numel),
+            ZINF_TRY(communicator_.all_gather(at(full_params_, full_slice_offset(i)),
                                               at(full_params_, s.full_offset_numel), s.slice_numel,
                                               options_.dtype, stream));
         }

@@ -51,13 +51,28 @@ struct CoordinatorOptions {
     bool host_gradients = false;
 };
 
+// The bytes one rank holds for the model's parameters and gradients, wherever they live (device,
+// host or the offloaded partition storage), by the ZeRO accounting: `parameters` and `gradients`
+// are what the seed's formulas count (b bytes per element of the full layout, or of the rank's
+// partition where the stage partitions it; padding included), `*_staging` a partition copy kept
+// besides the full layout (stage 1's reduced gradient slices over several ranks, or in host
+// memory under offload), `working` the fp32 copies and scratch the model computes with.
+struct MemoryHeld {
+    std::size_t parameters = 0;
+    std::size_t parameter_staging = 0;
+    std::size_t gradients = 0;
+    std::size_t gradient_staging = 0;
+    std::size_t working = 0;
+};
+
 // The optimizer's view of the rank's share, in device memory, valid until the coordinator dies.
 struct OptimizerDomain {
     std::size_t numel = 0;
     DType dtype = DType::kFloat32;
     void* gradients = nullptr;   // numel values of dtype (after reduce_gradients)
     // numel values of dtype: the optimizer writes new values here; null when the parameters are
-    // offloaded (write_domain_parameters reaches them wherever they are).
+    // offloaded, or when stages 1-2 over several ranks keep the rank's slices in the full layout
+    // (write_domain_parameters reaches them wherever they are).
     void* parameters = nullptr;
 };
 
@@ -144,6 +159,9 @@ public:
     std::uint64_t working_reuses() const noexcept { return working_reuses_; }
     // Device bytes held persistently (parameters, gradients, staging).
     std::size_t persistent_bytes() const noexcept { return persistent_bytes_; }
+    // This rank's parameter and gradient bytes by the ZeRO accounting (see MemoryHeld); the
+    // working figure counts stage 3's gathered copies at their peak.
+    MemoryHeld memory_held() const noexcept;
 
 private:
     struct ParamState {
@@ -170,6 +188,11 @@ private:
     template <typename Fn>
     Status for_each_slice(std::size_t offset_numel, std::size_t numel, Fn fn) const;
     std::size_t elem_bytes() const noexcept { return dtype_size_bytes(options_.dtype); }
+    // Where this rank's slice of parameter `index` starts in the full layout.
+    std::size_t full_slice_offset(std::size_t index) const noexcept {
+        const auto& s = partitioning_.slot(index);
+        return s.full_offset_numel + static_cast<std::size_t>(partitioning_.rank()) * s.slice_numel;
+    }
     std::byte* at(void* base, std::size_t offset_numel) const noexcept {
         return static_cast<std::byte*>(base) + offset_numel * elem_bytes();
     }

@@ -37,6 +37,13 @@ std::string mib(std::size_t bytes) {
     return buf;
 }
 
+// Bytes as MiB with three decimals (the memory table compares ranks and formulas).
+std::string mib3(double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f MiB", bytes / (1 << 20));
+    return buf;
+}
+
 std::string exact(double v) {
     char buf[40];
     std::snprintf(buf, sizeof buf, "%.17g", v);
@@ -150,7 +157,7 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
     ZINF_TRY(e->build(part));
-    e->build_summary();
+    ZINF_TRY(e->build_summary());
     // zinfinity-train prints the summary itself; an embedding program may call summary().
     log::debug(e->summary_);
     return e;
@@ -262,7 +269,52 @@ std::string Engine::residency_summary() const {
     return offload_->residency()->stats_summary();
 }
 
-void Engine::build_summary() {
+MemoryAccount Engine::memory_account() const {
+    const auto& part = coordinator_->partitioning();
+    MemoryAccount a;
+    a.stage = plan_.stage;
+    a.world_size = part.world_size();
+    a.model_numel = part.model_numel();
+    a.padding_numel = part.full_numel() - part.model_numel();
+    a.b = dtype_size_bytes(plan_.dtype);
+    a.k = states_->layout().arrays() * sizeof(float);
+    a.held = coordinator_->memory_held();
+    a.optimizer_states = states_->state_bytes();
+    const double psi = static_cast<double>(a.model_numel);
+    const double n = a.world_size;
+    a.formula_parameters = static_cast<double>(a.b) * psi / (a.stage >= 3 ? n : 1.0);
+    a.formula_gradients = static_cast<double>(a.b) * psi / (a.stage >= 2 ? n : 1.0);
+    a.formula_states = static_cast<double>(a.k) * psi / (a.stage >= 1 ? n : 1.0);
+    return a;
+}
+
+// Every rank's account, as rows of a table (rank 0 prints the summary).
+Result<std::string> Engine::memory_table() const {
+    const MemoryAccount a = memory_account();
+    const std::uint64_t mine[5] = {a.held.parameters, a.held.parameter_staging, a.held.gradients,
+                                   a.held.gradient_staging, a.optimizer_states};
+    const auto ws = static_cast<std::size_t>(a.world_size);
+    std::vector<std::uint64_t> all(5 * ws);
+    ZINF_TRY(communicator_.all_gather_host(std::as_bytes(std::span(mine)),
+                                           std::as_writable_bytes(std::span(all))));
+    std::string s = str_cat("\n  model states per rank (seed formulas, stage ", a.stage, ", N = ",
+                            a.world_size, ", Ψ = ", a.model_numel, ", b = ", a.b, ", K = ", a.k,
+                            "): parameters ", mib3(a.formula_parameters),
+                            ", gradients ", mib3(a.formula_gradients),
+                            ", optimizer states ", mib3(a.formula_states));
+    for (std::size_t r = 0; r < ws; ++r) {
+        const std::uint64_t* v = all.data() + 5 * r;
+        s += str_cat("\n    rank ", r, ": parameters ", mib3(static_cast<double>(v[0])), ", gradients ", mib3(static_cast<double>(v[2])),
+                     ", optimizer states ", mib3(static_cast<double>(v[4])));
+        if (v[1] > 0) s += str_cat(" + a parameter partition copy ", mib3(static_cast<double>(v[1])));
+        if (v[3] > 0) {
+            s += str_cat(" + the reduced gradient slices ", mib3(static_cast<double>(v[3])));
+        }
+    }
+    return s;
+}
+
+Status Engine::build_summary() {
     const auto& part = coordinator_->partitioning();
     std::string s = str_cat(
         "zinfinity engine: ", kernels::optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
@@ -284,7 +336,10 @@ void Engine::build_summary() {
     if (config_.gradient_clipping > 0) {
         s += str_cat("; gradient clipping ", exact(config_.gradient_clipping));
     }
+    ZINF_ASSIGN_OR_RETURN(auto table, memory_table());
+    s += table;
     summary_ = std::move(s);
+    return Status::ok();
 }
 
 Status Engine::check_usable() const {

@@ -93,6 +93,25 @@ struct IoFigures {
     std::uint64_t faults_injected = 0;
 };
 
+// One rank's model states by the ZeRO accounting beside the seed's formulas for its stage and
+// world size (Ψ = model_numel, b = bytes per parameter element, K = optimizer bytes per element:
+// the fp32 master and each fp32 moment): parameters b·Ψ, or b·Ψ/N under stage 3; gradients b·Ψ,
+// or b·Ψ/N under stages 2-3; optimizer states K·Ψ, or K·Ψ/N under stages 1-3. Held figures count
+// the padded layout, so they exceed the formula by at most the padding.
+struct MemoryAccount {
+    int stage = 0;
+    int world_size = 1;
+    std::size_t model_numel = 0;
+    std::size_t padding_numel = 0;  // padded layout minus model_numel (all ranks together)
+    std::size_t b = 4;
+    std::size_t k = 12;
+    zero::MemoryHeld held;
+    std::size_t optimizer_states = 0;
+    double formula_parameters = 0;
+    double formula_gradients = 0;
+    double formula_states = 0;
+};
+
 class Engine {
 public:
     // Creates the engine for `model` (its parameters registered, built on `device`). device,
@@ -173,8 +192,11 @@ public:
     // and leaving every state unchanged. Nothing to do without NVMe offload.
     Status io_only_step();
 
+    // This rank's states against the seed's formulas.
+    MemoryAccount memory_account() const;
     // The start-up summary (also logged by create): optimizer and variant, stage, where each
-    // state lives, budgets, bytes per tier.
+    // state lives, budgets, bytes per tier, and every rank's memory account (gathered: with
+    // several ranks, create is a collective).
     const std::string& summary() const noexcept { return summary_; }
     // Spans of forward, backward and optimizer steps go to `recorder` (borrowed; null: none).
     // Offloaded parameters' moves (demand and prefetch) are drawn there too.
@@ -224,7 +246,8 @@ private:
     Status inference_forward(const Batch& batch);
     Status run_optimizer(double norm_unscale);
     Result<kernels::GradStats> gradient_stats();
-    void build_summary();
+    Status build_summary();
+    Result<std::string> memory_table() const;
     Status check_usable() const;
     void end_iteration_if_open() noexcept;
     io::FileSystem& file_system() const noexcept;

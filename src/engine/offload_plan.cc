@@ -171,7 +171,10 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
     plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
                                     (plan.optimizer_states == Home::kNvme && !cpu_device);
-    if (plan.parameters_offloaded() || !cpu_device) {
+    // Stages 1-2 over several ranks: the rank's slices sit apart in the full layout.
+    const bool slices_apart = plan.stage_plan.optimizer_partitioned &&
+                              !plan.stage_plan.parameters_partitioned && in.world_size > 1;
+    if (plan.parameters_offloaded() || !cpu_device || slices_apart) {
         plan.parameter_update = ParameterUpdate::kThroughCoordinator;
     } else {
         plan.parameter_update = plan.dtype == DType::kFloat32 ? ParameterUpdate::kCopyMaster

@@ -246,6 +246,55 @@ TEST(MpiEngine, EveryStageAndPlacementTrainsTheSameBits) {
     }
 }
 
+// bf16 parameters and gradients: the optimizer's new 16-bit values reach the rank's slices in
+// the full layout (stages 1-2) or its partition (stage 3) and train the same bits.
+TEST(MpiEngine, Bf16TrainsTheSameBitsUnderEveryStage) {
+    const int n = world();
+    const std::string bf16 = R"("bf16": {"enabled": true},)";
+    RankRun reference(load(config_text(bf16 + kStages[0], 1, 0.05), n), true);
+    ASSERT_TRUE(reference.train_until(4).is_ok());
+    for (const char* zero : {kStages[1], kStages[2], kStages[3], kStages[5]}) {
+        SCOPED_TRACE(zero);
+        RankRun run(load(config_text(bf16 + zero, 1, 0.05), n), true);
+        ASSERT_TRUE(run.train_until(4).is_ok());
+        EXPECT_EQ(test_support::bits(run.losses), test_support::bits(reference.losses));
+        expect_same_parameters(run, reference);
+    }
+}
+
+// The seed's memory formulas, per rank: parameters b·Ψ (stage 3: /N), gradients b·Ψ (stages
+// 2-3: /N), optimizer states K·Ψ (stages 1-3: /N), held to within the layout's padding; the
+// only copy beyond them is stage 1's reduced gradient slices.
+TEST(MpiEngine, EachRankHoldsWhatTheSeedFormulasGive) {
+    const int n = world();
+    for (const std::string dtype : {"", R"("bf16": {"enabled": true},)"}) {
+        for (int stage = 0; stage <= 3; ++stage) {
+            SCOPED_TRACE(dtype + kStages[stage]);
+            RankRun run(load(config_text(dtype + kStages[stage], 1, 0.0), n), true);
+            const MemoryAccount a = run.engine().memory_account();
+            EXPECT_EQ(a.world_size, n);
+            EXPECT_EQ(a.b, dtype.empty() ? 4u : 2u);
+            EXPECT_EQ(a.k, 12u);
+            const double pad = static_cast<double>(a.padding_numel);
+            auto within = [&](std::size_t held, double formula, std::size_t per_elem) {
+                EXPECT_GE(static_cast<double>(held), formula);
+                EXPECT_LE(static_cast<double>(held), formula + pad * static_cast<double>(per_elem));
+            };
+            within(a.held.parameters, a.formula_parameters, a.b);
+            within(a.held.gradients, a.formula_gradients, a.b);
+            within(a.optimizer_states, a.formula_states, a.k);
+            EXPECT_EQ(a.held.parameter_staging, 0u);
+            EXPECT_EQ(a.held.gradient_staging,
+                      stage == 1 ? run.engine().coordinator().partitioning().partition_numel() * a.b : 0u);
+            if (stage == 3) {
+                EXPECT_LT(static_cast<double>(a.held.parameters) * n,
+                          static_cast<double>(a.b) * (static_cast<double>(a.model_numel) + pad) + 1);
+            }
+            EXPECT_NE(run.engine().summary().find("model states per rank"), std::string::npos);
+        }
+    }
+}
+
 // Each rank swaps under its own subdirectory of the one nvme_path.
 TEST(MpiEngine, EachRankSwapsInItsOwnSubdirectory) {
     const int n = world();
