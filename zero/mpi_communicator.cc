@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "kernels/cast.h"
+#include "kernels/cpu_features.h"
 #include "src/base/log.h"
 
 namespace zinf::zero {
@@ -75,6 +77,47 @@ void from_float(void* base, std::size_t i, DType dtype, float v) noexcept {
         case DType::kBFloat16: static_cast<std::uint16_t*>(base)[i] = kernels::float_to_bf16(v); return;
         case DType::kFloat16: static_cast<std::uint16_t*>(base)[i] = kernels::float_to_fp16(v); return;
     }
+}
+
+// acc = piece 0 + piece 1 + ... in that order, in fp32 (16-bit pieces converted exactly first);
+// piece r is `n` values of dtype at pieces + r * stride_bytes. Vectorisable loops.
+void sum_in_rank_order(const std::byte* pieces, std::size_t stride_bytes, int count, std::size_t n,
+                       DType dtype, std::vector<float>& acc, std::vector<float>& tmp) {
+    acc.resize(n);
+    const kernels::Isa isa = kernels::best_isa();
+    const kernels::Dtype kd = dtype == DType::kBFloat16 ? kernels::Dtype::kBf16 : kernels::Dtype::kFp16;
+    for (int r = 0; r < count; ++r) {
+        const std::byte* piece = pieces + static_cast<std::size_t>(r) * stride_bytes;
+        const float* values = nullptr;
+        if (dtype == DType::kFloat32) {
+            values = reinterpret_cast<const float*>(piece);
+        } else {
+            tmp.resize(n);
+            kernels::cast_to_fp32(isa, std::span(reinterpret_cast<const std::uint16_t*>(piece), n), kd,
+                                  std::span(tmp));
+            values = tmp.data();
+        }
+        if (r == 0) {
+            std::copy(values, values + n, acc.data());  // a copy, as accumulation's first term
+        } else {
+            float* a = acc.data();
+            for (std::size_t i = 0; i < n; ++i) a[i] += values[i];
+        }
+    }
+}
+
+// Writes acc (divided by `div` unless it is 1) to out in dtype.
+void store_sum(std::vector<float>& acc, float div, DType dtype, void* out) {
+    if (div != 1.0f) {
+        for (float& v : acc) v /= div;
+    }
+    if (dtype == DType::kFloat32) {
+        std::copy(acc.begin(), acc.end(), static_cast<float*>(out));
+        return;
+    }
+    kernels::cast_from_fp32(kernels::best_isa(), std::span<const float>(acc),
+                            std::span(static_cast<std::uint16_t*>(out), acc.size()),
+                            dtype == DType::kBFloat16 ? kernels::Dtype::kBf16 : kernels::Dtype::kFp16);
 }
 
 // MPI counts are int: a collective larger than INT_MAX elements is refused by name.
@@ -178,50 +221,60 @@ bool mpi_any_failed(bool failed) {
 
 // A collective in progress, watched: past the deadline the watchdog thread reports it and ends
 // the process (mpirun then stops the other ranks). One collective at a time.
+// A collective in progress, watched: past the deadline the watchdog thread reports it and ends
+// the process (mpirun then stops the other ranks). The hot path (begin/end) only stores atomics;
+// the watchdog looks every poll interval, so a hang is caught between timeout and timeout plus
+// one interval, and no collective pays for a wake-up.
 struct MpiCommunicator::Impl {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Op sum_bf16 = MPI_OP_NULL, sum_fp16 = MPI_OP_NULL, max_bf16 = MPI_OP_NULL,
            max_fp16 = MPI_OP_NULL;
+    std::atomic<std::uint64_t> generation{0};  // odd: a collective is in progress
+    std::atomic<std::int64_t> started_ns{0};
+    std::atomic<const char*> what{""};         // a string literal naming the collective
+    std::atomic<std::size_t> numel{0};         // its size (elements per rank, or bytes)
     std::mutex mu;
     std::condition_variable cv;
-    std::uint64_t generation = 0;  // odd: a collective is in progress
-    std::string what;
     bool stopping = false;
     std::chrono::milliseconds timeout{0};
     int rank = 0;
     std::thread thread;
 
+    static std::int64_t now_ns() {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    }
     void watch() {
+        const auto poll = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(10),
+                                                                std::chrono::milliseconds(1000));
         std::unique_lock lock(mu);
-        while (!stopping) {
-            if (generation % 2 == 0) {
-                cv.wait(lock);
-                continue;
+        std::uint64_t seen = 0;
+        while (!cv.wait_for(lock, poll, [&] { return stopping; })) {
+            const std::uint64_t g = generation.load(std::memory_order_acquire);
+            if (g % 2 == 0 || g != seen) {
+                seen = g;  // idle, or a collective began since the last look: look again later
+                if (g % 2 == 0) continue;
             }
-            const std::uint64_t watched = generation;
-            const auto deadline = std::chrono::steady_clock::now() + timeout;
-            if (cv.wait_until(lock, deadline, [&] { return stopping || generation != watched; })) {
-                continue;
-            }
+            const std::int64_t waited = now_ns() - started_ns.load(std::memory_order_relaxed);
+            if (waited < std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count()) continue;
+            if (generation.load(std::memory_order_acquire) != g) continue;
             std::fprintf(stderr,
-                         "zinfinity: rank %d: MPI %s did not complete within %.0f s (another rank "
-                         "failed, stopped or took another path); stopping (comm.timeout_s)\n",
-                         rank, what.c_str(), static_cast<double>(timeout.count()) / 1e3);
+                         "zinfinity: rank %d: MPI %s of %zu did not complete within %.0f s "
+                         "(another rank failed, stopped or took another path); stopping "
+                         "(comm.timeout_s)\n",
+                         rank, what.load(), numel.load(), static_cast<double>(timeout.count()) / 1e3);
             std::fflush(stderr);
             std::_Exit(3);
         }
     }
-    void begin(std::string description) {
-        std::lock_guard lock(mu);
-        what = std::move(description);
-        ++generation;
-        cv.notify_all();
+    void begin(const char* description, std::size_t count) {
+        what.store(description, std::memory_order_relaxed);
+        numel.store(count, std::memory_order_relaxed);
+        started_ns.store(now_ns(), std::memory_order_relaxed);
+        generation.fetch_add(1, std::memory_order_release);
     }
-    void end() {
-        std::lock_guard lock(mu);
-        ++generation;
-        cv.notify_all();
-    }
+    void end() { generation.fetch_add(1, std::memory_order_release); }
     MPI_Op op16(DType dtype, ReduceOp op) const {
         const bool bf = dtype == DType::kBFloat16;
         if (op == ReduceOp::kMax) return bf ? max_bf16 : max_fp16;
@@ -234,8 +287,8 @@ namespace {
 // Brackets one blocking MPI call with the watchdog.
 class Watched {
 public:
-    Watched(MpiCommunicator::Impl* impl, std::string what) : impl_(impl) {
-        if (impl_->timeout.count() > 0) impl_->begin(std::move(what));
+    Watched(MpiCommunicator::Impl* impl, const char* what, std::size_t numel) : impl_(impl) {
+        if (impl_->timeout.count() > 0) impl_->begin(what, numel);
     }
     ~Watched() {
         if (impl_->timeout.count() > 0) impl_->end();
@@ -249,7 +302,6 @@ MPI_Datatype mpi_type(DType dtype) {
     return dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
 }
 
-const char* dtype_text(DType dtype) { return dtype_name(dtype).data(); }
 
 }  // namespace
 
@@ -316,7 +368,7 @@ Status MpiCommunicator::all_gather(const void* send, void* recv, std::size_t sen
     const std::size_t bytes = send_numel * dtype_size_bytes(dtype);
     // In place when the send buffer is this rank's slot of recv.
     const bool in_place = send == static_cast<const std::byte*>(recv) + rank_ * bytes;
-    Watched w(impl_.get(), str_cat("all_gather of ", send_numel, " ", dtype_text(dtype), " per rank"));
+    Watched w(impl_.get(), "all_gather", send_numel);
     ZINF_MPI_TRY(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n,
                                mpi_type(dtype), impl_->comm),
                  "MPI_Allgather");
@@ -328,23 +380,15 @@ Status MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t
     if (recv_numel == 0) return Status::ok();
     ZINF_TRY(device_.synchronize(stream));
     ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(recv_numel * world_size_, "reduce_scatter"));
-    if (options_.deterministic && op != ReduceOp::kMax) {
-        return rank_order_reduce_scatter(send, recv, recv_numel, dtype, op);
-    }
-    {
-        Watched w(impl_.get(), str_cat("reduce_scatter of ", recv_numel, " ", dtype_text(dtype),
-                                       " per rank"));
-        const MPI_Op mop = dtype == DType::kFloat32 ? (op == ReduceOp::kMax ? MPI_MAX : MPI_SUM)
-                                                    : impl_->op16(dtype, op);
-        ZINF_MPI_TRY(MPI_Reduce_scatter_block(send, recv, n / world_size_, mpi_type(dtype), mop,
-                                              impl_->comm),
-                     "MPI_Reduce_scatter_block");
-    }
-    if (op == ReduceOp::kAvg) {
-        for (std::size_t i = 0; i < recv_numel; ++i) {
-            from_float(recv, i, dtype, to_float(recv, i, dtype) / static_cast<float>(world_size_));
-        }
-    }
+    // Sums always go through the exchange and a rank-order sum: deterministic, and faster than
+    // Open MPI 4.1's MPI_Reduce_scatter_block here (2.7x at 1 MiB, 40x at 4 MiB on 2 ranks:
+    // docs/PERFORMANCE.md), whose large-message algorithm stalls.
+    if (op != ReduceOp::kMax) return rank_order_reduce_scatter(send, recv, recv_numel, dtype, op);
+    Watched w(impl_.get(), "reduce_scatter (max)", recv_numel);
+    const MPI_Op mop = dtype == DType::kFloat32 ? MPI_MAX : impl_->op16(dtype, op);
+    ZINF_MPI_TRY(MPI_Reduce_scatter_block(send, recv, n / world_size_, mpi_type(dtype), mop,
+                                          impl_->comm),
+                 "MPI_Reduce_scatter_block");
     return Status::ok();
 }
 
@@ -357,7 +401,7 @@ Status MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t num
         return rank_order_all_reduce(send, recv, numel, dtype, op);
     }
     {
-        Watched w(impl_.get(), str_cat("all_reduce of ", numel, " ", dtype_text(dtype)));
+        Watched w(impl_.get(), "all_reduce", numel);
         const MPI_Op mop = dtype == DType::kFloat32 ? (op == ReduceOp::kMax ? MPI_MAX : MPI_SUM)
                                                     : impl_->op16(dtype, op);
         ZINF_MPI_TRY(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_type(dtype),
@@ -379,21 +423,14 @@ Status MpiCommunicator::rank_order_reduce_scatter(const void* send, void* recv,
     const std::size_t eb = dtype_size_bytes(dtype);
     exchange_.resize(recv_numel * eb * world_size_);
     {
-        Watched w(impl_.get(), str_cat("reduce_scatter (deterministic) of ", recv_numel, " ",
-                                       dtype_text(dtype), " per rank"));
+        Watched w(impl_.get(), "reduce_scatter (deterministic)", recv_numel);
         ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(recv_numel * eb, "reduce_scatter"));
         ZINF_MPI_TRY(MPI_Alltoall(send, n, MPI_BYTE, exchange_.data(), n, MPI_BYTE, impl_->comm),
                      "MPI_Alltoall");
     }
-    scratch_.assign(recv_numel, 0.0f);
-    for (int r = 0; r < world_size_; ++r) {
-        const std::byte* piece = exchange_.data() + static_cast<std::size_t>(r) * recv_numel * eb;
-        for (std::size_t i = 0; i < recv_numel; ++i) scratch_[i] += to_float(piece, i, dtype);
-    }
-    const float div = op == ReduceOp::kAvg ? static_cast<float>(world_size_) : 1.0f;
-    for (std::size_t i = 0; i < recv_numel; ++i) {
-        from_float(recv, i, dtype, op == ReduceOp::kAvg ? scratch_[i] / div : scratch_[i]);
-    }
+    sum_in_rank_order(exchange_.data(), recv_numel * eb, world_size_, recv_numel, dtype, scratch_,
+                      convert_);
+    store_sum(scratch_, op == ReduceOp::kAvg ? static_cast<float>(world_size_) : 1.0f, dtype, recv);
     return Status::ok();
 }
 
@@ -418,27 +455,18 @@ Status MpiCommunicator::rank_order_all_reduce(const void* send, void* recv, std:
         recv_displs[r] = static_cast<int>(r * mine * eb);
     }
     exchange_.resize(std::max<std::size_t>(mine * eb * ws, 1));
-    const std::string what =
-        str_cat("all_reduce (deterministic) of ", numel, " ", dtype_text(dtype));
     {
-        Watched w(impl_.get(), what);
+        Watched w(impl_.get(), "all_reduce (deterministic)", numel);
         ZINF_MPI_TRY(MPI_Alltoallv(send, counts.data(), displs.data(), MPI_BYTE, exchange_.data(),
                                    recv_counts.data(), recv_displs.data(), MPI_BYTE, impl_->comm),
                      "MPI_Alltoallv");
     }
-    scratch_.assign(mine, 0.0f);
-    for (std::size_t r = 0; r < ws; ++r) {
-        const std::byte* piece = exchange_.data() + r * mine * eb;
-        for (std::size_t i = 0; i < mine; ++i) scratch_[i] += to_float(piece, i, dtype);
-    }
+    sum_in_rank_order(exchange_.data(), mine * eb, world_size_, mine, dtype, scratch_, convert_);
     // The summed piece goes straight to its place in recv; MPI_IN_PLACE gathers the others.
     std::byte* out = static_cast<std::byte*>(recv);
-    std::byte* own = out + static_cast<std::size_t>(displs[rank_]);
-    const float div = static_cast<float>(world_size_);
-    for (std::size_t i = 0; i < mine; ++i) {
-        from_float(own, i, dtype, op == ReduceOp::kAvg ? scratch_[i] / div : scratch_[i]);
-    }
-    Watched w(impl_.get(), what);
+    store_sum(scratch_, op == ReduceOp::kAvg ? static_cast<float>(world_size_) : 1.0f, dtype,
+              out + static_cast<std::size_t>(displs[rank_]));
+    Watched w(impl_.get(), "all_reduce (deterministic)", numel);
     ZINF_MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, counts.data(), displs.data(),
                                 MPI_BYTE, impl_->comm),
                  "MPI_Allgatherv");
@@ -452,13 +480,13 @@ Status MpiCommunicator::broadcast(void* buffer, std::size_t numel, DType dtype, 
     if (numel == 0) return Status::ok();
     ZINF_TRY(device_.synchronize(stream));
     ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(numel, "broadcast"));
-    Watched w(impl_.get(), str_cat("broadcast of ", numel, " ", dtype_text(dtype)));
+    Watched w(impl_.get(), "broadcast", numel);
     ZINF_MPI_TRY(MPI_Bcast(buffer, n, mpi_type(dtype), root, impl_->comm), "MPI_Bcast");
     return Status::ok();
 }
 
 Status MpiCommunicator::barrier() {
-    Watched w(impl_.get(), "barrier");
+    Watched w(impl_.get(), "barrier", 0);
     ZINF_MPI_TRY(MPI_Barrier(impl_->comm), "MPI_Barrier");
     return Status::ok();
 }
@@ -467,7 +495,7 @@ Status MpiCommunicator::all_gather_host(std::span<const std::byte> send, std::sp
     ZINF_ASSERT_EQ(recv.size(), send.size() * static_cast<std::size_t>(world_size_));
     if (send.empty()) return Status::ok();
     ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(send.size(), "all_gather_host"));
-    Watched w(impl_.get(), str_cat("all_gather of ", send.size(), " host bytes per rank"));
+    Watched w(impl_.get(), "all_gather (host bytes)", send.size());
     ZINF_MPI_TRY(MPI_Allgather(send.data(), n, MPI_BYTE, recv.data(), n, MPI_BYTE, impl_->comm),
                  "MPI_Allgather");
     return Status::ok();

@@ -125,7 +125,8 @@ private:
     std::unique_ptr<Impl> impl_;  // the MPI communicator, the 16-bit operations, the watchdog
     int rank_;
     int world_size_;
-    std::vector<float> scratch_;
+    std::vector<float> scratch_;   // the rank-order sums
+    std::vector<float> convert_;   // one 16-bit piece in fp32
     std::vector<std::byte> exchange_;
 };
 

@@ -38,6 +38,7 @@ RunResult shell(const test::TempDir& dir, const std::string& script) {
     std::ofstream(file) << "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
                         << "MPIRUN='" << ZINF_MPIEXEC << " --oversubscribe -np'\n"
                         << "TRAIN='" << ZINF_TRAIN_BINARY << "'\n"
+                        << "BENCH='" << ZINF_BENCH_BINARY << "'\n"
                         << script << "\n";
     const std::string out = dir.file("out.txt");
     const auto t0 = Clock::now();
@@ -162,6 +163,24 @@ TEST(MpiTrainCli, ACollectiveThatNeverCompletesEndsAtTheTimeout) {
     EXPECT_NE(r.out.find("did not complete within 3 s"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("job-exit=0"), std::string::npos) << r.out;
     EXPECT_LT(r.seconds, 90) << r.out;
+}
+
+// zinfinity-bench comm: every collective and size, ours beside plain MPI, on 3 ranks.
+TEST(MpiBenchComm, PrintsEveryCollectiveBesideMpi) {
+    test::TempDir dir("mpi-cli");
+    const RunResult r = shell(dir, "$MPIRUN 3 $BENCH comm --sizes 3KiB,1MiB --iters 3 --rounds 2 "
+                                   "--warmup 1 --dtype bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("3 rank(s), bf16, communicator mpi"), std::string::npos) << r.out;
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
+        std::string line_start = "\n";  // (not operator+: GCC 12's -Wrestrict false positive)
+        line_start.append(op).append(" ");
+        EXPECT_EQ(count(r.out, line_start), 2u) << op << "\n" << r.out;
+    }
+    EXPECT_NE(r.out.find("worst ours/MPI busbw ratio at >= 1 MiB"), std::string::npos) << r.out;
+    const RunResult bad = shell(dir, "$MPIRUN 2 $BENCH comm --op all_to_all");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.out.find("--op"), std::string::npos) << bad.out;
 }
 
 }  // namespace

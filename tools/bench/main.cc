@@ -29,6 +29,9 @@ const Command kCommands[] = {
 #ifdef ZINF_BENCH_HAVE_CUDA
     {"h2d", "host<->device GB/s from the pinned pool against cudaMemcpy from cudaHostAlloc", zinf::bench::run_h2d},
 #endif
+#ifdef ZINF_BENCH_HAVE_COMM
+    {"comm", "collectives' bus bandwidth over the MPI communicator against plain MPI (mpirun -np N)", zinf::bench::run_comm},
+#endif
 #ifdef ZINF_BENCH_HAVE_ADAM
     {"adam", "CPU optimizer step throughput against the memory-bandwidth bound", zinf::bench::run_adam},
 #endif
