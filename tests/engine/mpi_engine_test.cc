@@ -225,6 +225,33 @@ TEST(MpiEngine, RanksTrainAsOneRankAccumulatingTheirMicroBatches) {
     }
 }
 
+// Evaluation shards the samples over the ranks (a rank past the end of the last batch runs one
+// uncounted sample, so that stage 3's gathers stay matched) and adds the counts: the accuracy is
+// the one rank's.
+TEST(MpiEngine, ShardedEvaluationGivesOneRanksAccuracy) {
+    const int n = world();
+    RankRun ranks(load(config_text(kStages[3], 1, 0.0), n), true);
+    RankRun one(load(config_text(kStages[3], static_cast<std::uint64_t>(n), 0.0), 1), false);
+    ASSERT_TRUE(ranks.train_until(4).is_ok());
+    ASSERT_TRUE(one.train_until(4).is_ok());
+    TrainerOptions o;
+    o.evaluate_each_epoch = false;
+    auto tr = Trainer::create(ranks.engine(), *ranks.data, nullptr, o);
+    auto to = Trainer::create(one.engine(), *one.data, nullptr, o);
+    ASSERT_TRUE(tr.has_value());
+    ASSERT_TRUE(to.has_value());
+    auto a = tr->evaluate();
+    auto b = to->evaluate();
+    ASSERT_TRUE(a.has_value()) << a.error().to_string();
+    ASSERT_TRUE(b.has_value());
+    EXPECT_GT(*b, 0.0);
+    if ((n & (n - 1)) == 0) {
+        EXPECT_EQ(*a, *b);
+    } else {
+        EXPECT_NEAR(*a, *b, 2.0 / 256);  // parameters within 1e-4: a sample or two may flip
+    }
+}
+
 // With clipping on (the global norm agreed over the ranks), every stage and placement trains
 // the same bits on N ranks, as they do on one.
 TEST(MpiEngine, EveryStageAndPlacementTrainsTheSameBits) {
@@ -295,17 +322,31 @@ TEST(MpiEngine, EachRankHoldsWhatTheSeedFormulasGive) {
     }
 }
 
-// Each rank swaps under its own subdirectory of the one nvme_path.
-TEST(MpiEngine, EachRankSwapsInItsOwnSubdirectory) {
+// Each rank swaps under its own subdirectory of every nvme_path: one path, or a list that
+// stripes each rank's files over <path>/rank<r> of every entry.
+TEST(MpiEngine, EachRankSwapsInItsOwnSubdirectoryOfEveryPath) {
     const int n = world();
-    test::TempDir nvme("mpi-swap");
-    RankRun run(load(config_text(with_nvme(test_support::kNvmeZero, nvme.path()), 1, 0.0), n), true);
-    ASSERT_TRUE(run.train_until(2).is_ok());
-    const std::string mine = nvme.path() + "/rank" + std::to_string(run.engine().rank());
-    EXPECT_TRUE(std::filesystem::exists(mine + "/zinfinity-swap.lock")) << mine;
-    EXPECT_NE(run.engine().summary().find(mine), std::string::npos) << run.engine().summary();
-    EXPECT_GT(run.engine().io_figures().bytes_read, 0u);
+    test::TempDir a("mpi-swap"), b("mpi-swap");
+    std::string striped = with_nvme(test_support::kNvmeZero, "@");
+    for (auto at = striped.find("\"@\""); at != std::string::npos; at = striped.find("\"@\"")) {
+        striped.replace(at, 3, "[\"" + a.path() + "\", \"" + b.path() + "\"]");
+    }
+    for (const bool list : {false, true}) {
+        SCOPED_TRACE(list ? "two paths" : "one path");
+        const std::string zero = list ? striped : with_nvme(test_support::kNvmeZero, a.path());
+        RankRun run(load(config_text(zero, 1, 0.0), n), true);
+        ASSERT_TRUE(run.train_until(2).is_ok());
+        const std::string sub = "/rank" + std::to_string(run.engine().rank());
+        for (const auto* dir : {&a, &b}) {
+            if (dir == &b && !list) continue;
+            const std::string mine = dir->path() + sub;
+            EXPECT_TRUE(std::filesystem::exists(mine + "/zinfinity-swap.lock")) << mine;
+            EXPECT_NE(run.engine().summary().find(mine), std::string::npos) << run.engine().summary();
+        }
+        EXPECT_GT(run.engine().io_figures().bytes_read, 0u);
+    }
 }
+
 
 // Save on N ranks, continue: the run resumed from the shards continues bitwise. The same
 // checkpoint loads on one rank (re-partitioned, every shard read) and under another stage.
