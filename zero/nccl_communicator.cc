@@ -1,6 +1,8 @@
 // NcclCommunicator: Communicator collectives through NCCL on a CudaDevice's streams.
 #include "zero/nccl_communicator.h"
 
+#include <algorithm>
+
 #include <nccl.h>
 
 #include <cstring>
@@ -179,9 +181,12 @@ Status NcclCommunicator::all_gather_host(std::span<const std::byte> send,
                                          std::span<std::byte> recv) {
     ZINF_ASSERT_EQ(recv.size(), send.size() * static_cast<std::size_t>(world_size_));
     if (send.empty()) return Status::ok();
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer staging,
-                          DeviceBuffer::allocate(device_, recv.size(), "NCCL host all-gather"));
-    auto* base = static_cast<std::byte*>(staging.data());
+    // Kept between calls (a few hundred bytes per step): cudaMalloc waits for the device.
+    if (host_staging_.size_bytes() < recv.size()) {
+        ZINF_ASSIGN_OR_RETURN(host_staging_, DeviceBuffer::allocate(device_, std::max<std::size_t>(recv.size(), 4096),
+                                                                    "NCCL host all-gather"));
+    }
+    auto* base = static_cast<std::byte*>(host_staging_.data());
     std::byte* own = base + static_cast<std::size_t>(rank_) * send.size();
     ZINF_TRY(device_.copy_to_device(own, send.data(), send.size(), 0));
     ZINF_TRY(device_.make_current());

@@ -87,6 +87,7 @@ private:
     int rank_;
     int world_size_;
     DeviceBuffer barrier_buffer_;  // 4 bytes of device memory
+    DeviceBuffer host_staging_;    // all_gather_host's device copy, grown on demand
     NcclCommunicatorOptions options_;
     bool failed_ = false;  // aborted, or an asynchronous error was seen
 };
