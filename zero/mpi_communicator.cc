@@ -144,10 +144,18 @@ Result<LaunchInfo> detect_launch() {
     ZINF_ASSIGN_OR_RETURN(auto env_rank, env_int("RANK"));
     ZINF_ASSIGN_OR_RETURN(auto env_size, env_int("WORLD_SIZE"));
     ZINF_ASSIGN_OR_RETURN(auto env_local, env_int("LOCAL_RANK"));
+    ZINF_ASSIGN_OR_RETURN(auto pmix_rank, env_int("PMIX_RANK"));
+    ZINF_ASSIGN_OR_RETURN(auto slurm_rank, env_int("SLURM_PROCID"));
+    ZINF_ASSIGN_OR_RETURN(auto slurm_size, env_int("SLURM_NTASKS"));
     if (ompi_rank && ompi_size) {
         info = {*ompi_rank, *ompi_size, ompi_local.value_or(0), true, "mpirun"};
     } else if (pmi_rank && pmi_size) {
         info = {*pmi_rank, *pmi_size, env_local.value_or(0), true, "PMI"};
+    } else if (slurm_rank && slurm_size && *slurm_size > 1) {
+        info = {*slurm_rank, *slurm_size, env_local.value_or(0), true, "srun"};
+    } else if (pmix_rank) {
+        // PMIx gives the rank but no size variable: MPI_Init tells.
+        info = {*pmix_rank, *pmix_rank + 1, env_local.value_or(0), true, "PMIx"};
     } else if (env_rank || env_size) {
         if (!env_rank || !env_size) {
             return Status::invalid_argument(
@@ -192,6 +200,14 @@ Result<std::unique_ptr<MpiSession>> MpiSession::init(int* argc, char*** argv) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     ZINF_MPI_TRY(MPI_Comm_rank(MPI_COMM_WORLD, &s->rank_), "MPI_Comm_rank");
     ZINF_MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &s->world_size_), "MPI_Comm_size");
+    // The local rank: this rank's place among the ranks that share its node's memory.
+    MPI_Comm node = MPI_COMM_NULL;
+    ZINF_MPI_TRY(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s->rank_, MPI_INFO_NULL,
+                                     &node),
+                 "MPI_Comm_split_type");
+    const int rc = MPI_Comm_rank(node, &s->local_rank_);
+    MPI_Comm_free(&node);
+    ZINF_MPI_TRY(rc, "MPI_Comm_rank(node)");
     return s;
 }
 
@@ -352,12 +368,13 @@ MpiCommunicator::~MpiCommunicator() {
         }
         impl_->thread.join();
     }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized != 0) return;  // MPI freed everything already
     for (MPI_Op* op : {&impl_->sum_bf16, &impl_->sum_fp16, &impl_->max_bf16, &impl_->max_fp16}) {
         if (*op != MPI_OP_NULL) MPI_Op_free(op);
     }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized == 0 && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
+    if (impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
 }
 
 Status MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_numel,
@@ -423,9 +440,10 @@ Status MpiCommunicator::rank_order_reduce_scatter(const void* send, void* recv,
     const std::size_t eb = dtype_size_bytes(dtype);
     exchange_.resize(recv_numel * eb * world_size_);
     {
-        Watched w(impl_.get(), "reduce_scatter (deterministic)", recv_numel);
-        ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(recv_numel * eb, "reduce_scatter"));
-        ZINF_MPI_TRY(MPI_Alltoall(send, n, MPI_BYTE, exchange_.data(), n, MPI_BYTE, impl_->comm),
+        Watched w(impl_.get(), "reduce_scatter (rank order)", recv_numel);
+        ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(recv_numel, "reduce_scatter"));
+        ZINF_MPI_TRY(MPI_Alltoall(send, n, mpi_type(dtype), exchange_.data(), n, mpi_type(dtype),
+                                  impl_->comm),
                      "MPI_Alltoall");
     }
     sum_in_rank_order(exchange_.data(), recv_numel * eb, world_size_, recv_numel, dtype, scratch_,
@@ -440,35 +458,37 @@ Status MpiCommunicator::rank_order_all_reduce(const void* send, void* recv, std:
                                               DType dtype, ReduceOp op) {
     const std::size_t eb = dtype_size_bytes(dtype);
     const auto ws = static_cast<std::size_t>(world_size_);
+    // Counts and offsets in elements (of MPI_FLOAT or MPI_UINT16_T): int-sized like MPI's own.
     std::vector<int> counts(ws), displs(ws), recv_counts(ws), recv_displs(ws);
     const std::size_t base = numel / ws, extra = numel % ws;
     std::size_t at = 0;
     for (std::size_t r = 0; r < ws; ++r) {
         const std::size_t n = base + (r < extra ? 1 : 0);
-        ZINF_ASSIGN_OR_RETURN(counts[r], mpi_count(n * eb, "all_reduce"));
-        ZINF_ASSIGN_OR_RETURN(displs[r], mpi_count(at * eb, "all_reduce"));
+        ZINF_ASSIGN_OR_RETURN(counts[r], mpi_count(n, "all_reduce"));
+        ZINF_ASSIGN_OR_RETURN(displs[r], mpi_count(at, "all_reduce"));
         at += n;
     }
-    const std::size_t mine = static_cast<std::size_t>(counts[rank_]) / eb;
+    const auto mine = static_cast<std::size_t>(counts[rank_]);
     for (std::size_t r = 0; r < ws; ++r) {
         recv_counts[r] = counts[rank_];
-        recv_displs[r] = static_cast<int>(r * mine * eb);
+        ZINF_ASSIGN_OR_RETURN(recv_displs[r], mpi_count(r * mine, "all_reduce"));
     }
     exchange_.resize(std::max<std::size_t>(mine * eb * ws, 1));
+    const MPI_Datatype type = mpi_type(dtype);
     {
         Watched w(impl_.get(), "all_reduce (deterministic)", numel);
-        ZINF_MPI_TRY(MPI_Alltoallv(send, counts.data(), displs.data(), MPI_BYTE, exchange_.data(),
-                                   recv_counts.data(), recv_displs.data(), MPI_BYTE, impl_->comm),
+        ZINF_MPI_TRY(MPI_Alltoallv(send, counts.data(), displs.data(), type, exchange_.data(),
+                                   recv_counts.data(), recv_displs.data(), type, impl_->comm),
                      "MPI_Alltoallv");
     }
     sum_in_rank_order(exchange_.data(), mine * eb, world_size_, mine, dtype, scratch_, convert_);
     // The summed piece goes straight to its place in recv; MPI_IN_PLACE gathers the others.
     std::byte* out = static_cast<std::byte*>(recv);
     store_sum(scratch_, op == ReduceOp::kAvg ? static_cast<float>(world_size_) : 1.0f, dtype,
-              out + static_cast<std::size_t>(displs[rank_]));
+              out + static_cast<std::size_t>(displs[rank_]) * eb);
     Watched w(impl_.get(), "all_reduce (deterministic)", numel);
-    ZINF_MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, counts.data(), displs.data(),
-                                MPI_BYTE, impl_->comm),
+    ZINF_MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, type, out, counts.data(), displs.data(), type,
+                                impl_->comm),
                  "MPI_Allgatherv");
     return Status::ok();
 }

@@ -30,9 +30,10 @@
 
 namespace zinf::zero {
 
-// Where this process sits in the job: from MPI when the launcher is mpirun (Open MPI's
-// OMPI_COMM_WORLD_* or PMI/PMIx variables), else from RANK / WORLD_SIZE / LOCAL_RANK, else a
-// world of one.
+// Where this process sits in the job, before MPI is initialised: an MPI launcher (Open MPI's
+// OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK, or srun's SLURM_PROCID / SLURM_NTASKS) means MPI must be
+// initialised, and MpiSession then has the authoritative rank, size and local rank; else
+// RANK / WORLD_SIZE / LOCAL_RANK; else a world of one.
 struct LaunchInfo {
     int rank = 0;
     int world_size = 1;
@@ -57,6 +58,8 @@ public:
     MpiSession& operator=(const MpiSession&) = delete;
     int rank() const noexcept { return rank_; }
     int world_size() const noexcept { return world_size_; }
+    // Among the ranks of this node (MPI_COMM_TYPE_SHARED): which GPU a GPU rank takes.
+    int local_rank() const noexcept { return local_rank_; }
     // Stops every rank of the job with `code` (MPI_Abort): for a rank that failed while the
     // others may be waiting for it in a collective. Does not return.
     [[noreturn]] static void abort_job(int code);
@@ -65,6 +68,7 @@ private:
     MpiSession() = default;
     int rank_ = 0;
     int world_size_ = 1;
+    int local_rank_ = 0;
 };
 
 // True on every rank when `failed` is true on any (MPI_Allreduce on MPI_COMM_WORLD); false when

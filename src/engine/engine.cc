@@ -126,12 +126,25 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
             " exceeds the model's batch_rows_max ", model.batch_rows_max()));
     }
     ZINF_TRY(engine::check_scheduler(config.scheduler));
-    if (communicator.world_size() > 1) {
-        // One config serves every rank: each rank swaps under its own subdirectory.
-        return create_for_rank(engine::with_rank_swap_paths(config, communicator.rank()), model,
-                               device, compute, communicator, options);
+    // One config serves every rank: each rank swaps under its own subdirectory.
+    auto made = communicator.world_size() > 1
+                    ? create_for_rank(engine::with_rank_swap_paths(config, communicator.rank()),
+                                      model, device, compute, communicator, options)
+                    : create_for_rank(config, model, device, compute, communicator, options);
+    // The summary gathers every rank's figures: every rank created its engine, or none goes on
+    // (a rank whose swap directory failed would otherwise leave the others waiting).
+    ZINF_ASSIGN_OR_RETURN(const bool any_failed,
+                          zero::any_over_ranks(communicator, !made.has_value()));
+    if (!made.has_value()) return made.error();
+    if (any_failed) {
+        return Status::invalid_argument(
+            "engine: another rank could not create its engine (its error names why)");
     }
-    return create_for_rank(config, model, device, compute, communicator, options);
+    std::unique_ptr<Engine> e = std::move(made).value();
+    ZINF_TRY(e->build_summary());
+    // zinfinity-train prints the summary itself; an embedding program may call summary().
+    log::debug(e->summary_);
+    return e;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConfig& config,
@@ -157,9 +170,6 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
     ZINF_TRY(e->build(part));
-    ZINF_TRY(e->build_summary());
-    // zinfinity-train prints the summary itself; an embedding program may call summary().
-    log::debug(e->summary_);
     return e;
 }
 
@@ -513,6 +523,11 @@ Status Engine::run_optimizer(double unscale) {
     Status s = states_->step(p, *optimizer_io_);
     optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
     if (s.is_ok()) s = device_.synchronize(stream());
+    // publish_parameters is a collective: every rank enters it, or none does.
+    ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
+    if (s.is_ok() && any_failed) {
+        s = Status::io_error("another rank's optimizer step failed (its error names why)", EIO);
+    }
     if (!s.is_ok()) {
         broken_ = "the optimizer step " + std::to_string(global_steps_ + 1) + " failed part-way (" +
                   s.to_string() + ")";

@@ -285,8 +285,13 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
         if (w.has_value()) {
             top.emplace(std::move(*w));
             const std::uint64_t nonce = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ micro_steps_;
-            std::snprintf(shared.data(), shared.size(), "%s %016" PRIx64, top->temp_name().c_str(),
-                          nonce);
+            const int len = std::snprintf(shared.data(), shared.size(), "%s %016" PRIx64,
+                                          top->temp_name().c_str(), nonce);
+            if (len < 0 || static_cast<std::size_t>(len) >= shared.size()) {
+                shared.fill('\0');
+                status = Status::invalid_argument("checkpoint " + dir + "/" + tag +
+                                                  ": the tag is too long for a sharded checkpoint");
+            }
         } else {
             status = w.error();
         }
@@ -302,6 +307,7 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
                                                 ": rank 0 could not create it; not saved",
                                             EIO);
     }
+    ZINF_ASSERT(status.is_ok());
     const std::string temp = line.substr(0, space);
     const std::string nonce = line.substr(space + 1);
     {
@@ -327,10 +333,24 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
                                 EIO);
     }
     if (rank == 0) {
+        // Every shard must be where rank 0 commits (a rank writing to storage rank 0 does not
+        // see would otherwise leave a checkpoint without its shard).
+        for (int r = 0; r < world && status.is_ok(); ++r) {
+            auto shard = engine::CheckpointReader::open(file_system(), dir + "/" + temp, shard_name(r));
+            Result<std::string> got = shard.has_value() ? shard->get("checkpoint_nonce")
+                                                        : Result<std::string>(shard.error());
+            if (!got.has_value() || *got != nonce) {
+                status = Status::io_error(
+                    str_cat("checkpoint ", dir, "/", tag, ": the shard of rank ", r,
+                            " is not in rank 0's directory (", got.has_value() ? "another save's" : got.error().to_string(),
+                            "); the checkpoint directory must be storage every rank shares"),
+                    EIO);
+            }
+        }
         describe_states(*top);
         top->set("shards", std::to_string(world));
         top->set("checkpoint_nonce", nonce);
-        status = top->commit();
+        if (status.is_ok()) status = top->commit();
     }
     ZINF_ASSIGN_OR_RETURN(auto committed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
     if (committed[0] != 0) {
@@ -409,6 +429,21 @@ Status Engine::restore_counters(const engine::CheckpointReader& r) {
     ZINF_ASSIGN_OR_RETURN(auto hyst, r.get_u64("loss_scale_hysteresis_left"));
     ss.hysteresis_left = static_cast<int>(hyst);
     scaler_.restore(ss);
+    // Saved at a boundary: micro_steps = steps x the saver's accumulation. Under another world
+    // size the accumulation may differ: the run continues at the start of the next step.
+    const std::uint64_t gas = gradient_accumulation_steps();
+    if (micro_steps_ != global_steps_ * gas) {
+        log::info("checkpoint ", r.path(), ": ", micro_steps_, " micro-steps for ", global_steps_,
+                  " steps; continuing at micro-step ", global_steps_ * gas,
+                  " (gradient_accumulation_steps ", gas, ")");
+        micro_steps_ = global_steps_ * gas;
+    }
+    if (global_steps_ > 0 && global_samples_ != global_steps_ * train_batch_size() &&
+        communicator_.rank() == 0) {
+        log::warning("checkpoint ", r.path(), ": ", global_samples_, " samples in ", global_steps_,
+                     " steps, not train_batch_size ", train_batch_size(),
+                     " each: the data order continues by step, not by sample");
+    }
     return Status::ok();
 }
 
@@ -421,6 +456,10 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
     ZINF_ASSIGN_OR_RETURN(auto top, engine::CheckpointReader::open(file_system(), dir, tag));
     ZINF_ASSIGN_OR_RETURN(auto world, top.get_u64("world_size"));
     ZINF_ASSIGN_OR_RETURN(auto stage, top.get_u64("zero_stage"));
+    if (world < 1 || world > (1u << 20) || stage > 3) {
+        return Status::corruption(str_cat("checkpoint ", top.path(), ": world_size ", world,
+                                          ", zero_stage ", stage, " in its manifest"));
+    }
     saved_world = static_cast<int>(world);
     saved_stage = static_cast<int>(stage);
     std::vector<engine::CheckpointReader> out;
@@ -475,6 +514,12 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     // From here on a failure leaves states half-restored.
     Status s = same_layout ? load_states(shards->front())
                            : load_repartitioned(*shards, saved_world, saved_stage);
+    // publish_parameters is a collective: every rank enters it, or none does.
+    ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
+    if (s.is_ok() && any_failed) {
+        s = Status::io_error("checkpoint " + dir + "/" + tag + ": another rank failed to load its states",
+                             EIO);
+    }
     if (s.is_ok()) s = coordinator_->publish_parameters(stream());
     if (s.is_ok()) s = device_.synchronize(stream());
     if (s.is_ok()) s = restore_counters(shards->front());

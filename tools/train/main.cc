@@ -80,7 +80,15 @@ zinf::CommunicatorFactory communicator_factory(const zinf::config::EngineConfig&
         } else {
 #if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
             auto& cuda = static_cast<zinf::device::CudaDevice&>(device);
-            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::create_nccl_communicator_with_mpi(cuda, {}));
+            // NCCL orders its own reductions, and only its barrier waits with a bound.
+            if (config.comm.deterministic) {
+                zinf::log::warning("comm.deterministic: not implemented for GPU ranks (NCCL "
+                                   "orders its reductions itself); ignored");
+            }
+            zinf::zero::NcclCommunicatorOptions no;
+            if (config.comm.timeout_s > 0) no.barrier_timeout = std::chrono::seconds(config.comm.timeout_s);
+            zinf::log::warning("comm.timeout_s: on GPU ranks it bounds NCCL barriers only");
+            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::create_nccl_communicator_with_mpi(cuda, no));
             return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
 #endif
         }
@@ -455,6 +463,15 @@ int main(int argc, char** argv) {
         auto made = zinf::zero::MpiSession::init(&argc, &argv);
         if (!made.has_value()) return fail("MPI", made.error());
         session = std::move(*made);
+        // MPI is authoritative; the launcher's variables must agree with it.
+        if (launch->source != "PMIx" &&
+            (session->rank() != launch->rank || session->world_size() != launch->world_size)) {
+            return fail("launch", Status::invalid_argument(zinf::str_cat(
+                                      launch->source, " says rank ", launch->rank, " of ",
+                                      launch->world_size, ", MPI says rank ", session->rank(),
+                                      " of ", session->world_size())));
+        }
+        g_launch = {session->rank(), session->world_size(), session->local_rank(), launch->source};
     }
 #else
     for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"}) {
