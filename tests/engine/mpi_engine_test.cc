@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "io/fault.h"
 #include "io/file_system.h"
 #include "src/data/dataset.h"
 #include "src/engine/engine.h"
@@ -416,6 +418,62 @@ TEST(MpiEngine, AShardThatFailsLeavesLatestOnThePreviousCheckpoint) {
     EXPECT_EQ(latest_tag(dir.path()), "step2");
     RankRun again(c, true);
     EXPECT_TRUE(again.engine().load_checkpoint(dir.path(), "step2").is_ok());
+}
+
+// A rank that cannot create its engine (a file stands where its swap directory goes): every
+// rank's create fails, the others naming another rank, none waits in the summary's gather.
+TEST(MpiEngine, ARankThatCannotCreateItsEngineFailsEveryRank) {
+    const int n = world();
+    RankRun probe(load(config_text(kStages[0], 1, 0.0), n), true);
+    SharedDir dir(probe.engine().communicator());
+    if (probe.engine().rank() == 0) {
+        std::filesystem::create_directories(dir.path() + "/swap");
+        std::ofstream(dir.path() + "/swap/rank" + std::to_string(n - 1)) << "not a directory";
+    }
+    ASSERT_TRUE(probe.engine().communicator().barrier().is_ok());
+    const std::string zero = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                             dir.path() + R"(/swap"}},)";
+    auto stack = TrainingStack::create(load(config_text(zero, 1, 0.0), n), {}, mpi_factory());
+    ASSERT_FALSE(stack.has_value());
+    if (probe.engine().rank() == n - 1) {
+        EXPECT_NE(stack.error().message().find("rank" + std::to_string(n - 1)), std::string::npos)
+            << stack.error().to_string();
+    } else {
+        EXPECT_NE(stack.error().message().find("another rank"), std::string::npos)
+            << stack.error().to_string();
+    }
+}
+
+// One rank's optimizer states cannot be read back: every rank's step fails (the others naming
+// another rank) before the parameters' all-gather, and every engine refuses to go on.
+TEST(MpiEngine, AnOptimizerStepThatFailsOnOneRankFailsOnEvery) {
+    const int n = world();
+    test::TempDir nvme("mpi-fail");
+    const std::string zero = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                             nvme.path() + R"("}},)";
+    const auto c = load(config_text(zero, 1, 0.0), n);
+    RankRun probe(load(config_text(kStages[0], 1, 0.0), n), true);
+    EngineOptions eo;
+    if (probe.engine().rank() == n - 1) {
+        io::FaultPlan plan;
+        plan.read_error_probability = 1.0;
+        eo.io_faults = plan;
+    }
+    auto stack = TrainingStack::create(c, eo, mpi_factory());
+    ASSERT_TRUE(stack.has_value()) << stack.error().to_string();
+    Engine& e = *stack->engine;
+    std::vector<float> x(kMicro * 24, 0.5f);
+    std::vector<std::int32_t> y(kMicro, 1);
+    ASSERT_TRUE(e.forward(Batch(x, y, kMicro)).has_value());
+    ASSERT_TRUE(e.backward().is_ok());
+    const Status step = e.step();
+    ASSERT_FALSE(step.is_ok());
+    if (e.rank() != n - 1) {
+        EXPECT_NE(step.message().find("another rank"), std::string::npos) << step.to_string();
+    }
+    const auto again = e.forward(Batch(x, y, kMicro));
+    ASSERT_FALSE(again.has_value());
+    EXPECT_NE(again.error().message().find("unusable"), std::string::npos) << again.error().to_string();
 }
 
 // A checkpoint of another model: every rank refuses it, naming the difference, none waits.
