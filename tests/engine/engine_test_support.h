@@ -12,6 +12,7 @@
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
 #include "src/engine/stack.h"
+#include "src/engine/trainer.h"
 
 namespace zinf::test_support {
 
@@ -138,6 +139,19 @@ struct Trainer {
         }
         return losses;
     }
+};
+
+// A TrainerObserver that keeps every micro-step's loss.
+class LossCollector final : public TrainerObserver {
+public:
+    explicit LossCollector(std::vector<float>& out) : out_(&out) {}
+    Status on_micro_step(std::uint64_t, float loss) override {
+        out_->push_back(loss);
+        return Status::ok();
+    }
+
+private:
+    std::vector<float>* out_;
 };
 
 inline std::vector<std::uint32_t> bits(const std::vector<float>& v) {

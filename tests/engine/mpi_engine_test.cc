@@ -91,14 +91,7 @@ struct RankRun {
 
     // Trains up to optimizer step `until` through zinf::Trainer (sharded batches, mean loss).
     Status train_until(std::uint64_t until) {
-        struct Losses final : TrainerObserver {
-            std::vector<float>* out;
-            Status on_micro_step(std::uint64_t, float loss) override {
-                out->push_back(loss);
-                return Status::ok();
-            }
-        } observer;
-        observer.out = &losses;
+        test_support::LossCollector observer(losses);
         TrainerOptions o;
         o.max_steps = until;
         o.evaluate_each_epoch = false;

@@ -151,14 +151,7 @@ Outcome train(const std::string& zero, const std::string& nvme_dir, std::uint64_
     auto dataset = std::move(data::SyntheticDataset::create(so)).value();
     Outcome run;
     run.summary = (*engine)->summary();
-    struct Losses final : TrainerObserver {
-        std::vector<float>* out;
-        Status on_micro_step(std::uint64_t, float loss) override {
-            out->push_back(loss);
-            return Status::ok();
-        }
-    } observer;
-    observer.out = &run.losses;
+    test_support::LossCollector observer(run.losses);
     TrainerOptions to;
     to.max_steps = steps;
     to.evaluate_each_epoch = false;

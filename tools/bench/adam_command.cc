@@ -19,6 +19,7 @@
 #include "src/base/log.h"
 #include "tools/bench/adam_bound.h"
 #include "tools/bench/commands.h"
+#include "tools/bench/stats.h"
 #include "tools/cli/args.h"
 
 namespace zinf::bench {
@@ -99,12 +100,6 @@ float hashed_unit(std::uint64_t i, std::uint64_t salt) {
     x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 29;
     return static_cast<float>(static_cast<double>(x >> 40) * 0x1p-23 - 1.0);
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

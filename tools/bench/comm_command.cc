@@ -19,6 +19,7 @@
 #include "src/base/units.h"
 #include "src/device/cpu_device.h"
 #include "tools/bench/commands.h"
+#include "tools/bench/stats.h"
 #include "tools/cli/args.h"
 #include "zero/mpi_communicator.h"
 
@@ -88,12 +89,6 @@ Result<CommOptions> parse_options(const cli::Args& args) {
     o.deterministic = args.get_switch("deterministic");
     ZINF_ASSIGN_OR_RETURN(o.min_ratio, args.get_double("min-ratio", 0.0, 10.0));
     return o;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // The baseline's 16-bit sum: fp32 addition rounded back, the same arithmetic as the

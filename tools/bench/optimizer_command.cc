@@ -20,6 +20,7 @@
 #include "swap/pinned_pool.h"
 #include "swap/swap_store.h"
 #include "tools/bench/commands.h"
+#include "tools/bench/stats.h"
 #include "tools/cli/args.h"
 
 namespace zinf::bench {
@@ -84,12 +85,6 @@ private:
     std::vector<float> g32_;
     std::vector<std::uint16_t> g16_;
 };
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct PhaseResult {
     double io_only_s = 0;  // medians
