@@ -364,7 +364,10 @@ int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flag
 int run(int argc, char** argv) {
     zinf::cli::Args args(
         "zinfinity-train --config FILE [flags]",
-        "Trains the model of a zinfinity/DeepSpeed-style config with zinf::Engine.");
+        "Trains the model of a zinfinity/DeepSpeed-style config with zinf::Engine.\n"
+        "On N ranks: mpirun -np N zinfinity-train --config FILE [flags] (Open MPI; as root set\n"
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1). Rank 0 prints; the\n"
+        "config's batch is split over the ranks; see the comm block in docs/CONFIG.md.");
     declare_flags(args);
     if (auto exit_code = args.parse_or_exit(argc - 1, argv + 1, "zinfinity-train")) {
         return *exit_code;
