@@ -98,7 +98,6 @@ public:
     }
     int rank() const noexcept override { return rank_; }
     int world_size() const noexcept override { return world_size_; }
-    bool deterministic() const noexcept { return options_.deterministic; }
 
     Status all_gather(const void* send, void* recv, std::size_t send_numel, DType dtype,
                       StreamId stream) override;
@@ -111,8 +110,6 @@ public:
     Status barrier() override;
     Status all_gather_host(std::span<const std::byte> send, std::span<std::byte> recv) override;
 
-    // Bytes of host scratch the deterministic reductions hold (grown on demand, kept).
-    std::size_t scratch_bytes() const noexcept { return scratch_.size() * sizeof(float); }
 
     struct Impl;  // opaque: keeps mpi.h out of this header
 

@@ -451,8 +451,10 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     const bool partitioned = coordinator_->plan().optimizer_partitioned;
     const auto ws = static_cast<std::size_t>(part.world_size());
     const std::size_t params = part.parameter_count();
-    // partials[p * ws + r]; the last element counts slices with an inf or NaN.
-    std::vector<double> partials(params * ws + 1, 0.0);
+    // partials[p * ws + r]; the last element counts slices with an inf or NaN. Kept between
+    // steps: the step allocates nothing.
+    std::vector<double>& partials = norm_partials_;
+    partials.assign(params * ws + 1, 0.0);
     auto slice_sum = [&](std::size_t offset, std::size_t n) {
         double sum = 0.0;
         for (std::size_t at = 0; at < n; at += kNormChunkNumel) {

@@ -273,6 +273,7 @@ private:
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
     double optimizer_read_wait_seconds_ = 0.0;
+    std::vector<double> norm_partials_;  // gradient_stats' partial sums
 
     // Device staging of one micro-batch.
     DeviceBuffer inputs_device_;

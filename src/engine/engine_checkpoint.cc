@@ -94,11 +94,10 @@ public:
 
 private:
     Status skip_to(std::uint64_t offset) {
-        std::vector<std::byte> scratch;
         while (pos_ < offset) {
             const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(offset - pos_, 1 << 20));
-            scratch.resize(n);
-            ZINF_TRY(file_.read(scratch));
+            if (scratch_.size() < n) scratch_.resize(n);
+            ZINF_TRY(file_.read(std::span(scratch_).first(n)));
             pos_ += n;
         }
         return Status::ok();
@@ -106,6 +105,7 @@ private:
     engine::CheckpointFile file_;
     std::uint64_t size_ = 0;
     std::uint64_t pos_ = 0;
+    std::vector<std::byte> scratch_;  // what is skipped, read and checksummed
 };
 
 }  // namespace
