@@ -165,6 +165,30 @@ TEST(MpiTrainCli, ACollectiveThatNeverCompletesEndsAtTheTimeout) {
     EXPECT_LT(r.seconds, 90) << r.out;
 }
 
+// A launcher that sets RANK/WORLD_SIZE without MPI, or malformed values: refused by name before
+// anything is loaded.
+TEST(MpiTrainCli, ALaunchWithoutMpiOrWithBadVariablesIsRefused) {
+    test::TempDir dir("mpi-cli");
+    const std::string config = write_config(dir);
+    const RunResult no_mpi =
+        shell(dir, "RANK=0 WORLD_SIZE=2 $TRAIN --config " + config + " --max-steps 1");
+    EXPECT_EQ(no_mpi.exit_code, 1) << no_mpi.out;
+    EXPECT_NE(no_mpi.out.find("WORLD_SIZE=2 without an MPI launcher"), std::string::npos)
+        << no_mpi.out;
+    EXPECT_NE(no_mpi.out.find("mpirun -np 2"), std::string::npos) << no_mpi.out;
+    const RunResult bad = shell(dir, "RANK=x WORLD_SIZE=1 $TRAIN --config " + config + " --max-steps 1");
+    EXPECT_EQ(bad.exit_code, 1) << bad.out;
+    EXPECT_NE(bad.out.find("RANK='x'"), std::string::npos) << bad.out;
+    const RunResult outside = shell(dir, "RANK=3 WORLD_SIZE=2 $TRAIN --config " + config);
+    EXPECT_EQ(outside.exit_code, 1) << outside.out;
+    EXPECT_NE(outside.out.find("rank 3 outside a world of 2"), std::string::npos) << outside.out;
+    // The launcher's RANK must agree with MPI's.
+    const RunResult disagree =
+        shell(dir, "$MPIRUN 2 -x RANK=1 $TRAIN --config " + config + " --max-steps 1");
+    EXPECT_NE(disagree.exit_code, 0) << disagree.out;
+    EXPECT_NE(disagree.out.find("RANK=1 but MPI says rank 0"), std::string::npos) << disagree.out;
+}
+
 // zinfinity-bench comm: every collective and size, ours beside plain MPI, on 3 ranks.
 TEST(MpiBenchComm, PrintsEveryCollectiveBesideMpi) {
     test::TempDir dir("mpi-cli");
