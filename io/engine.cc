@@ -228,24 +228,36 @@ private:
 // IoHandle
 
 IoHandle::~IoHandle() {
-    // Taking the mutex orders this after the worker's final unlock.
+    // Taking the mutex orders this after the worker's final unlock; a completion may still be
+    // notifying done_cv_ just after that unlock, so wait for it to leave the handle.
     std::lock_guard lock(mutex_);
+    while (notifying_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
     ZINF_ASSERT_MSG(pending_.load(std::memory_order_acquire) == 0,
                     "IoHandle destroyed while its operation is in flight");
 }
 
 Status IoHandle::wait() {
     std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    const auto is_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!is_done()) {
+        ++waiters_;
+        done_cv_.wait(lock, is_done);
+        --waiters_;
+    }
     return error_;
 }
 
 Status IoHandle::wait_for(std::chrono::microseconds timeout) {
     std::unique_lock lock(mutex_);
-    if (!done_cv_.wait_for(lock, timeout,
-                           [&] { return pending_.load(std::memory_order_acquire) == 0; })) {
-        return Status::timeout(str_cat("I/O operation of ", length_bytes_,
-                                       " bytes still in flight after ", timeout.count(), " us"));
+    const auto is_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!is_done()) {
+        ++waiters_;
+        const bool done = done_cv_.wait_for(lock, timeout, is_done);
+        --waiters_;
+        if (!done) {
+            return Status::timeout(str_cat("I/O operation of ", length_bytes_,
+                                           " bytes still in flight after ", timeout.count(), " us"));
+        }
     }
     return error_;
 }
@@ -254,7 +266,7 @@ Status IoHandle::wait_for(std::chrono::microseconds timeout) {
 // Completion
 
 void Engine::Impl::finish(IoHandle& h, Status* error) noexcept {
-    std::lock_guard lock(h.mutex_);
+    std::unique_lock lock(h.mutex_);
     if (error != nullptr && !error->is_ok()) {
         if (h.error_.is_ok()) h.error_ = std::move(*error);
         h.failed_.store(true, std::memory_order_relaxed);
@@ -271,7 +283,13 @@ void Engine::Impl::finish(IoHandle& h, Status* error) noexcept {
     requests_completed.fetch_add(1, std::memory_order_relaxed);
     static_cast<File*>(h.file_)->ops_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     h.pending_.store(0, std::memory_order_release);
+    if (h.waiters_ == 0) return;  // nobody to wake: a later wait sees pending_ == 0 at once
+    // Notify after unlocking, so that the woken waiter takes the mutex without blocking on it
+    // again; notifying_ keeps the handle alive until the notification is done.
+    h.notifying_.fetch_add(1, std::memory_order_relaxed);
+    lock.unlock();
     h.done_cv_.notify_all();
+    h.notifying_.fetch_sub(1, std::memory_order_release);
 }
 
 void EngineWorker::on_piece_complete(Request& request, const Status& status) {

@@ -147,6 +147,10 @@ private:
     std::mutex mutex_;
     std::condition_variable done_cv_;
     Status error_;  // guarded by mutex_
+    std::uint32_t waiters_ = 0;  // threads blocked in wait/wait_for; guarded by mutex_
+    // Completions notifying done_cv_ after releasing mutex_ (so a woken waiter does not block
+    // again on a mutex the notifier still holds); the destructor waits for them to finish.
+    std::atomic<std::uint32_t> notifying_{0};
     std::uint64_t length_bytes_ = 0;
     std::chrono::steady_clock::time_point submitted_at_;
     // The operation, while queued in the engine (guarded by the engine's queue mutex).
