@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -128,7 +129,8 @@ TEST(BenchIoTest, HelpListsEveryFlag) {
 
     const RunResult sweep = run_bench({"sweep", "--help"});
     ASSERT_EQ(sweep.exit_code, 0) << describe(sweep);
-    for (const char* flag : {"--backends", "--block-sizes", "--queue-depths", "--threads", "--op", "--loops"}) {
+    for (const char* flag : {"--backends", "--block-sizes", "--queue-depths", "--threads", "--op", "--loops",
+                             "--vs-fio", "--pairs", "--fio-binary", "--plot", "--tmpfs"}) {
         EXPECT_NE(sweep.out.find(flag), std::string::npos) << flag << " missing from sweep --help";
     }
     const RunResult tune = run_bench({"tune", "--help"});
@@ -328,6 +330,166 @@ TEST(BenchIoTest, VsFioPrintsRatios) {
     EXPECT_NE(r.out.find("median ratio ours/fio"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("fio GB/s"), std::string::npos) << r.out;
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+// A small XML well-formedness check (tags nest and close, attributes are quoted): enough to
+// know that a viewer parses the file, without an XML library in the test.
+testing::AssertionResult well_formed_xml(const std::string& text) {
+    std::vector<std::string> open;
+    std::size_t i = 0;
+    int elements = 0;
+    while ((i = text.find('<', i)) != std::string::npos) {
+        const std::size_t end = text.find('>', i);
+        if (end == std::string::npos) return testing::AssertionFailure() << "unclosed '<' at " << i;
+        const std::string tag = text.substr(i + 1, end - i - 1);
+        i = end + 1;
+        if (tag.empty()) return testing::AssertionFailure() << "empty tag";
+        if (tag[0] == '?' || tag[0] == '!') continue;
+        if (std::count(tag.begin(), tag.end(), '"') % 2 != 0) {
+            return testing::AssertionFailure() << "unbalanced quotes in <" << tag << ">";
+        }
+        if (tag[0] == '/') {
+            const std::string name = tag.substr(1);
+            if (open.empty() || open.back() != name) {
+                return testing::AssertionFailure() << "</" << name << "> closes <" << (open.empty() ? "" : open.back()) << ">";
+            }
+            open.pop_back();
+            continue;
+        }
+        ++elements;
+        if (tag.back() == '/') continue;
+        open.push_back(tag.substr(0, tag.find_first_of(" \t\n")));
+    }
+    if (!open.empty()) return testing::AssertionFailure() << "<" << open.back() << "> never closed";
+    if (elements == 0) return testing::AssertionFailure() << "no elements";
+    return testing::AssertionSuccess();
+}
+
+// The values of attribute `name` of every <polyline ...> in `svg`, in order.
+std::vector<std::string> polyline_attribute(const std::string& svg, const std::string& name) {
+    std::vector<std::string> values;
+    std::size_t i = 0;
+    while ((i = svg.find("<polyline", i)) != std::string::npos) {
+        const std::size_t end = svg.find('>', i);
+        const std::string tag = svg.substr(i, end - i);
+        const std::size_t at = tag.find(" " + name + "=\"");
+        values.push_back(at == std::string::npos ? std::string()
+                                                 : tag.substr(at + name.size() + 3,
+                                                              tag.find('"', at + name.size() + 3) - (at + name.size() + 3)));
+        i = end;
+    }
+    return values;
+}
+
+TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
+    if (std::system("fio --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "fio is not installed";
+    test::TempDir dir("bench-sweep-fio");
+    const std::string json = dir.file("sweep.json");
+    const std::string svg = dir.file("sweep.svg");
+    const RunResult r = run_bench({"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends",
+                                   "libaio", "--block-sizes", "512KiB,1MiB", "--queue-depths", "2,4", "--pairs",
+                                   "2", "--plot", svg, "--json", json});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+    EXPECT_NE(r.out.find("worst ratio ours/fio over the grid"), std::string::npos) << r.out;
+
+    std::ifstream in(json);
+    ASSERT_TRUE(in.good()) << json;
+    const auto report = nlohmann::json::parse(in);
+    ASSERT_EQ(report["grid"].size(), 4u);  // 2 block sizes x 2 queue depths, threads default to 1
+    double worst = 1e9;
+    for (const auto& point : report["grid"]) {
+        EXPECT_EQ(point["threads"].get<int>(), 1);
+        for (const char* op : {"write", "read"}) {
+            const auto& v = point["vs_fio"][op];
+            ASSERT_EQ(v["pairs"].size(), 2u) << point.dump();
+            for (const auto& pair : v["pairs"]) {
+                EXPECT_GT(pair["ours"]["gb_per_s"].get<double>(), 0) << pair.dump();
+                EXPECT_GT(pair["fio"]["gb_per_s"].get<double>(), 0) << pair.dump();
+                // fio's CPU counts its whole process, as ours does, never less than its job figure.
+                EXPECT_GE(pair["fio"]["cpu_seconds_per_gb"].get<double>(),
+                          pair["fio"]["job_cpu_seconds_per_gb"].get<double>()) << pair.dump();
+            }
+            worst = std::min(worst, v["ratio"]["median"].get<double>());
+        }
+    }
+    // The summary line is the least median ratio of the grid, not a fixed figure.
+    EXPECT_DOUBLE_EQ(report["worst_vs_fio"]["grid"]["ratio"].get<double>(), worst);
+
+    std::ifstream svg_in(svg);
+    ASSERT_TRUE(svg_in.good()) << svg;
+    std::stringstream text;
+    text << svg_in.rdbuf();
+    const std::string plot = text.str();
+    EXPECT_TRUE(well_formed_xml(plot));
+    EXPECT_NE(plot.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+    // A panel per op (one backend, one storage); in each a line per queue depth for ours and fio,
+    // each through both block sizes.
+    const auto sources = polyline_attribute(plot, "data-source");
+    ASSERT_EQ(sources.size(), 8u) << plot;
+    EXPECT_EQ(std::count(sources.begin(), sources.end(), "ours"), 4);
+    EXPECT_EQ(std::count(sources.begin(), sources.end(), "fio"), 4);
+    const auto depths = polyline_attribute(plot, "data-queue-depth");
+    EXPECT_EQ(std::count(depths.begin(), depths.end(), "2"), 4);
+    EXPECT_EQ(std::count(depths.begin(), depths.end(), "4"), 4);
+    for (const auto& points : polyline_attribute(plot, "points")) {
+        EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2) << "two block sizes per line: " << points;
+    }
+}
+
+TEST(BenchIoTest, SweepVsFioRefusesWhatFioCannotMatch) {
+    test::TempDir dir("bench-sweep-bad");
+    const RunResult posix = run_bench({"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends",
+                                       "posix"});
+    EXPECT_EQ(posix.exit_code, 2) << describe(posix);
+    EXPECT_NE(posix.err.find("posix"), std::string::npos) << posix.err;
+    const RunResult pairs = run_bench({"sweep", "--path", dir.path(), "--size", "8MiB", "--pairs", "3"});
+    EXPECT_EQ(pairs.exit_code, 2) << describe(pairs);
+    EXPECT_NE(pairs.err.find("--pairs"), std::string::npos) << pairs.err;
+    const RunResult plot = run_bench({"sweep", "--path", dir.path(), "--size", "8MiB", "--plot",
+                                      dir.file("missing/plot.svg")});
+    EXPECT_EQ(plot.exit_code, 2) << describe(plot);
+    EXPECT_NE(plot.err.find("--plot"), std::string::npos) << plot.err;
+    EXPECT_TRUE(bench_files_in(dir.path()).empty());
+}
+
+std::vector<std::string> bench_tmpfs_mounts() {
+    std::vector<std::string> found;
+    std::ifstream mounts("/proc/mounts");
+    std::string line;
+    while (std::getline(mounts, line)) {
+        if (line.find("/tmp/zinf-bench-tmpfs-") != std::string::npos) found.push_back(line);
+    }
+    return found;
+}
+
+TEST(BenchIoTest, SweepTmpfsMeasuresOnItsOwnMountAndRemovesIt) {
+    if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+    test::TempDir dir("bench-sweep-tmpfs");
+    const auto before = bench_tmpfs_mounts();
+    const std::string json = dir.file("sweep.json");
+    const RunResult r = run_bench({"sweep", "--tmpfs", "--path", dir.path(), "--size", "8MiB", "--backends",
+                                   "posix", "--block-sizes", "1MiB", "--queue-depths", "4", "--threads", "1",
+                                   "--op", "write", "--json", json});
+    if (r.exit_code != 0 && r.err.find("mount") != std::string::npos && r.err.find("EPERM") != std::string::npos) {
+        GTEST_SKIP() << "mount refused here: " << r.err;
+    }
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.out.find("tmpfs (/tmp/zinf-bench-tmpfs-"), std::string::npos) << r.out;
+    std::ifstream in(json);
+    ASSERT_TRUE(in.good());
+    const auto report = nlohmann::json::parse(in);
+    ASSERT_EQ(report["grid"].size(), 2u);
+    EXPECT_EQ(report["grid"][0]["storage"], dir.path());
+    EXPECT_EQ(report["grid"][1]["storage"], "tmpfs");
+    EXPECT_GT(report["grid"][1]["write_gb_per_s"].get<double>(), 0);
+    EXPECT_EQ(bench_tmpfs_mounts(), before) << "the tmpfs is still mounted";
+    bool leftover = false;
+    for (const auto& entry : fs::directory_iterator("/tmp")) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("zinf-bench-tmpfs-", 0) == 0 && r.out.find(name) != std::string::npos) leftover = true;
+    }
+    EXPECT_FALSE(leftover) << "the tmpfs mount point was not removed";
 }
 
 }  // namespace

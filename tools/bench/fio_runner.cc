@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -191,9 +192,14 @@ Result<ProcessOutput> run_process(const std::vector<std::string>& argv) {
         }
     }
     int wstatus = 0;
-    while (::waitpid(pid, &wstatus, 0) < 0) {
-        if (errno != EINTR) return Status::from_errno(errno, "waitpid");
+    struct rusage usage {};
+    while (::wait4(pid, &wstatus, 0, &usage) < 0) {
+        if (errno != EINTR) return Status::from_errno(errno, "wait4");
     }
+    const auto secs = [](const timeval& tv) {
+        return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
+    };
+    result.cpu_seconds = secs(usage.ru_utime) + secs(usage.ru_stime);
     if (WIFEXITED(wstatus)) {
         result.exit_code = WEXITSTATUS(wstatus);
     } else if (WIFSIGNALED(wstatus)) {
@@ -225,6 +231,7 @@ Result<FioFigures> run_fio(const FioJob& job) {
     if (!figures.has_value()) {
         return figures.error().with_context(str_cat("fio (", fio_command_line(job), ")"));
     }
+    figures->process_cpu_seconds = out.cpu_seconds;
     return figures;
 }
 

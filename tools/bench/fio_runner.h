@@ -38,6 +38,10 @@ struct FioFigures {
     double clat_us_p99 = 0;
     double cpu_seconds = 0;           // (usr_cpu + sys_cpu) / 100 x job_runtime, summed over jobs
     double cpu_seconds_per_gb = 0;
+    // User + system CPU of the whole fio process from wait4: every thread, including the
+    // kernel's io_uring workers that run the copies fio's job figure leaves out (tmpfs), and
+    // fio's start-up. 0 when not run as a child (parse_fio_json alone).
+    double process_cpu_seconds = 0;
 };
 
 // The argument vector (argv[0] is the binary) for `job`, with --output-format=json.
@@ -57,6 +61,7 @@ struct ProcessOutput {
     int exit_code = -1;  // 128 + signal when killed by a signal
     std::string out;
     std::string err;
+    double cpu_seconds = 0;  // user + system of the child and all its threads (wait4)
 };
 // Runs argv[0] (looked up in PATH) with argv, capturing stdout and stderr. Blocks until it exits.
 Result<ProcessOutput> run_process(const std::vector<std::string>& argv);

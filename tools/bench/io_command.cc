@@ -11,6 +11,7 @@
 #include "src/base/config.h"
 #include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
+#include "tools/bench/fio_compare.h"
 #include "tools/bench/fio_runner.h"
 #include "tools/bench/io_command_support.h"
 #include "tools/bench/io_runner.h"
@@ -189,17 +190,6 @@ FioJob fio_job_for(const IoCommandOptions& o, const BenchFiles& files, const io:
     return job;
 }
 
-Json fio_to_json(const FioFigures& f) {
-    return Json{{"bytes", f.bytes},
-                {"seconds", f.seconds},
-                {"gb_per_s", f.gb_per_s},
-                {"iops", f.iops},
-                {"clat_us_p50", f.clat_us_p50},
-                {"clat_us_p99", f.clat_us_p99},
-                {"cpu_seconds", f.cpu_seconds},
-                {"cpu_seconds_per_gb", f.cpu_seconds_per_gb}};
-}
-
 // Runs fio briefly over the grid and returns the (block size, queue depth) with fio's best GB/s.
 Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, const BenchFiles& files,
                                                    const io::AioOptions& aio, std::string_view backend,
@@ -271,56 +261,36 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         std::printf("\n%s: ours vs fio, %d alternating pairs; %s\n", std::string(io_op_name(op)).c_str(),
                     o.pairs, describe_session(*session, files).c_str());
         std::printf("fio: %s\n", fio_command_line(job).c_str());
-        std::printf("%5s %-10s %10s %10s %8s %12s %12s\n", "pair", "order", "ours GB/s", "fio GB/s", "ratio",
-                    "ours CPU/GB", "fio CPU/GB");
-        std::vector<double> ratios, ours_gbps, fio_gbps, ours_cpu, fio_cpu;
-        Json pairs = Json::array();
-        for (int i = 1; i <= o.pairs; ++i) {
-            // Flip the order every pair so that a drift of the disk hits both sides alike.
-            const bool ours_first = i % 2 == 1;
-            Result<PassFigures> ours = Status::internal("not run");
-            Result<FioFigures> theirs = Status::internal("not run");
-            for (int side = 0; side < 2; ++side) {
-                if ((side == 0) == ours_first) {
-                    ours = session->run_pass(op);
-                    if (!ours.has_value()) return ours.error().with_context(str_cat("pair ", i, ", ours"));
-                } else {
-                    theirs = run_fio(job);
-                    if (!theirs.has_value()) return theirs.error().with_context(str_cat("pair ", i, ", fio"));
-                }
-            }
-            const double ratio = ours->gb_per_s / theirs->gb_per_s;
-            std::printf("%5d %-10s %10.3f %10.3f %8.3f %12.4f %12.4f\n", i, ours_first ? "ours,fio" : "fio,ours",
-                        ours->gb_per_s, theirs->gb_per_s, ratio, ours->cpu_seconds_per_gb,
-                        theirs->cpu_seconds_per_gb);
-            std::fflush(stdout);
-            ratios.push_back(ratio);
-            ours_gbps.push_back(ours->gb_per_s);
-            fio_gbps.push_back(theirs->gb_per_s);
-            ours_cpu.push_back(ours->cpu_seconds_per_gb);
-            fio_cpu.push_back(theirs->cpu_seconds_per_gb);
-            pairs.push_back(Json{{"pair", i}, {"ours_first", ours_first}, {"ours", pass_to_json(*ours)},
-                                 {"fio", fio_to_json(*theirs)}, {"ratio", ratio}});
-        }
-        const Spread r = spread_of(ratios);
-        const Spread og = spread_of(ours_gbps);
-        const Spread fg = spread_of(fio_gbps);
-        const Spread oc = spread_of(ours_cpu);
-        const Spread fc = spread_of(fio_cpu);
+        std::printf("CPU/GB: user + system seconds of the whole process per GB, every thread (for fio also the\n"
+                    "kernel's io_uring workers, less its start-up); fio's own job figure in the last column\n");
+        std::printf("%5s %-10s %10s %10s %8s %12s %12s %12s\n", "pair", "order", "ours GB/s", "fio GB/s", "ratio",
+                    "ours CPU/GB", "fio CPU/GB", "fio job CPU");
+        ZINF_ASSIGN_OR_RETURN(
+            const FioComparison c, compare_with_fio(*session, job, o.pairs, [](const FioPair& p) {
+                std::printf("%5d %-10s %10.3f %10.3f %8.3f %12.4f %12.4f %12.4f\n", p.index,
+                            p.ours_first ? "ours,fio" : "fio,ours", p.ours.gb_per_s, p.fio.gb_per_s, p.ratio,
+                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.fio.cpu_seconds_per_gb);
+                std::fflush(stdout);
+            }));
         std::printf("%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d pairs); median GB/s ours %.3f, "
                     "fio %.3f\n",
-                    std::string(io_op_name(op)).c_str(), r.median, r.min, r.max, o.pairs, og.median, fg.median);
-        std::printf("%s: median CPU s/GB ours %.4f, fio %.4f (ours/fio %.2f)\n", std::string(io_op_name(op)).c_str(),
-                    oc.median, fc.median, fc.median > 0 ? oc.median / fc.median : 0.0);
+                    std::string(io_op_name(op)).c_str(), c.ratio.median, c.ratio.min, c.ratio.max, o.pairs,
+                    c.ours_gb_per_s.median, c.fio_gb_per_s.median);
+        std::printf("%s: median CPU s/GB ours %.4f, fio %.4f (ours/fio %.2f; fio start-up %.3f s removed)\n",
+                    std::string(io_op_name(op)).c_str(), c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median,
+                    c.fio_cpu_s_per_gb.median > 0 ? c.ours_cpu_s_per_gb.median / c.fio_cpu_s_per_gb.median : 0.0,
+                    c.fio_startup_cpu_seconds);
         out[std::string(io_op_name(op))] = Json{
             {"aio", Json::parse(config::aio_to_json(engine::aio_config(aio)))},
             {"fio_command", fio_command_line(job)},
-            {"pairs", pairs},
-            {"ratio", spread_to_json(r)},
-            {"ours_gb_per_s", spread_to_json(og)},
-            {"fio_gb_per_s", spread_to_json(fg)},
-            {"ours_cpu_seconds_per_gb", spread_to_json(oc)},
-            {"fio_cpu_seconds_per_gb", spread_to_json(fc)},
+            {"pairs", c.pairs_json},
+            {"ratio", spread_to_json(c.ratio)},
+            {"ours_gb_per_s", spread_to_json(c.ours_gb_per_s)},
+            {"fio_gb_per_s", spread_to_json(c.fio_gb_per_s)},
+            {"ours_cpu_seconds_per_gb", spread_to_json(c.ours_cpu_s_per_gb)},
+            {"fio_cpu_seconds_per_gb", spread_to_json(c.fio_cpu_s_per_gb)},
+            {"fio_job_cpu_seconds_per_gb", spread_to_json(c.fio_job_cpu_s_per_gb)},
+            {"fio_startup_cpu_seconds", c.fio_startup_cpu_seconds},
         };
     }
     if (o.fio_grid) out["fio_grid"] = grid;

@@ -1,6 +1,7 @@
 // `zinfinity-bench sweep` (a grid of aio configurations, printed as a table) and
 // `zinfinity-bench tune` (the same grid, writing the best configuration as an `aio` block).
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,7 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -20,8 +24,11 @@
 #include "src/base/config.h"
 #include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
+#include "tools/bench/fio_compare.h"
+#include "tools/bench/fio_runner.h"
 #include "tools/bench/io_command_support.h"
 #include "tools/bench/io_runner.h"
+#include "tools/bench/svg_plot.h"
 #include "tools/cli/args.h"
 
 namespace zinf::bench {
@@ -42,9 +49,16 @@ struct SweepOptions {
     int loops = 1;
     std::string write_config;  // tune only
     bool force = false;
+    // sweep only:
+    bool vs_fio = false;
+    int pairs = 5;
+    std::string fio_binary = "fio";
+    std::string plot_path;
+    bool tmpfs = false;
 };
 
 struct GridPoint {
+    std::string storage;  // the directory measured, or "tmpfs" for the bench's own tmpfs
     io::AioOptions aio;
     bool available = true;
     std::string skipped_reason;
@@ -55,6 +69,8 @@ struct GridPoint {
     double read_latency_us_p99 = 0;
     double write_latency_us_p99 = 0;
     double score = 0;
+    std::optional<FioComparison> fio_write;  // --vs-fio
+    std::optional<FioComparison> fio_read;
 };
 
 // The rule both commands rank by: with reads and writes, the harmonic mean of their GB/s, which
@@ -80,6 +96,23 @@ void declare_flags(cli::Args& args, bool tune) {
     args.add("threads", "1,2", "aio.intra_op_parallelism values of the grid");
     if (!tune) {
         args.add("op", "write,read", "read, write, or write,read (both): passes at each point");
+        args.add_switch("vs-fio",
+                        "at every point, alternate our passes with fio's on the same file\n"
+                        "with the same engine, block size, queue depth and O_DIRECT\n"
+                        "(--pairs pairs per op); prints both GB/s, the median ratio\n"
+                        "with min/max and both CPU s/GB, then the worst ratio of the\n"
+                        "grid. Needs one --path; the grid defaults become backends\n"
+                        "io_uring,libaio, queue depths 4,8,16,32, threads 1");
+        args.add("pairs", "5", "alternating pairs per op and point with --vs-fio");
+        args.add("fio-binary", "fio", "the fio that --vs-fio runs");
+        args.add("plot", "",
+                 "also draw the grid into this SVG file: GB/s against block size,\n"
+                 "one line per queue depth, a panel per storage, backend and op\n"
+                 "(with --vs-fio, fio's lines dashed beside ours)");
+        args.add_switch("tmpfs",
+                        "also run the grid on a tmpfs the bench mounts for the run (needs\n"
+                        "root; memory-speed storage, where the engine's own per-piece\n"
+                        "cost shows) in a fresh directory under /tmp, unmounted at exit");
     }
     args.add("loops", "1", "passes of each op per grid point; the median counts");
     if (tune) {
@@ -129,6 +162,36 @@ Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
         }
     } else {
         ZINF_ASSIGN_OR_RETURN(o.ops, parse_io_ops(args.get("op")));
+        o.vs_fio = args.get_switch("vs-fio");
+        ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
+        o.pairs = static_cast<int>(pairs);
+        o.fio_binary = args.get("fio-binary");
+        o.plot_path = args.get("plot");
+        o.tmpfs = args.get_switch("tmpfs");
+        if (!o.plot_path.empty()) {
+            const auto slash = o.plot_path.rfind('/');
+            const std::string dir = slash == std::string::npos ? "." : o.plot_path.substr(0, slash + 1);
+            struct stat st {};
+            if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+                return Status::invalid_argument(str_cat("--plot ", o.plot_path, ": directory ", dir, " does not exist"));
+            }
+        }
+        if (o.vs_fio) {
+            if (o.common.dirs.size() != 1) {
+                return Status::invalid_argument("--vs-fio: give exactly one --path (fio and our striping differ)");
+            }
+            if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
+            if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
+            if (!args.given("threads")) o.threads = {1};
+            for (const auto& b : o.backends) {
+                if (b != "io_uring" && b != "libaio") {
+                    return Status::invalid_argument(str_cat("--vs-fio: backend ", b,
+                                                            " has no fio counterpart; compare io_uring or libaio"));
+                }
+            }
+        } else if (args.given("pairs")) {
+            return Status::invalid_argument("--pairs needs --vs-fio");
+        }
     }
     ZINF_ASSIGN_OR_RETURN(const std::int64_t loops, args.get_int("loops", 1, 100));
     o.loops = static_cast<int>(loops);
@@ -223,7 +286,8 @@ const GridPoint* pick_best(const std::vector<GridPoint>& points) {
 }
 
 Json point_to_json(const GridPoint& p) {
-    Json j{{"backend", p.aio.backend},
+    Json j{{"storage", p.storage},
+           {"backend", p.aio.backend},
            {"block_size", p.aio.block_size_bytes},
            {"queue_depth", p.aio.queue_depth},
            {"threads", p.aio.intra_op_parallelism},
@@ -239,67 +303,371 @@ Json point_to_json(const GridPoint& p) {
     j["read_cpu_seconds_per_gb"] = p.read_cpu_s_per_gb;
     j["write_latency_us_p99"] = p.write_latency_us_p99;
     j["read_latency_us_p99"] = p.read_latency_us_p99;
+    if (p.fio_write.has_value() || p.fio_read.has_value()) {
+        Json v = Json::object();
+        for (const auto* c : {&p.fio_write, &p.fio_read}) {
+            if (!c->has_value()) continue;
+            const FioComparison& f = **c;
+            v[std::string(io_op_name(f.op))] = Json{{"ratio", spread_to_json(f.ratio)},
+                                                    {"ours_gb_per_s", spread_to_json(f.ours_gb_per_s)},
+                                                    {"fio_gb_per_s", spread_to_json(f.fio_gb_per_s)},
+                                                    {"ours_cpu_seconds_per_gb", spread_to_json(f.ours_cpu_s_per_gb)},
+                                                    {"fio_cpu_seconds_per_gb", spread_to_json(f.fio_cpu_s_per_gb)},
+                                                    {"fio_job_cpu_seconds_per_gb", spread_to_json(f.fio_job_cpu_s_per_gb)},
+                                                    {"fio_startup_cpu_seconds", f.fio_startup_cpu_seconds},
+                                                    {"pairs", f.pairs_json}};
+        }
+        j["vs_fio"] = v;
+    }
     return j;
 }
 
-Status write_config_file(const std::string& path, const std::string& text, bool force) {
+// --- sweep --vs-fio -----------------------------------------------------------------------------
+
+FioJob fio_job_for(const SweepOptions& o, const BenchFiles& files, const io::AioOptions& aio, bool direct,
+                   IoOp op) {
+    FioJob job;
+    job.fio_binary = o.fio_binary;
+    job.file_path = files.paths().front();
+    job.op = op;
+    job.size_bytes = files.size_bytes();
+    job.block_size_bytes = aio.block_size_bytes;
+    job.queue_depth = aio.queue_depth;
+    job.jobs = aio.intra_op_parallelism;
+    job.ioengine = aio.backend;
+    job.direct = direct;
+    job.register_buffers = aio.register_buffers;
+    job.sqpoll = aio.sqpoll;
+    return job;
+}
+
+std::string point_name(const GridPoint& p) {
+    return str_cat(p.storage, ", ", p.aio.backend, ", block ", format_bytes(p.aio.block_size_bytes), ", qd ",
+                   p.aio.queue_depth, p.aio.intra_op_parallelism > 1 ? str_cat(", ", p.aio.intra_op_parallelism, " threads") : "");
+}
+
+void print_vs_fio_header() {
+    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s\n", "backend", "block", "qd", "threads", "op",
+                "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU");
+}
+
+void print_vs_fio_rows(const GridPoint& p) {
+    if (!p.available) {
+        std::printf("%-9s %9s %5d %7d   skipped: %s\n", p.aio.backend.c_str(),
+                    format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth, p.aio.intra_op_parallelism,
+                    p.skipped_reason.c_str());
+        return;
+    }
+    for (const auto* c : {&p.fio_write, &p.fio_read}) {
+        if (!c->has_value()) continue;
+        const FioComparison& f = **c;
+        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f\n",
+                    p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
+                    p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(), f.ours_gb_per_s.median,
+                    f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max, f.ours_cpu_s_per_gb.median,
+                    f.fio_cpu_s_per_gb.median);
+    }
+    std::fflush(stdout);
+}
+
+// Measures one point against fio: `pairs` alternated pairs per op.
+Status measure_vs_fio(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
+    auto session = IoSession::create(files, session_options(o.common, p.aio));
+    if (!session.has_value()) {
+        if (session.error().code() == StatusCode::kNotSupported) {
+            p.available = false;
+            p.skipped_reason = session.error().message();
+            return Status::ok();
+        }
+        return session.error().with_context(point_name(p));
+    }
+    // Every compared pass overwrites or reads written blocks: write the file once first.
+    ZINF_TRY((*session)->prepare_for_read());
+    for (const IoOp op : o.ops) {
+        const FioJob job = fio_job_for(o, files, p.aio, (*session)->is_direct(), op);
+        auto c = compare_with_fio(**session, job, o.pairs);
+        if (!c.has_value()) return c.error().with_context(str_cat(point_name(p), ", ", io_op_name(op)));
+        if (op == IoOp::kRead) {
+            p.read_gb_per_s = c->ours_gb_per_s.median;
+            p.read_cpu_s_per_gb = c->ours_cpu_s_per_gb.median;
+            p.fio_read = std::move(*c);
+        } else {
+            p.write_gb_per_s = c->ours_gb_per_s.median;
+            p.write_cpu_s_per_gb = c->ours_cpu_s_per_gb.median;
+            p.fio_write = std::move(*c);
+        }
+    }
+    p.score = score_of(p, o.ops);
+    return Status::ok();
+}
+
+struct Worst {
+    double value = 0;
+    std::string where;
+    bool set = false;
+};
+
+// The lowest median GB/s ratio and the highest median CPU ratio (ours / fio) over `points`
+// measured on `storage` (every storage when empty).
+std::pair<Worst, Worst> worst_of(const std::vector<GridPoint>& points, const std::string& storage) {
+    Worst ratio;
+    Worst cpu;
+    for (const auto& p : points) {
+        if (!p.available || (!storage.empty() && p.storage != storage)) continue;
+        for (const auto* c : {&p.fio_write, &p.fio_read}) {
+            if (!c->has_value()) continue;
+            const FioComparison& f = **c;
+            const std::string where = str_cat(point_name(p), ", ", io_op_name(f.op));
+            if (!ratio.set || f.ratio.median < ratio.value) ratio = Worst{f.ratio.median, where, true};
+            if (f.fio_cpu_s_per_gb.median > 0) {
+                const double r = f.ours_cpu_s_per_gb.median / f.fio_cpu_s_per_gb.median;
+                if (!cpu.set || r > cpu.value) cpu = Worst{r, where, true};
+            }
+        }
+    }
+    return {ratio, cpu};
+}
+
+// --- --tmpfs -------------------------------------------------------------------------------------
+
+// A tmpfs mounted on a fresh directory under /tmp for the run; unmounted and removed by the
+// destructor (also on error and after Ctrl-C, which ends the run through interrupted()).
+class TmpfsMount {
+public:
+    static Result<std::unique_ptr<TmpfsMount>> create(std::uint64_t file_bytes) {
+        // Room for the file, the bench's free-space margin and some slack.
+        const std::uint64_t size = file_bytes + std::min<std::uint64_t>(file_bytes / 20 + (64ULL << 20), 1ULL << 30) +
+                                   (64ULL << 20);
+        const std::uint64_t available = mem_available_bytes();
+        if (available != 0 && available < size + (1ULL << 30)) {
+            return Status::no_space(str_cat("--tmpfs: a tmpfs for a ", format_bytes(file_bytes),
+                                            " test file needs ", format_bytes(size), " of memory (plus 1 GiB to spare); ",
+                                            format_bytes(available), " is available; lower --size"));
+        }
+        char pattern[] = "/tmp/zinf-bench-tmpfs-XXXXXX";
+        if (::mkdtemp(pattern) == nullptr) return Status::from_errno(errno, "--tmpfs: mkdtemp under /tmp");
+        auto m = std::unique_ptr<TmpfsMount>(new TmpfsMount(pattern));
+        const std::string data = str_cat("size=", size, ",mode=0700");
+        if (::mount("tmpfs", pattern, "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
+            const int err = errno;
+            return Status::from_errno(err, str_cat("--tmpfs: mount -t tmpfs on ", pattern,
+                                                   err == EPERM ? " (needs root, CAP_SYS_ADMIN)" : ""));
+        }
+        m->mounted_ = true;
+        return m;
+    }
+    ~TmpfsMount() {
+        if (mounted_ && ::umount2(path_.c_str(), MNT_DETACH) != 0) {
+            log::warning("--tmpfs: unmounting ", path_, ": ", std::strerror(errno));
+        }
+        if (::rmdir(path_.c_str()) != 0) log::warning("--tmpfs: removing ", path_, ": ", std::strerror(errno));
+    }
+    TmpfsMount(const TmpfsMount&) = delete;
+    TmpfsMount& operator=(const TmpfsMount&) = delete;
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    explicit TmpfsMount(std::string path) : path_(std::move(path)) {}
+    static std::uint64_t mem_available_bytes() {
+        std::ifstream in("/proc/meminfo");
+        std::string key;
+        std::uint64_t kib = 0;
+        std::string unit;
+        while (in >> key >> kib >> unit) {
+            if (key == "MemAvailable:") return kib * 1024;
+        }
+        return 0;
+    }
+    std::string path_;
+    bool mounted_ = false;
+};
+
+// --- --plot --------------------------------------------------------------------------------------
+
+std::string format_block(double bytes) { return format_bytes(static_cast<std::uint64_t>(bytes)); }
+
+std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& points) {
+    // A panel per (storage, backend, op); in it a line per (queue depth, threads) for ours and,
+    // with --vs-fio, the same for fio, dashed.
+    std::vector<std::string> storages;
+    for (const auto& p : points) {
+        if (std::find(storages.begin(), storages.end(), p.storage) == storages.end()) storages.push_back(p.storage);
+    }
+    std::vector<PlotPanel> panels;
+    for (const auto& storage : storages) {
+        for (const auto& backend : o.backends) {
+            for (const IoOp op : o.ops) {
+                PlotPanel panel;
+                panel.title = str_cat(io_op_name(op), ", ", backend, ", ", storage);
+                std::map<std::pair<int, int>, std::pair<PlotSeries, PlotSeries>> lines;  // (qd, threads)
+                int colour = 0;
+                for (const auto qd : o.queue_depths) {
+                    for (const auto threads : o.threads) {
+                        const std::string tail =
+                            str_cat("qd ", qd, threads > 1 ? str_cat(" x", threads) : std::string());
+                        PlotSeries ours;
+                        ours.label = str_cat("ours ", tail);
+                        ours.color = colour;
+                        PlotSeries fio = ours;
+                        fio.label = str_cat("fio ", tail);
+                        fio.dashed = true;
+                        for (auto* series : {&ours, &fio}) {
+                            series->attributes = {{"source", series == &ours ? "ours" : "fio"},
+                                                  {"storage", storage},
+                                                  {"backend", backend},
+                                                  {"op", std::string(io_op_name(op))},
+                                                  {"queue-depth", std::to_string(qd)},
+                                                  {"threads", std::to_string(threads)}};
+                        }
+                        lines.emplace(std::make_pair(static_cast<int>(qd), static_cast<int>(threads)),
+                                      std::make_pair(std::move(ours), std::move(fio)));
+                        ++colour;
+                    }
+                }
+                for (const auto& p : points) {
+                    if (!p.available || p.storage != storage || p.aio.backend != backend) continue;
+                    auto it = lines.find({p.aio.queue_depth, p.aio.intra_op_parallelism});
+                    if (it == lines.end()) continue;
+                    const double x = static_cast<double>(p.aio.block_size_bytes);
+                    const double ours = op == IoOp::kRead ? p.read_gb_per_s : p.write_gb_per_s;
+                    if (ours > 0) it->second.first.points.emplace_back(x, ours);
+                    const auto& c = op == IoOp::kRead ? p.fio_read : p.fio_write;
+                    if (c.has_value()) it->second.second.points.emplace_back(x, c->fio_gb_per_s.median);
+                }
+                for (auto& [key, pair] : lines) {
+                    if (!pair.first.points.empty()) panel.series.push_back(std::move(pair.first));
+                    if (!pair.second.points.empty()) panel.series.push_back(std::move(pair.second));
+                }
+                if (!panel.series.empty()) panels.push_back(std::move(panel));
+            }
+        }
+    }
+    PlotOptions options;
+    options.title = o.vs_fio ? "zinfinity-bench sweep --vs-fio: ours (solid) and fio (dashed), GB/s"
+                             : "zinfinity-bench sweep: GB/s";
+    options.x_label = "block size (aio.block_size)";
+    options.y_label = "GB/s";
+    options.columns = static_cast<int>(std::max<std::size_t>(1, o.ops.size()));
+    options.format_x = &format_block;
+    return render_svg_plot(options, panels);
+}
+
+Status write_text_file(const std::string& flag, const std::string& path, const std::string& text, bool force) {
     // Without --force the file is created exclusively, so a config that appeared since the flags
     // were checked is still not overwritten.
     const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL);
     FileDescriptor fd(::open(path.c_str(), flags, 0644));
-    if (!fd.valid()) return Status::from_errno(errno, str_cat("--write-config: cannot create ", path));
+    if (!fd.valid()) return Status::from_errno(errno, str_cat(flag, ": cannot create ", path));
     std::size_t done = 0;
     while (done < text.size()) {
         const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
         if (n < 0) {
             if (errno == EINTR) continue;
-            return Status::from_errno(errno, str_cat("--write-config: writing ", path));
+            return Status::from_errno(errno, str_cat(flag, ": writing ", path));
         }
         done += static_cast<std::size_t>(n);
     }
-    if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat("--write-config: fsync ", path));
+    if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat(flag, ": fsync ", path));
     return Status::ok();
 }
 
 Status run(const SweepOptions& o, bool tune) {
-    ZINF_ASSIGN_OR_RETURN(auto files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
+    std::vector<std::unique_ptr<BenchFiles>> targets;
+    std::vector<std::string> storages;
+    ZINF_ASSIGN_OR_RETURN(auto disk_files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
+    targets.push_back(std::move(disk_files));
+    storages.push_back(o.common.dirs.front());
+    std::unique_ptr<TmpfsMount> tmpfs;
+    if (o.tmpfs) {
+        ZINF_ASSIGN_OR_RETURN(tmpfs, TmpfsMount::create(o.common.size_bytes));
+        ZINF_ASSIGN_OR_RETURN(auto tmpfs_files, BenchFiles::create({tmpfs->path()}, o.common.size_bytes));
+        targets.push_back(std::move(tmpfs_files));
+        storages.push_back("tmpfs");
+    }
+    // Declared after the mount: the files go first, then the mount (reverse order).
     std::vector<GridPoint> points;
-    for (const auto& backend : o.backends) {
-        for (const auto bs : o.block_sizes) {
-            for (const auto qd : o.queue_depths) {
-                for (const auto threads : o.threads) {
-                    GridPoint p;
-                    p.aio = o.common.aio;
-                    p.aio.backend = backend;
-                    p.aio.block_size_bytes = bs;
-                    p.aio.queue_depth = static_cast<int>(qd);
-                    p.aio.intra_op_parallelism = static_cast<int>(threads);
-                    points.push_back(p);
+    for (const auto& storage : storages) {
+        for (const auto& backend : o.backends) {
+            for (const auto bs : o.block_sizes) {
+                for (const auto qd : o.queue_depths) {
+                    for (const auto threads : o.threads) {
+                        GridPoint p;
+                        p.storage = storage;
+                        p.aio = o.common.aio;
+                        p.aio.backend = backend;
+                        p.aio.block_size_bytes = bs;
+                        p.aio.queue_depth = static_cast<int>(qd);
+                        p.aio.intra_op_parallelism = static_cast<int>(threads);
+                        points.push_back(p);
+                    }
                 }
             }
         }
     }
-    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s; ops:", tune ? "tune" : "sweep",
-                points.size(), static_cast<double>(files->size_bytes()) / kBytesPerGb,
-                format_bytes(files->size_bytes()).c_str(), o.common.dirs.front().c_str(),
-                o.common.dirs.size() > 1 ? " (striped)" : "");
+    if (o.vs_fio) ZINF_TRY(check_fio(o.fio_binary));
+    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s%s; ops:", tune ? "tune" : "sweep",
+                points.size(), static_cast<double>(o.common.size_bytes) / kBytesPerGb,
+                format_bytes(o.common.size_bytes).c_str(), o.common.dirs.front().c_str(),
+                o.common.dirs.size() > 1 ? " (striped)" : "",
+                tmpfs ? str_cat(" and on a tmpfs at ", tmpfs->path()).c_str() : "");
     for (const IoOp op : o.ops) std::printf(" %s", std::string(io_op_name(op)).c_str());
     std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
                 o.common.aio.register_buffers ? "on" : "off");
-    std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
-                                                     "reading back the same bytes)"
-                                                   : "GB/s of the op");
-    print_header();
-    std::string unavailable_backend;
+    if (o.vs_fio) {
+        std::printf("each point: %d alternated pairs of our pass and fio's per op (same file, engine, block size,\n"
+                    "queue depth, O_DIRECT); medians. CPU: user + system seconds per GB of the whole process, every\n"
+                    "thread (fio's too, with the kernel's io_uring workers, less its start-up)\n",
+                    o.pairs);
+    } else {
+        std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
+                                                         "reading back the same bytes)"
+                                                       : "GB/s of the op");
+    }
+    std::map<std::string, std::string> unavailable_backend;  // per storage
+    std::string current_storage;
     for (auto& p : points) {
-        if (p.aio.backend == unavailable_backend) {
+        if (p.storage != current_storage) {
+            current_storage = p.storage;
+            std::printf("\n%s:\n", p.storage == "tmpfs" ? str_cat("tmpfs (", tmpfs->path(), ")").c_str()
+                                                       : p.storage.c_str());
+            if (o.vs_fio) {
+                print_vs_fio_header();
+            } else {
+                print_header();
+            }
+        }
+        if (p.aio.backend == unavailable_backend[p.storage]) {
             p.available = false;
             p.skipped_reason = "backend unavailable (see above)";
             continue;
         }
-        ZINF_TRY(measure(o, *files, p));
-        if (!p.available) unavailable_backend = p.aio.backend;
-        print_row(p, false);
+        BenchFiles& files = *targets[static_cast<std::size_t>(
+            std::find(storages.begin(), storages.end(), p.storage) - storages.begin())];
+        if (o.vs_fio) {
+            ZINF_TRY(measure_vs_fio(o, files, p));
+            print_vs_fio_rows(p);
+        } else {
+            ZINF_TRY(measure(o, files, p));
+            print_row(p, false);
+        }
+        if (!p.available) unavailable_backend[p.storage] = p.aio.backend;
+    }
+    Json worst_json = Json::object();
+    if (o.vs_fio) {
+        std::printf("\n");
+        for (const auto& storage : storages) {
+            const auto [ratio, cpu] = worst_of(points, storage);
+            if (!ratio.set) continue;
+            std::printf("worst ratio ours/fio on %s: %.3f (%s)", storage.c_str(), ratio.value, ratio.where.c_str());
+            if (cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", cpu.value, cpu.where.c_str());
+            std::printf("\n");
+            worst_json[storage] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where},
+                                       {"cpu_ratio", cpu.value}, {"cpu_ratio_at", cpu.where}};
+        }
+        const auto [ratio, cpu] = worst_of(points, "");
+        if (!ratio.set) return Status::not_supported("no configuration of the grid could be measured");
+        std::printf("worst ratio ours/fio over the grid: %.3f (%s)\n", ratio.value, ratio.where.c_str());
+        worst_json["grid"] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where}};
     }
     const GridPoint* best = pick_best(points);
     if (best == nullptr) return Status::not_supported("no configuration of the grid could be measured");
@@ -308,7 +676,8 @@ Status run(const SweepOptions& o, bool tune) {
     print_row(*best, true);
 
     Json report{{"command", tune ? "tune" : "sweep"},
-                {"size_bytes", files->size_bytes()},
+                {"size_bytes", o.common.size_bytes},
+                {"storages", storages},
                 {"paths", o.common.dirs},
                 {"score_rule", o.ops.size() == 2 ? "harmonic_mean(read, write)" : "gb_per_s"}};
     Json grid = Json::array();
@@ -316,13 +685,21 @@ Status run(const SweepOptions& o, bool tune) {
     report["grid"] = grid;
     report["best"] = point_to_json(*best);
     report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best->aio)));
+    if (o.vs_fio) {
+        report["pairs"] = o.pairs;
+        report["worst_vs_fio"] = worst_json;
+    }
+    if (!o.plot_path.empty()) {
+        ZINF_TRY(write_text_file("--plot", o.plot_path, render_plot(o, points), true));
+        std::printf("plot: %s\n", o.plot_path.c_str());
+    }
 
     if (tune) {
         const std::string text = config::aio_to_json(engine::aio_config(best->aio)) + "\n";
         // What we write must be what zinfinity reads back: check it before writing.
         auto parsed = config::load_aio_from_string(text, "tune output");
         if (!parsed.has_value()) return parsed.error().with_context("internal: the tuned aio block does not load");
-        ZINF_TRY(write_config_file(o.write_config, text, o.force));
+        ZINF_TRY(write_text_file("--write-config", o.write_config, text, o.force));
         std::printf("wrote %s:\n%s", o.write_config.c_str(), text.c_str());
     }
     if (!o.common.json_path.empty()) ZINF_TRY(write_json_report(o.common.json_path, report));

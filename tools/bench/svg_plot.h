@@ -1,0 +1,39 @@
+// A small SVG line-chart writer for the bench's grids: panels of lines over a log2 x axis.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zinf::bench {
+
+struct PlotSeries {
+    std::string label;   // legend text, e.g. "ours qd 8"
+    int color = 0;       // index into the palette (one colour per queue depth)
+    bool dashed = false; // the reference (fio) is dashed, ours solid
+    // Written as data-* attributes of the <polyline>, so a reader (or a test) can find a series.
+    std::vector<std::pair<std::string, std::string>> attributes;
+    std::vector<std::pair<double, double>> points;  // (x, y); x > 0 (log2 axis)
+};
+
+struct PlotPanel {
+    std::string title;
+    std::vector<PlotSeries> series;
+};
+
+struct PlotOptions {
+    std::string title;
+    std::string x_label;
+    std::string y_label;
+    int columns = 2;
+    // Formats an x tick value (the x values present in the data are the ticks).
+    std::string (*format_x)(double) = nullptr;
+};
+
+// Renders the panels into one standalone SVG document (UTF-8, no external references).
+std::string render_svg_plot(const PlotOptions& options, const std::vector<PlotPanel>& panels);
+
+// `text` with &, <, >, " and ' escaped for XML.
+std::string xml_escape(const std::string& text);
+
+}  // namespace zinf::bench
