@@ -40,7 +40,7 @@ void declare_engine_flags(cli::Args& args, CommonFlagSet set) {
              "bytes per operation handed to the engine, which cuts it into\n"
              "block-size pieces; auto: max(block size, 1 MiB). Enough\n"
              "operations stay outstanding for queue-depth x threads pieces\n"
-             "in flight plus a quarter more queued");
+             "in flight plus one more operation per thread queued");
     args.add("buffer-limit", "1GiB", "most aligned buffer memory one configuration may use");
     if (set == CommonFlagSet::kSingle) {
         args.add("fault", "",
