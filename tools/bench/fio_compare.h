@@ -24,8 +24,8 @@ struct FioPair {
 struct FioComparison {
     IoOp op = IoOp::kRead;
     int pairs = 0;
-    // fio's start-up: the least process CPU of three runs of the same job over one queue's worth
-    // of blocks, subtracted from each full run's process CPU.
+    // fio's start-up: the least process CPU of three runs of the same job over one block per
+    // job, subtracted from each full run's process CPU.
     double fio_startup_cpu_seconds = 0;
     Spread ratio;
     Spread ours_gb_per_s;
