@@ -28,6 +28,23 @@ Json fio_to_json(const FioFigures& f, double cpu_s_per_gb) {
 
 }  // namespace
 
+FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const io::AioOptions& aio,
+                   bool direct, IoOp op) {
+    FioJob job;
+    job.fio_binary = fio_binary;
+    job.file_path = files.paths().front();
+    job.op = op;
+    job.size_bytes = files.size_bytes();
+    job.block_size_bytes = aio.block_size_bytes;
+    job.queue_depth = aio.queue_depth;
+    job.jobs = aio.intra_op_parallelism;
+    job.ioengine = aio.backend;
+    job.direct = direct;
+    job.register_buffers = aio.register_buffers;
+    job.sqpoll = aio.sqpoll;
+    return job;
+}
+
 double fio_cpu_seconds_per_gb(const FioFigures& f, double startup_cpu_seconds) {
     if (f.bytes == 0) return 0;
     const double cpu = std::max(f.cpu_seconds, f.process_cpu_seconds - startup_cpu_seconds);

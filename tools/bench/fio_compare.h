@@ -36,6 +36,12 @@ struct FioComparison {
     nlohmann::json pairs_json = nlohmann::json::array();
 };
 
+// The fio job matching one of our configurations on `files` (one path): same engine
+// (aio.backend: io_uring or libaio), block size, queue depth, threads as jobs, O_DIRECT, and
+// registered buffers and files or SQPOLL for io_uring.
+FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const io::AioOptions& aio,
+                   bool direct, IoOp op);
+
 // fio's CPU seconds per GB for one run, counted as our passes are counted (the whole process,
 // all threads, so the kernel workers io_uring hands work to on some file systems are included),
 // less its start-up; never below fio's own job-thread figure.

@@ -173,23 +173,6 @@ Status run_passes(const IoCommandOptions& o, IoSession& session, Json& report) {
 
 // --- fio comparison ----------------------------------------------------------------------------
 
-FioJob fio_job_for(const IoCommandOptions& o, const BenchFiles& files, const io::AioOptions& aio,
-                   std::string_view backend, bool direct, IoOp op) {
-    FioJob job;
-    job.fio_binary = o.fio_binary;
-    job.file_path = files.paths().front();
-    job.op = op;
-    job.size_bytes = files.size_bytes();
-    job.block_size_bytes = aio.block_size_bytes;
-    job.queue_depth = aio.queue_depth;
-    job.jobs = aio.intra_op_parallelism;
-    job.ioengine = std::string(backend);
-    job.direct = direct;
-    job.register_buffers = aio.register_buffers;
-    job.sqpoll = aio.sqpoll;
-    return job;
-}
-
 // Runs fio briefly over the grid and returns the (block size, queue depth) with fio's best GB/s.
 Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, const BenchFiles& files,
                                                    const io::AioOptions& aio, std::string_view backend,
@@ -208,7 +191,7 @@ Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, co
             io::AioOptions a = aio;
             a.block_size_bytes = bs;
             a.queue_depth = static_cast<int>(qd);
-            FioJob job = fio_job_for(o, files, a, backend, direct, op);
+            FioJob job = fio_job_for(o.fio_binary, files, a, direct, op);
             job.runtime_seconds = o.fio_grid_seconds;
             auto f = run_fio(job);
             if (!f.has_value()) return f.error().with_context("fio grid");
@@ -257,7 +240,7 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
             aio.queue_depth = best.second;
         }
         ZINF_ASSIGN_OR_RETURN(auto session, IoSession::create(files, session_options(o.common, aio)));
-        const FioJob job = fio_job_for(o, files, aio, backend, direct, op);
+        const FioJob job = fio_job_for(o.fio_binary, files, aio, direct, op);
         std::printf("\n%s: ours vs fio, %d alternating pairs; %s\n", std::string(io_op_name(op)).c_str(),
                     o.pairs, describe_session(*session, files).c_str());
         std::printf("fio: %s\n", fio_command_line(job).c_str());

@@ -229,22 +229,30 @@ void print_header() {
                 "write GB/s", "read GB/s", "score", "w CPU/GB", "r CPU/GB", "w p99 us", "r p99 us");
 }
 
+std::string point_name(const GridPoint& p) {
+    return str_cat(p.storage, ", ", p.aio.backend, ", block ", format_bytes(p.aio.block_size_bytes), ", qd ",
+                   p.aio.queue_depth, p.aio.intra_op_parallelism > 1 ? str_cat(", ", p.aio.intra_op_parallelism, " threads") : "");
+}
+
+// The session of one grid point; null (the point marked unavailable, with the reason) when its
+// backend cannot be set up here.
+Result<std::unique_ptr<IoSession>> open_session(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
+    auto session = IoSession::create(files, session_options(o.common, p.aio));
+    if (session.has_value()) return std::move(*session);
+    if (session.error().code() != StatusCode::kNotSupported) return session.error().with_context(point_name(p));
+    p.available = false;
+    p.skipped_reason = session.error().message();
+    return std::unique_ptr<IoSession>();
+}
+
 // Measures one grid point. A backend that cannot be set up marks the point unavailable.
 Status measure(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
-    auto session = IoSession::create(files, session_options(o.common, p.aio));
-    if (!session.has_value()) {
-        if (session.error().code() == StatusCode::kNotSupported) {
-            p.available = false;
-            p.skipped_reason = session.error().message();
-            return Status::ok();
-        }
-        return session.error().with_context(str_cat(p.aio.backend, " block ", p.aio.block_size_bytes, " qd ",
-                                                    p.aio.queue_depth, " threads ", p.aio.intra_op_parallelism));
-    }
+    ZINF_ASSIGN_OR_RETURN(auto session, open_session(o, files, p));
+    if (session == nullptr) return Status::ok();
     for (const IoOp op : o.ops) {
         std::vector<PassFigures> passes;
         for (int loop = 0; loop < o.loops; ++loop) {
-            auto f = (*session)->run_pass(op);
+            auto f = session->run_pass(op);
             if (!f.has_value()) {
                 return f.error().with_context(str_cat(p.aio.backend, " block ", p.aio.block_size_bytes, " qd ",
                                                       p.aio.queue_depth, " ", io_op_name(op)));
@@ -324,27 +332,6 @@ Json point_to_json(const GridPoint& p) {
 
 // --- sweep --vs-fio -----------------------------------------------------------------------------
 
-FioJob fio_job_for(const SweepOptions& o, const BenchFiles& files, const io::AioOptions& aio, bool direct,
-                   IoOp op) {
-    FioJob job;
-    job.fio_binary = o.fio_binary;
-    job.file_path = files.paths().front();
-    job.op = op;
-    job.size_bytes = files.size_bytes();
-    job.block_size_bytes = aio.block_size_bytes;
-    job.queue_depth = aio.queue_depth;
-    job.jobs = aio.intra_op_parallelism;
-    job.ioengine = aio.backend;
-    job.direct = direct;
-    job.register_buffers = aio.register_buffers;
-    job.sqpoll = aio.sqpoll;
-    return job;
-}
-
-std::string point_name(const GridPoint& p) {
-    return str_cat(p.storage, ", ", p.aio.backend, ", block ", format_bytes(p.aio.block_size_bytes), ", qd ",
-                   p.aio.queue_depth, p.aio.intra_op_parallelism > 1 ? str_cat(", ", p.aio.intra_op_parallelism, " threads") : "");
-}
 
 void print_vs_fio_header() {
     std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s\n", "backend", "block", "qd", "threads", "op",
@@ -372,20 +359,13 @@ void print_vs_fio_rows(const GridPoint& p) {
 
 // Measures one point against fio: `pairs` alternated pairs per op.
 Status measure_vs_fio(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
-    auto session = IoSession::create(files, session_options(o.common, p.aio));
-    if (!session.has_value()) {
-        if (session.error().code() == StatusCode::kNotSupported) {
-            p.available = false;
-            p.skipped_reason = session.error().message();
-            return Status::ok();
-        }
-        return session.error().with_context(point_name(p));
-    }
+    ZINF_ASSIGN_OR_RETURN(auto session, open_session(o, files, p));
+    if (session == nullptr) return Status::ok();
     // Every compared pass overwrites or reads written blocks: write the file once first.
-    ZINF_TRY((*session)->prepare_for_read());
+    ZINF_TRY(session->prepare_for_read());
     for (const IoOp op : o.ops) {
-        const FioJob job = fio_job_for(o, files, p.aio, (*session)->is_direct(), op);
-        auto c = compare_with_fio(**session, job, o.pairs);
+        const FioJob job = fio_job_for(o.fio_binary, files, p.aio, session->is_direct(), op);
+        auto c = compare_with_fio(*session, job, o.pairs);
         if (!c.has_value()) return c.error().with_context(str_cat(point_name(p), ", ", io_op_name(op)));
         if (op == IoOp::kRead) {
             p.read_gb_per_s = c->ours_gb_per_s.median;
