@@ -128,6 +128,31 @@ public:
                                  std::size_t classes, std::uint64_t* correct_count, bool accumulate,
                                  StreamId stream) = 0;
 
+    // ---- Embeddings and attention (the GPT model) -------------------------------------------
+    // y[r, c] = table[tokens[r], c] + positions[r % period, c] for a rows x cols output: token
+    // embedding plus learned position embedding, rows = sequences x period. tokens: rows int32
+    // in [0, vocab) (the CPU asserts; CUDA writes NaN into a row with a bad token).
+    virtual Status embedding_forward(const std::int32_t* tokens, const float* table,
+                                     const float* positions, std::size_t rows, std::size_t period,
+                                     std::size_t cols, std::size_t vocab, float* y,
+                                     StreamId stream) = 0;
+    // grad_table[v, c] += sum over rows r with tokens[r] == v of dy[r, c] (added: the table may
+    // already hold another gradient of a tied weight), and grad_positions[t, c] = sum over rows
+    // r with r % period == t of dy[r, c] (overwritten); both summed over rows in order.
+    virtual Status embedding_backward(const std::int32_t* tokens, const float* dy,
+                                      std::size_t rows, std::size_t period, std::size_t cols,
+                                      std::size_t vocab, float* grad_table,
+                                      float* grad_positions, StreamId stream) = 0;
+    // Causal softmax of one head's n x n attention scores s (row stride ld >= n), in place:
+    // row i becomes softmax(s[i, 0..i]) (the row maximum subtracted, the sum in double) and
+    // s[i, j] = 0 for j > i. Scores are scaled beforehand (the GEMM's alpha).
+    virtual Status causal_softmax_forward(float* s, std::size_t n, std::size_t ld,
+                                          StreamId stream) = 0;
+    // Its backward, in place over dp: dp[i, j] = p[i, j] (dp[i, j] - sum_{k <= i} p[i, k]
+    // dp[i, k]) for j <= i (the sum in double), 0 for j > i. p is the forward's output.
+    virtual Status causal_softmax_backward(const float* p, float* dp, std::size_t n,
+                                           std::size_t ld, StreamId stream) = 0;
+
     // ---- Vector operations -------------------------------------------------------------------
     // x *= alpha.
     virtual Status scale(float* x, std::size_t numel, float alpha, StreamId stream) = 0;

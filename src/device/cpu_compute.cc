@@ -480,6 +480,99 @@ Status CpuCompute::count_correct(const float* logits, const std::int32_t* labels
     return Status::ok();
 }
 
+// ---- Embeddings and attention ----------------------------------------------------------------
+
+Status CpuCompute::embedding_forward(const std::int32_t* tokens, const float* table,
+                                     const float* positions, std::size_t rows, std::size_t period,
+                                     std::size_t cols, std::size_t vocab, float* y,
+                                     StreamId stream) {
+    ZINF_ASSERT_GT(period, 0u);
+    ZINF_TRY(wait_stream(stream));
+    const std::size_t rows_per_tile = std::max<std::size_t>(1, kElementwiseTileNumel / cols);
+    parallel_tiles(rows, rows_per_tile, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            const std::int32_t token = tokens[r];
+            ZINF_ASSERT_GE(token, 0);
+            ZINF_ASSERT_LT(static_cast<std::size_t>(token), vocab);
+            const float* te = table + static_cast<std::size_t>(token) * cols;
+            const float* pe = positions + (r % period) * cols;
+            float* yr = y + r * cols;
+            for (std::size_t c = 0; c < cols; ++c) yr[c] = te[c] + pe[c];
+        }
+    });
+    return Status::ok();
+}
+
+Status CpuCompute::embedding_backward(const std::int32_t* tokens, const float* dy,
+                                      std::size_t rows, std::size_t period, std::size_t cols,
+                                      std::size_t vocab, float* grad_table,
+                                      float* grad_positions, StreamId stream) {
+    ZINF_ASSERT_GT(period, 0u);
+    ZINF_TRY(wait_stream(stream));
+    // Tiles of columns, rows in order inside each: the same sums for every thread count (and the
+    // order the CUDA kernel uses).
+    parallel_tiles(cols, kColumnTileCols, [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t t = 0; t < period; ++t) {
+            std::fill(grad_positions + t * cols + c0, grad_positions + t * cols + c1, 0.0f);
+        }
+        for (std::size_t r = 0; r < rows; ++r) {
+            const std::int32_t token = tokens[r];
+            ZINF_ASSERT_GE(token, 0);
+            ZINF_ASSERT_LT(static_cast<std::size_t>(token), vocab);
+            const float* g = dy + r * cols;
+            float* gt = grad_table + static_cast<std::size_t>(token) * cols;
+            float* gp = grad_positions + (r % period) * cols;
+            for (std::size_t c = c0; c < c1; ++c) {
+                gp[c] += g[c];
+                gt[c] += g[c];
+            }
+        }
+    });
+    return Status::ok();
+}
+
+Status CpuCompute::causal_softmax_forward(float* s, std::size_t n, std::size_t ld,
+                                          StreamId stream) {
+    ZINF_ASSERT_GE(ld, n);
+    ZINF_TRY(wait_stream(stream));
+    parallel_tiles(n, kRowTileRows, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t i = r0; i < r1; ++i) {
+            float* row = s + i * ld;
+            float row_max = row[0];
+            for (std::size_t j = 1; j <= i; ++j) row_max = std::max(row_max, row[j]);
+            double sum = 0;
+            for (std::size_t j = 0; j <= i; ++j) {
+                row[j] = std::exp(row[j] - row_max);
+                sum += row[j];
+            }
+            const double inv_sum = 1.0 / sum;
+            for (std::size_t j = 0; j <= i; ++j) row[j] = static_cast<float>(row[j] * inv_sum);
+            std::fill(row + i + 1, row + n, 0.0f);
+        }
+    });
+    return Status::ok();
+}
+
+Status CpuCompute::causal_softmax_backward(const float* p, float* dp, std::size_t n,
+                                           std::size_t ld, StreamId stream) {
+    ZINF_ASSERT_GE(ld, n);
+    ZINF_TRY(wait_stream(stream));
+    parallel_tiles(n, kRowTileRows, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t i = r0; i < r1; ++i) {
+            const float* pr = p + i * ld;
+            float* dr = dp + i * ld;
+            double dot = 0;
+            for (std::size_t j = 0; j <= i; ++j) {
+                dot += static_cast<double>(pr[j]) * static_cast<double>(dr[j]);
+            }
+            const float d = static_cast<float>(dot);
+            for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - d);
+            std::fill(dr + i + 1, dr + n, 0.0f);
+        }
+    });
+    return Status::ok();
+}
+
 // ---- Vector operations -----------------------------------------------------------------------
 
 Status CpuCompute::scale(float* x, std::size_t numel, float alpha, StreamId stream) {

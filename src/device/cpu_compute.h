@@ -85,6 +85,17 @@ public:
     Status count_correct(const float* logits, const std::int32_t* labels, std::size_t rows,
                          std::size_t classes, std::uint64_t* correct_count, bool accumulate,
                          StreamId stream) override;
+    Status embedding_forward(const std::int32_t* tokens, const float* table,
+                             const float* positions, std::size_t rows, std::size_t period,
+                             std::size_t cols, std::size_t vocab, float* y,
+                             StreamId stream) override;
+    Status embedding_backward(const std::int32_t* tokens, const float* dy, std::size_t rows,
+                              std::size_t period, std::size_t cols, std::size_t vocab,
+                              float* grad_table, float* grad_positions, StreamId stream) override;
+    Status causal_softmax_forward(float* s, std::size_t n, std::size_t ld,
+                                  StreamId stream) override;
+    Status causal_softmax_backward(const float* p, float* dp, std::size_t n, std::size_t ld,
+                                   StreamId stream) override;
     Status scale(float* x, std::size_t numel, float alpha, StreamId stream) override;
     Status axpy(float alpha, const float* x, float* y, std::size_t numel, StreamId stream) override;
     Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t numel,

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cast.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/softmax_xent.h"
@@ -142,6 +143,35 @@ Status CudaCompute::count_correct(const float* logits, const std::int32_t* label
                                   bool accumulate, StreamId stream) {
     ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
     return kc::count_correct(logits, labels, rows, classes, correct_count, accumulate, s);
+}
+
+Status CudaCompute::embedding_forward(const std::int32_t* tokens, const float* table,
+                                      const float* positions, std::size_t rows,
+                                      std::size_t period, std::size_t cols, std::size_t vocab,
+                                      float* y, StreamId stream) {
+    ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
+    return kc::embedding_forward(tokens, table, positions, rows, period, cols, vocab, y, s);
+}
+
+Status CudaCompute::embedding_backward(const std::int32_t* tokens, const float* dy,
+                                       std::size_t rows, std::size_t period, std::size_t cols,
+                                       std::size_t vocab, float* grad_table,
+                                       float* grad_positions, StreamId stream) {
+    ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
+    return kc::embedding_backward(tokens, dy, rows, period, cols, vocab, grad_table,
+                                  grad_positions, s);
+}
+
+Status CudaCompute::causal_softmax_forward(float* scores, std::size_t n, std::size_t ld,
+                                           StreamId stream) {
+    ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
+    return kc::causal_softmax_forward(scores, n, ld, s);
+}
+
+Status CudaCompute::causal_softmax_backward(const float* p, float* dp, std::size_t n,
+                                            std::size_t ld, StreamId stream) {
+    ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
+    return kc::causal_softmax_backward(p, dp, n, ld, s);
 }
 
 Status CudaCompute::scale(float* x, std::size_t numel, float alpha, StreamId stream) {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "src/base/device.h"
+#include "src/base/log.h"
 #include "src/base/status.h"
 #include "src/model/module.h"
 #include "src/model/parameter.h"
@@ -63,6 +64,11 @@ public:
     // The predictions (argmax) of the last forward, rows x label_numel of them, copied to the
     // host. Blocks. Not on the hot path: may allocate.
     virtual Status read_predictions(StreamId stream, std::span<std::int32_t> out) const = 0;
+    // The logits of the last forward (rows x label_numel x classes), copied to the host, for
+    // sampling from a language model. Blocks. kNotSupported for a model that does not say.
+    virtual Status read_logits(StreamId /*stream*/, std::span<float> /*out*/) const {
+        return Status::not_supported(str_cat(name(), ": reading the logits is not supported"));
+    }
 };
 
 }  // namespace zinf::model

@@ -315,6 +315,105 @@ TEST(CpuCompute, CountCorrectTakesTheFirstMaximum) {
     EXPECT_EQ(correct, 4u);
 }
 
+// ---- Embeddings and causal softmax (the GPT model) ------------------------------------------
+
+TEST(CpuCompute, EmbeddingForwardAddsPositionsAndBackwardScattersInRowOrder) {
+    for (int threads : {1, 2}) {
+        auto compute = make_compute(threads);
+        const std::size_t vocab = 7, period = 3, cols = 300, rows = 12;  // 300: two column tiles
+        const auto table = random_vector(vocab * cols, 60);
+        const auto positions = random_vector(period * cols, 61);
+        std::vector<std::int32_t> tokens(rows);
+        for (std::size_t r = 0; r < rows; ++r) tokens[r] = static_cast<std::int32_t>((r * 5) % vocab);
+        tokens[4] = tokens[7] = 6;  // a repeated token: its gradient rows add up
+        std::vector<float> y(rows * cols);
+        ASSERT_TRUE(compute->embedding_forward(tokens.data(), table.data(), positions.data(), rows,
+                                               period, cols, vocab, y.data(), 0));
+        for (std::size_t r = 0; r < rows; ++r) {
+            for (std::size_t c = 0; c < cols; ++c) {
+                ASSERT_EQ(y[r * cols + c], table[static_cast<std::size_t>(tokens[r]) * cols + c] +
+                                               positions[(r % period) * cols + c]);
+            }
+        }
+        const auto dy = random_vector(rows * cols, 62);
+        // The table gradient is added to what is there (a tied weight's other share); the
+        // positions' is overwritten (NaN before: must vanish).
+        std::vector<float> grad_table(vocab * cols, 0.5f);
+        std::vector<float> grad_pos(period * cols, std::numeric_limits<float>::quiet_NaN());
+        ASSERT_TRUE(compute->embedding_backward(tokens.data(), dy.data(), rows, period, cols, vocab,
+                                                grad_table.data(), grad_pos.data(), 0));
+        std::vector<float> want_table(vocab * cols, 0.5f), want_pos(period * cols, 0.0f);
+        for (std::size_t r = 0; r < rows; ++r) {
+            for (std::size_t c = 0; c < cols; ++c) {
+                want_table[static_cast<std::size_t>(tokens[r]) * cols + c] += dy[r * cols + c];
+                want_pos[(r % period) * cols + c] += dy[r * cols + c];
+            }
+        }
+        EXPECT_TRUE(bitwise_equal(grad_table, want_table)) << threads << " threads";
+        EXPECT_TRUE(bitwise_equal(grad_pos, want_pos)) << threads << " threads";
+    }
+}
+
+// sum over i, j <= i of w[i, j] * causal_softmax(s)[i, j], in double.
+double weighted_causal_softmax(const std::vector<double>& s, const std::vector<double>& w,
+                               std::size_t n, std::size_t ld) {
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        double mx = s[i * ld];
+        for (std::size_t j = 1; j <= i; ++j) mx = std::max(mx, s[i * ld + j]);
+        double sum = 0;
+        for (std::size_t j = 0; j <= i; ++j) sum += std::exp(s[i * ld + j] - mx);
+        for (std::size_t j = 0; j <= i; ++j) total += w[i * n + j] * std::exp(s[i * ld + j] - mx) / sum;
+    }
+    return total;
+}
+
+TEST(CpuCompute, CausalSoftmaxMatchesDoubleReferenceAndFiniteDifferences) {
+    auto compute = make_compute(2);
+    const std::size_t n = 37, ld = 41;  // more rows than one tile; a padded row stride
+    auto s = random_vector(n * ld, 63, -3.0f, 3.0f);
+    s[5 * ld + 2] = 80.0f;  // a large score: the max shift keeps exp finite
+    const std::vector<double> sd(s.begin(), s.end());
+    std::vector<float> p = s;
+    ASSERT_TRUE(compute->causal_softmax_forward(p.data(), n, ld, 0));
+    for (std::size_t i = 0; i < n; ++i) {
+        double mx = sd[i * ld];
+        for (std::size_t j = 1; j <= i; ++j) mx = std::max(mx, sd[i * ld + j]);
+        double sum = 0;
+        for (std::size_t j = 0; j <= i; ++j) sum += std::exp(sd[i * ld + j] - mx);
+        for (std::size_t j = 0; j < n; ++j) {
+            const double want = j <= i ? std::exp(sd[i * ld + j] - mx) / sum : 0.0;
+            ASSERT_NEAR(p[i * ld + j], want, 1e-6 * std::max(1.0, want)) << i << "," << j;
+            if (j > i) {
+                ASSERT_EQ(p[i * ld + j], 0.0f);  // masked exactly
+            }
+        }
+        // The padding beyond n is not touched.
+        for (std::size_t j = n; j < ld; ++j) ASSERT_EQ(p[i * ld + j], s[i * ld + j]);
+    }
+    // Backward: with dp = w, ds = d(sum w p)/ds.
+    const auto wf = random_vector(n * n, 64);
+    std::vector<float> dp(n * ld, 7.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < n; ++j) dp[i * ld + j] = wf[i * n + j];
+    }
+    ASSERT_TRUE(compute->causal_softmax_backward(p.data(), dp.data(), n, ld, 0));
+    const std::vector<double> w(wf.begin(), wf.end());
+    std::vector<double> probe = sd;
+    const double h = 1e-6;
+    for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < n; ++j) {
+            const std::size_t at = i * ld + j;
+            probe[at] = sd[at] + h;
+            const double plus = weighted_causal_softmax(probe, w, n, ld);
+            probe[at] = sd[at] - h;
+            const double minus = weighted_causal_softmax(probe, w, n, ld);
+            probe[at] = sd[at];
+            ASSERT_NEAR(dp[at], (plus - minus) / (2 * h), 2e-6) << i << "," << j;
+        }
+    }
+}
+
 // ---- Dropout -----------------------------------------------------------------------------
 
 TEST(CpuCompute, DropoutMaskIsThePhiloxMaskAndReproducible) {

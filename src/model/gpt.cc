@@ -1,0 +1,492 @@
+// Gpt: construction and workspace sizing, the block's forward and backward, attention one head
+// at a time, and activation checkpointing (recompute, host-kept block inputs).
+#include "src/model/gpt.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "src/base/log.h"
+#include "src/base/philox.h"
+
+namespace zinf::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// GPT-2 draws embeddings from N(0, 0.02); a uniform of the same standard deviation keeps the
+// registry's two init rules.
+constexpr float kEmbeddingBound = 0.02f * 1.7320508f;  // 0.02 * sqrt(3)
+
+// A fetched parameter, released on every path (the first error is the one reported).
+class Fetched {
+public:
+    Fetched(const Context& ctx, ParamId id) noexcept : ctx_(ctx), id_(id) {}
+    ~Fetched() {
+        if (ptr_ != nullptr) {
+            const Status ignored = ctx_.params.release(id_, ctx_.stream);
+            (void)ignored;
+        }
+    }
+    Fetched(const Fetched&) = delete;
+    Fetched& operator=(const Fetched&) = delete;
+    Status fetch() {
+        ZINF_ASSIGN_OR_RETURN(ptr_, ctx_.params.fetch(id_, ctx_.stream));
+        return Status::ok();
+    }
+    Status release() {
+        ptr_ = nullptr;
+        return ctx_.params.release(id_, ctx_.stream);
+    }
+    const float* get() const noexcept { return ptr_; }
+
+private:
+    const Context& ctx_;
+    ParamId id_;
+    const float* ptr_ = nullptr;
+};
+
+Status copy_floats(const Context& ctx, const float* src, float* dst, std::size_t numel) {
+    return ctx.compute.cast(src, DType::kFloat32, dst, DType::kFloat32, numel, ctx.stream);
+}
+
+}  // namespace
+
+// The modules of one transformer block.
+struct Gpt::Block {
+    std::unique_ptr<LayerNorm> ln_1;
+    std::unique_ptr<Linear> c_attn;  // d -> 3d: q, k, v side by side in each row
+    std::unique_ptr<Linear> c_proj;
+    std::unique_ptr<Dropout> drop_attn;
+    std::unique_ptr<LayerNorm> ln_2;
+    std::unique_ptr<Linear> c_fc;  // d -> 4d
+    std::unique_ptr<Gelu> gelu;
+    std::unique_ptr<Linear> mlp_proj;  // 4d -> d
+    std::unique_ptr<Dropout> drop_mlp;
+};
+
+// The insides of one block's forward, kept for its backward: one per block without
+// checkpointing, one shared by every block (and refilled by the recompute) with it.
+struct Gpt::Workspace {
+    DeviceBuffer h1, qkv, att, y, x1, h2, u, g, m;
+    std::size_t rows = 0;  // token rows of the last forward through it
+};
+
+Gpt::Gpt(const GptConfig& config, Device& device) : config_(config), device_(device) {}
+
+Gpt::~Gpt() {
+    if (host_registered_) {
+        const Status ignored = device_.unregister_host_memory(host_kept_.data());
+        (void)ignored;
+    }
+}
+
+Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device) {
+    const auto positive = [](std::size_t v, const char* key) -> Status {
+        if (v == 0) return Status::invalid_argument(str_cat(key, ": must be > 0"));
+        return Status::ok();
+    };
+    ZINF_TRY(positive(config.vocab, "model.vocab"));
+    ZINF_TRY(positive(config.n_layer, "model.n_layer"));
+    ZINF_TRY(positive(config.n_head, "model.n_head"));
+    ZINF_TRY(positive(config.d_model, "model.d_model"));
+    ZINF_TRY(positive(config.seq_len, "model.seq_len"));
+    ZINF_TRY(positive(config.batch_rows_max, "train_micro_batch_size_per_gpu"));
+    if (config.d_model % config.n_head != 0) {
+        return Status::invalid_argument(str_cat("model.d_model: ", config.d_model,
+                                                " is not divisible by model.n_head (",
+                                                config.n_head, ")"));
+    }
+    if (!(config.dropout >= 0.0f && config.dropout < 1.0f)) {
+        return Status::invalid_argument(
+            str_cat("model.dropout: expected [0, 1), got ", config.dropout));
+    }
+    if (!(config.layer_norm_eps > 0.0f)) {
+        return Status::invalid_argument("model.layer_norm_eps: must be > 0");
+    }
+
+    auto gpt = std::unique_ptr<Gpt>(new Gpt(config, device));
+    const std::size_t d = config.d_model;
+    const std::size_t n = config.batch_rows_max * config.seq_len;  // token rows
+    const std::size_t layers = config.n_layer;
+    const auto dropout_seed = [&](std::size_t index) {
+        return philox::mix64(config.seed ^ philox::mix64(index + 1));
+    };
+    ParameterRegistry& reg = gpt->registry_;
+    gpt->wte_ = reg.add("wte.weight", {config.vocab, d}, InitRule{InitKind::kUniform, kEmbeddingBound});
+    gpt->wpe_ =
+        reg.add("wpe.weight", {config.seq_len, d}, InitRule{InitKind::kUniform, kEmbeddingBound});
+    ZINF_ASSIGN_OR_RETURN(gpt->embed_dropout_,
+                          Dropout::create(device, d, n, config.dropout, dropout_seed(0)));
+    std::size_t scratch = config.seq_len * d;  // wpe's gradient
+    for (std::size_t i = 0; i < layers; ++i) {
+        auto b = std::make_unique<Block>();
+        const std::string p = str_cat("blocks.", i, ".");
+        ZINF_ASSIGN_OR_RETURN(b->ln_1, LayerNorm::create(reg, device, p + "ln_1", d, n,
+                                                         config.layer_norm_eps));
+        b->c_attn = Linear::create(reg, p + "attn.c_attn", d, 3 * d);
+        b->c_proj = Linear::create(reg, p + "attn.c_proj", d, d);
+        ZINF_ASSIGN_OR_RETURN(b->drop_attn, Dropout::create(device, d, n, config.dropout,
+                                                            dropout_seed(2 * i + 1)));
+        ZINF_ASSIGN_OR_RETURN(b->ln_2, LayerNorm::create(reg, device, p + "ln_2", d, n,
+                                                         config.layer_norm_eps));
+        b->c_fc = Linear::create(reg, p + "mlp.c_fc", d, 4 * d);
+        b->gelu = std::make_unique<Gelu>(4 * d);
+        b->mlp_proj = Linear::create(reg, p + "mlp.c_proj", 4 * d, d);
+        ZINF_ASSIGN_OR_RETURN(b->drop_mlp, Dropout::create(device, d, n, config.dropout,
+                                                           dropout_seed(2 * i + 2)));
+        scratch = std::max({scratch, b->c_fc->grad_scratch_numel(),
+                            b->mlp_proj->grad_scratch_numel(), b->c_attn->grad_scratch_numel()});
+        gpt->blocks_.push_back(std::move(b));
+    }
+    ZINF_ASSIGN_OR_RETURN(gpt->ln_f_,
+                          LayerNorm::create(reg, device, "ln_f", d, n, config.layer_norm_eps));
+    ZINF_ASSIGN_OR_RETURN(gpt->loss_, SoftmaxCrossEntropy::create(device, config.vocab, n));
+
+    std::size_t bytes = 0;
+    const auto alloc = [&](DeviceBuffer& buffer, std::size_t numel, const char* what) -> Status {
+        ZINF_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(device, numel * sizeof(float), what));
+        bytes += numel * sizeof(float);
+        return Status::ok();
+    };
+    const std::size_t workspaces = config.checkpoint_activations ? 1 : layers;
+    std::size_t inside_bytes = 0;
+    for (std::size_t i = 0; i < workspaces; ++i) {
+        auto ws = std::make_unique<Workspace>();
+        const std::size_t before = bytes;
+        ZINF_TRY(alloc(ws->h1, n * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->qkv, n * 3 * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->att, n * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->y, n * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->x1, n * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->h2, n * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->u, n * 4 * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->g, n * 4 * d, "gpt: activations"));
+        ZINF_TRY(alloc(ws->m, n * d, "gpt: activations"));
+        inside_bytes += bytes - before;
+        gpt->workspaces_.push_back(std::move(ws));
+    }
+    // Block inputs: all n_layer + 1 on the device, or two (the current input and output) when
+    // the kept ones live in host memory.
+    const bool host = config.checkpoint_activations &&
+                      config.checkpoint_place == CheckpointPlace::kHost;
+    const std::size_t device_inputs = host ? 2 : layers + 1;
+    const std::size_t before_kept = bytes;
+    if (config.contiguous_checkpoints || host) {
+        ZINF_TRY(alloc(gpt->kept_, device_inputs * n * d, "gpt: block inputs"));
+    } else {
+        gpt->kept_each_.resize(device_inputs);
+        for (DeviceBuffer& b : gpt->kept_each_) ZINF_TRY(alloc(b, n * d, "gpt: block inputs"));
+    }
+    gpt->kept_device_bytes_ = inside_bytes + (bytes - before_kept);
+    if (host) {
+        ZINF_ASSIGN_OR_RETURN(gpt->host_kept_,
+                              AlignedBuffer::allocate(layers * n * d * sizeof(float)));
+        ZINF_TRY(device.register_host_memory(gpt->host_kept_.span())
+                     .with_context("gpt: pinning the host checkpoints"));
+        gpt->host_registered_ = true;
+    }
+    ZINF_TRY(alloc(gpt->hf_, n * d, "gpt: final norm"));
+    ZINF_TRY(alloc(gpt->logits_, n * config.vocab, "gpt: logits"));
+    ZINF_TRY(alloc(gpt->dlogits_, n * config.vocab, "gpt: logit gradients"));
+    ZINF_TRY(alloc(gpt->grad_x_, n * d, "gpt: gradients"));
+    ZINF_TRY(alloc(gpt->grad_t_, n * d, "gpt: gradients"));
+    ZINF_TRY(alloc(gpt->grad_u_, n * d, "gpt: gradients"));
+    ZINF_TRY(alloc(gpt->grad_w_, n * 4 * d, "gpt: gradients"));
+    ZINF_TRY(alloc(gpt->scores_, config.seq_len * config.seq_len, "gpt: attention scores"));
+    ZINF_TRY(alloc(gpt->dscores_, config.seq_len * config.seq_len, "gpt: attention scores"));
+    ZINF_TRY(alloc(gpt->wte_grad_, config.vocab * d, "gpt: embedding gradient"));
+    ZINF_TRY(alloc(gpt->grad_scratch_, scratch, "gpt: gradient scratch"));
+    ZINF_ASSIGN_OR_RETURN(gpt->scalars_, DeviceBuffer::allocate(device, 64, "gpt: loss"));
+    gpt->grad_scratch_numel_ = scratch;
+    // The loss's probabilities (rows x vocab) are the SoftmaxCrossEntropy's.
+    gpt->workspace_bytes_ = bytes + 64 + n * config.vocab * sizeof(float);
+    return gpt;
+}
+
+Context Gpt::with_scratch(const Context& ctx) const {
+    Context inner = ctx;
+    inner.grad_scratch = grad_scratch_.as<float>();
+    inner.grad_scratch_numel = grad_scratch_numel_;
+    return inner;
+}
+
+float* Gpt::block_input(std::size_t i) const noexcept {
+    const std::size_t numel = config_.batch_rows_max * config_.seq_len * config_.d_model;
+    const bool host = config_.checkpoint_activations &&
+                      config_.checkpoint_place == CheckpointPlace::kHost;
+    const std::size_t slot = host ? i % 2 : i;
+    if (!kept_each_.empty()) return kept_each_[slot].as<float>();
+    return kept_.as<float>() + slot * numel;
+}
+
+Gpt::Workspace& Gpt::workspace(std::size_t block) noexcept {
+    return *workspaces_[config_.checkpoint_activations ? 0 : block];
+}
+
+Status Gpt::attention_forward(const Context& ctx, const Workspace& ws) {
+    const std::size_t t = config_.seq_len;
+    const std::size_t d = config_.d_model;
+    const std::size_t hd = d / config_.n_head;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* s = scores_.as<float>();
+    const std::size_t sequences = ws.rows / t;
+    for (std::size_t b = 0; b < sequences; ++b) {
+        const float* qkv = ws.qkv.as<float>() + b * t * 3 * d;
+        float* out = ws.att.as<float>() + b * t * d;
+        for (std::size_t h = 0; h < config_.n_head; ++h) {
+            const float* q = qkv + h * hd;
+            const float* k = qkv + d + h * hd;
+            const float* v = qkv + 2 * d + h * hd;
+            // s = scale * q k^T (t x t), then the causal softmax in place, then out_h = p v.
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d,
+                                      k, 3 * d, 0.0f, s, t, ctx.stream));
+            ZINF_TRY(ctx.compute.causal_softmax_forward(s, t, t, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, t, hd, t, 1.0f, s, t, v,
+                                      3 * d, 0.0f, out + h * hd, d, ctx.stream));
+        }
+    }
+    return Status::ok();
+}
+
+Status Gpt::attention_backward(const Context& ctx, const Workspace& ws, const float* datt,
+                               float* dqkv) {
+    const std::size_t t = config_.seq_len;
+    const std::size_t d = config_.d_model;
+    const std::size_t hd = d / config_.n_head;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* p = scores_.as<float>();
+    float* dp = dscores_.as<float>();
+    const std::size_t sequences = ws.rows / t;
+    for (std::size_t b = 0; b < sequences; ++b) {
+        const float* qkv = ws.qkv.as<float>() + b * t * 3 * d;
+        const float* dout = datt + b * t * d;
+        float* dq_base = dqkv + b * t * 3 * d;
+        for (std::size_t h = 0; h < config_.n_head; ++h) {
+            const float* q = qkv + h * hd;
+            const float* k = qkv + d + h * hd;
+            const float* v = qkv + 2 * d + h * hd;
+            const float* doh = dout + h * hd;
+            // The probabilities again (the forward kept none).
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d,
+                                      k, 3 * d, 0.0f, p, t, ctx.stream));
+            ZINF_TRY(ctx.compute.causal_softmax_forward(p, t, t, ctx.stream));
+            // dp = dout v^T; dv = p^T dout.
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, 1.0f, doh, d, v,
+                                      3 * d, 0.0f, dp, t, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, t, hd, t, 1.0f, p, t, doh,
+                                      d, 0.0f, dq_base + 2 * d + h * hd, 3 * d, ctx.stream));
+            // ds (over dp), then dq = scale * ds k and dk = scale * ds^T q.
+            ZINF_TRY(ctx.compute.causal_softmax_backward(p, dp, t, t, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, t, hd, t, scale, dp, t, k,
+                                      3 * d, 0.0f, dq_base + h * hd, 3 * d, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, t, hd, t, scale, dp, t, q,
+                                      3 * d, 0.0f, dq_base + d + h * hd, 3 * d, ctx.stream));
+        }
+    }
+    return Status::ok();
+}
+
+Status Gpt::block_forward(const Context& ctx, std::size_t i, Workspace& ws, const float* x,
+                          float* out, bool recompute) {
+    Block& b = *blocks_[i];
+    const std::size_t n = rows_ * config_.seq_len;
+    const std::size_t d = config_.d_model;
+    ws.rows = n;
+    ZINF_TRY(b.ln_1->forward(ctx, x, ws.h1.as<float>(), n));
+    ZINF_TRY(b.c_attn->forward(ctx, ws.h1.as<float>(), ws.qkv.as<float>(), n));
+    ZINF_TRY(attention_forward(ctx, ws));
+    ZINF_TRY(b.c_proj->forward(ctx, ws.att.as<float>(), ws.y.as<float>(), n));
+    ZINF_TRY(b.drop_attn->forward(ctx, ws.y.as<float>(), ws.y.as<float>(), n));
+    // x1 = x + y (a copy, then one addition per element: the same rounding everywhere).
+    ZINF_TRY(copy_floats(ctx, x, ws.x1.as<float>(), n * d));
+    ZINF_TRY(ctx.compute.axpy(1.0f, ws.y.as<float>(), ws.x1.as<float>(), n * d, ctx.stream));
+    ZINF_TRY(b.ln_2->forward(ctx, ws.x1.as<float>(), ws.h2.as<float>(), n));
+    ZINF_TRY(b.c_fc->forward(ctx, ws.h2.as<float>(), ws.u.as<float>(), n));
+    ZINF_TRY(b.gelu->forward(ctx, ws.u.as<float>(), ws.g.as<float>(), n));
+    ZINF_TRY(b.mlp_proj->forward(ctx, ws.g.as<float>(), ws.m.as<float>(), n));
+    ZINF_TRY(b.drop_mlp->forward(ctx, ws.m.as<float>(), ws.m.as<float>(), n));
+    // The recompute needs the insides only: the block's output was kept as the next input.
+    if (recompute) return Status::ok();
+    ZINF_TRY(copy_floats(ctx, ws.x1.as<float>(), out, n * d));
+    return ctx.compute.axpy(1.0f, ws.m.as<float>(), out, n * d, ctx.stream);
+}
+
+Status Gpt::block_backward(const Context& ctx, std::size_t i, Workspace& ws, float* dx) {
+    Block& b = *blocks_[i];
+    const std::size_t n = ws.rows;
+    const std::size_t d = config_.d_model;
+    float* gt = grad_t_.as<float>();
+    float* gu = grad_u_.as<float>();
+    float* gw = grad_w_.as<float>();
+    // dx holds d(out) on entry. The MLP branch: out = x1 + drop(mlp_proj(gelu(c_fc(ln_2(x1))))).
+    ZINF_TRY(b.drop_mlp->backward(ctx, dx, gt));
+    ZINF_TRY(b.mlp_proj->backward(ctx, gt, gw));
+    ZINF_TRY(b.gelu->backward(ctx, gw, gw));
+    ZINF_TRY(b.c_fc->backward(ctx, gw, gt));
+    ZINF_TRY(b.ln_2->backward(ctx, gt, gu));
+    ZINF_TRY(ctx.compute.axpy(1.0f, gu, dx, n * d, ctx.stream));  // dx = d(x1)
+    // The attention branch: x1 = x + drop(c_proj(attention(c_attn(ln_1(x))))).
+    ZINF_TRY(b.drop_attn->backward(ctx, dx, gt));
+    ZINF_TRY(b.c_proj->backward(ctx, gt, gu));
+    ZINF_TRY(attention_backward(ctx, ws, gu, gw));
+    ZINF_TRY(b.c_attn->backward(ctx, gw, gt));
+    ZINF_TRY(b.ln_1->backward(ctx, gt, gu));
+    return ctx.compute.axpy(1.0f, gu, dx, n * d, ctx.stream);  // dx = d(x)
+}
+
+Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t* labels,
+                    std::size_t rows) {
+    ZINF_ASSERT_GT(rows, 0u);
+    ZINF_ASSERT_LE(rows, config_.batch_rows_max);
+    ZINF_ASSERT(inputs != nullptr);
+    trained_forward_ = false;
+    const Context ctx = with_scratch(outer);
+    const auto* tokens = static_cast<const std::int32_t*>(inputs);
+    const std::size_t t = config_.seq_len;
+    const std::size_t d = config_.d_model;
+    const std::size_t n = rows * t;
+    tokens_ = tokens;
+    rows_ = rows;
+    {
+        Fetched wte(ctx, wte_);
+        Fetched wpe(ctx, wpe_);
+        ZINF_TRY(wte.fetch());
+        ZINF_TRY(wpe.fetch());
+        ZINF_TRY(ctx.compute.embedding_forward(tokens, wte.get(), wpe.get(), n, t, d,
+                                               config_.vocab, block_input(0), ctx.stream)
+                     .with_context("embedding forward"));
+        ZINF_TRY(wpe.release());
+        ZINF_TRY(wte.release());
+    }
+    ZINF_TRY(embed_dropout_->forward(ctx, block_input(0), block_input(0), n));
+    const bool host = config_.checkpoint_activations &&
+                      config_.checkpoint_place == CheckpointPlace::kHost && ctx.training;
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+        const auto t0 = Clock::now();
+        if (host) {
+            ZINF_TRY(device_.copy_to_host(host_kept_.as<float>() + i * n * d, block_input(i),
+                                          n * d * sizeof(float), ctx.stream));
+        }
+        Status status = block_forward(ctx, i, workspace(i), block_input(i), block_input(i + 1),
+                                      false);
+        if (!status.is_ok()) return status.with_context(str_cat("block ", i, " forward"));
+        if (config_.synchronize_boundaries) ZINF_TRY(device_.synchronize(ctx.stream));
+        if (config_.profile) {
+            profile_.forward_seconds += seconds_since(t0);
+            ++profile_.blocks_forward;
+        }
+    }
+    ZINF_TRY(ln_f_->forward(ctx, block_input(blocks_.size()), hf_.as<float>(), n));
+    {
+        Fetched wte(ctx, wte_);
+        ZINF_TRY(wte.fetch());
+        // logits (n x vocab) = hf (n x d) wte^T.
+        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, n, config_.vocab, d, 1.0f,
+                                  hf_.as<float>(), d, wte.get(), d, 0.0f, logits_.as<float>(),
+                                  config_.vocab, ctx.stream));
+        ZINF_TRY(wte.release());
+    }
+    labels_ = labels;
+    if (labels != nullptr) {
+        ZINF_TRY(loss_->forward(ctx, logits_.as<float>(), labels, n, scalars_.as<float>()));
+        trained_forward_ = ctx.training;
+    }
+    return Status::ok();
+}
+
+Status Gpt::backward(const Context& outer, float grad_scale) {
+    ZINF_ASSERT(outer.training);
+    ZINF_ASSERT_MSG(trained_forward_, "Gpt::backward needs a training forward with labels");
+    const Context ctx = with_scratch(outer);
+    const std::size_t t = config_.seq_len;
+    const std::size_t d = config_.d_model;
+    const std::size_t v = config_.vocab;
+    const std::size_t n = rows_ * t;
+    float* dlogits = dlogits_.as<float>();
+    float* gx = grad_x_.as<float>();
+    float* gt = grad_t_.as<float>();
+    ZINF_TRY(loss_->backward(ctx, grad_scale, dlogits));
+    {
+        Fetched wte(ctx, wte_);
+        ZINF_TRY(wte.fetch());
+        // d(hf) = dlogits wte; the head's share of wte's gradient = dlogits^T hf, which the
+        // embedding's share is added to at the end (one accumulate for the tied weight).
+        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, n, d, v, 1.0f, dlogits, v,
+                                  wte.get(), d, 0.0f, gt, d, ctx.stream));
+        ZINF_TRY(wte.release());
+    }
+    ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, v, d, n, 1.0f, dlogits, v,
+                              hf_.as<float>(), d, 0.0f, wte_grad_.as<float>(), d, ctx.stream));
+    ZINF_TRY(ln_f_->backward(ctx, gt, gx));
+    const bool host = config_.checkpoint_place == CheckpointPlace::kHost;
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+        Workspace& ws = workspace(i);
+        if (config_.checkpoint_activations) {
+            const auto t0 = Clock::now();
+            if (host) {
+                ZINF_TRY(device_.copy_to_device(block_input(i), host_kept_.as<float>() + i * n * d,
+                                                n * d * sizeof(float), ctx.stream));
+            }
+            Status status = block_forward(ctx, i, ws, block_input(i), nullptr, true);
+            if (!status.is_ok()) return status.with_context(str_cat("block ", i, " recompute"));
+            if (config_.profile) {
+                profile_.recompute_seconds += seconds_since(t0);
+                ++profile_.blocks_recomputed;
+            }
+        }
+        const auto t0 = Clock::now();
+        Status status = block_backward(ctx, i, ws, gx);
+        if (!status.is_ok()) return status.with_context(str_cat("block ", i, " backward"));
+        if (config_.synchronize_boundaries) ZINF_TRY(device_.synchronize(ctx.stream));
+        if (config_.profile) profile_.backward_seconds += seconds_since(t0);
+    }
+    ZINF_TRY(embed_dropout_->backward(ctx, gx, gx));
+    float* wpe_grad = ctx.grad_scratch;
+    ZINF_TRY(ctx.compute.embedding_backward(tokens_, gx, n, t, d, v, wte_grad_.as<float>(),
+                                            wpe_grad, ctx.stream)
+                 .with_context("embedding backward"));
+    ZINF_TRY(ctx.grads.accumulate(wpe_, wpe_grad, ctx.stream));
+    ZINF_TRY(ctx.grads.accumulate(wte_, wte_grad_.as<float>(), ctx.stream));
+    trained_forward_ = false;
+    return Status::ok();
+}
+
+Result<float> Gpt::read_loss(StreamId stream) const {
+    float loss = 0;
+    ZINF_TRY(device_.copy_to_host(&loss, scalars_.data(), sizeof loss, stream));
+    ZINF_TRY(device_.synchronize(stream));
+    return loss;
+}
+
+Status Gpt::count_correct(const Context& ctx, std::uint64_t* correct_count,
+                          bool accumulate) const {
+    ZINF_ASSERT(labels_ != nullptr);
+    return ctx.compute.count_correct(logits_.as<float>(), labels_, rows_ * config_.seq_len,
+                                     config_.vocab, correct_count, accumulate, ctx.stream);
+}
+
+Status Gpt::read_logits(StreamId stream, std::span<float> out) const {
+    ZINF_ASSERT_EQ(out.size(), rows_ * config_.seq_len * config_.vocab);
+    ZINF_TRY(device_.copy_to_host(out.data(), logits_.data(), out.size_bytes(), stream));
+    return device_.synchronize(stream);
+}
+
+Status Gpt::read_predictions(StreamId stream, std::span<std::int32_t> out) const {
+    const std::size_t positions = rows_ * config_.seq_len;
+    ZINF_ASSERT_EQ(out.size(), positions);
+    std::vector<float> logits(positions * config_.vocab);
+    ZINF_TRY(read_logits(stream, logits));
+    for (std::size_t r = 0; r < positions; ++r) {
+        const float* row = logits.data() + r * config_.vocab;
+        out[r] = static_cast<std::int32_t>(std::max_element(row, row + config_.vocab) - row);
+    }
+    return Status::ok();
+}
+
+}  // namespace zinf::model
