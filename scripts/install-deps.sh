@@ -12,6 +12,8 @@ packages=(
   libpng-dev
   fio util-linux procps
   dataset-fashion-mnist
+  # The text corpus of the GPT model (byte-level): /usr/share/games/fortunes.
+  fortunes
   # MPI: several ranks (mpirun -np N zinfinity-train), the MPI communicator of CPU ranks and
   # the NCCL bootstrap of GPU ranks.
   libopenmpi-dev openmpi-bin

@@ -74,9 +74,25 @@ std::size_t Batcher::fill(std::size_t batch_index, std::span<float> inputs,
     const std::span<const std::uint32_t> indices = batch_indices(batch_index);
     const std::size_t rows = indices.size();
     const std::size_t features = source_->features();
+    const std::size_t label_numel = source_->label_numel();
+    ZINF_ASSERT_MSG(!source_->token_inputs(), "Batcher::fill on a token source: use fill_tokens");
     ZINF_ASSERT_GE(inputs.size(), rows * features);
-    ZINF_ASSERT_GE(labels.size(), rows);
-    source_->gather(indices, inputs.first(rows * features), labels.first(rows));
+    ZINF_ASSERT_GE(labels.size(), rows * label_numel);
+    source_->gather(indices, inputs.first(rows * features), labels.first(rows * label_numel));
+    return rows;
+}
+
+std::size_t Batcher::fill_tokens(std::size_t batch_index, std::span<std::int32_t> tokens,
+                                 std::span<std::int32_t> labels) const {
+    const std::span<const std::uint32_t> indices = batch_indices(batch_index);
+    const std::size_t rows = indices.size();
+    const std::size_t features = source_->features();
+    const std::size_t label_numel = source_->label_numel();
+    ZINF_ASSERT_MSG(source_->token_inputs(), "Batcher::fill_tokens on a feature source: use fill");
+    ZINF_ASSERT_GE(tokens.size(), rows * features);
+    ZINF_ASSERT_GE(labels.size(), rows * label_numel);
+    source_->gather_tokens(indices, tokens.first(rows * features),
+                           labels.first(rows * label_numel));
     return rows;
 }
 

@@ -46,10 +46,17 @@ public:
     // for a shard past the end of a last partial batch).
     std::span<const std::uint32_t> batch_indices(std::size_t batch_index) const;
     // Gathers batch `batch_index` into inputs (at least batch_rows x features) and labels (at
-    // least batch_rows); returns the rows written (batch_rows, or fewer, maybe none, for a last
-    // partial batch). Allocates nothing.
+    // least batch_rows x label_numel); returns the rows written (batch_rows, or fewer, maybe
+    // none, for a last partial batch). Allocates nothing. The source must be a feature source
+    // (token_inputs() false, asserted).
     std::size_t fill(std::size_t batch_index, std::span<float> inputs,
                      std::span<std::int32_t> labels) const;
+    // The token twin of fill() for a token source (token_inputs() true, asserted): tokens (at
+    // least batch_rows x features) and labels (at least batch_rows x label_numel) receive the
+    // rows of batch_indices(batch_index), through the source's gather_tokens. Returns the rows
+    // written, as fill(). Allocates nothing.
+    std::size_t fill_tokens(std::size_t batch_index, std::span<std::int32_t> tokens,
+                            std::span<std::int32_t> labels) const;
 
 private:
     Batcher(const DataSource& source, const BatcherOptions& options) noexcept

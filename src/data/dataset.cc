@@ -11,6 +11,18 @@
 
 namespace zinf::data {
 
+void DataSource::gather_tokens(std::span<const std::uint32_t> /*indices*/,
+                               std::span<std::int32_t> /*tokens*/,
+                               std::span<std::int32_t> /*labels*/) const {
+    // A feature source reached here through a caller that did not check token_inputs(), or a
+    // token source forgot to override this: either way the caller would train on nothing.
+    ZINF_ASSERT_MSG(false, str_cat("gather_tokens on a source without token inputs (",
+                                   token_inputs() ? "token_inputs() is true but gather_tokens "
+                                                    "is not overridden"
+                                                  : "fp32 features: use gather",
+                                   ")"));
+}
+
 InMemoryDataset::InMemoryDataset(std::size_t features, std::size_t classes,
                                  std::vector<float> inputs, std::vector<std::int32_t> labels)
     : features_(features),

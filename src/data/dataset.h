@@ -14,18 +14,34 @@
 
 namespace zinf::data {
 
-// Samples by index: fp32 feature rows and int32 class labels in [0, classes).
+// Samples by index, in one of two kinds, told apart by token_inputs():
+// - feature sources (the default): fp32 rows of features() values and label_numel() int32
+//   class labels in [0, classes) per sample, read with gather();
+// - token sources (token_inputs() true, e.g. TextDataset): int32 rows of features() token ids
+//   and label_numel() int32 labels in [0, classes) per sample, read with gather_tokens().
+// A source implements the gather of its kind; the other one asserts, as calling it is a bug.
 class DataSource {
 public:
     virtual ~DataSource() = default;
     virtual std::size_t count() const noexcept = 0;
+    // Input values per sample: features, or tokens for a token source.
     virtual std::size_t features() const noexcept = 0;
     virtual std::size_t classes() const noexcept = 0;
-    // Writes sample indices[r] to row r of `inputs` (indices.size() x features()) and to
-    // labels[r]. Preconditions (asserted): indices < count(), spans of exactly those sizes.
-    // Host memory; allocates nothing; const and thread-safe.
+    // True for a source of int32 token ids (read with gather_tokens), false for fp32 features.
+    virtual bool token_inputs() const noexcept { return false; }
+    // Labels per sample: 1 for a classifier, seq_len for a language model's next tokens.
+    virtual std::size_t label_numel() const noexcept { return 1; }
+    // Writes sample indices[r] to row r of `inputs` (indices.size() x features()) and of
+    // `labels` (indices.size() x label_numel()). Preconditions (asserted): indices < count(),
+    // spans of exactly those sizes. Host memory; allocates nothing; const and thread-safe.
     virtual void gather(std::span<const std::uint32_t> indices, std::span<float> inputs,
                         std::span<std::int32_t> labels) const = 0;
+    // The token twin of gather(): row r of `tokens` (indices.size() x features()) and of
+    // `labels` (indices.size() x label_numel()) receive sample indices[r]; the same
+    // preconditions and guarantees. The default asserts: only token sources override it.
+    virtual void gather_tokens(std::span<const std::uint32_t> indices,
+                               std::span<std::int32_t> tokens,
+                               std::span<std::int32_t> labels) const;
 };
 
 // A dataset held in host memory.
