@@ -619,8 +619,8 @@ Status read_model(const Json& object, const std::string& path, std::vector<std::
                   ModelConfig& m) {
     ObjectReader r(object, path, warnings);
     std::string type = "mlp";
-    ZINF_TRY(r.get_enum("type", type, {"mlp"}));
-    m.type = ModelType::kMlp;
+    ZINF_TRY(r.get_enum("type", type, {"mlp", "gpt"}));
+    m.type = type == "gpt" ? ModelType::kGpt : ModelType::kMlp;
     if (const Json* layers = r.find("layers")) {
         bool ok = layers->is_array() && layers->size() >= 2;
         std::vector<std::uint64_t> sizes;
@@ -650,19 +650,84 @@ Status read_model(const Json& object, const std::string& path, std::vector<std::
     ZINF_TRY(r.get_enum("activation", m.activation, {"relu", "gelu"}));
     ZINF_TRY(r.get_double("dropout", m.dropout, 0.0, 0.999));
     ZINF_TRY(r.get_bool("layernorm", m.layernorm));
+    ZINF_TRY(r.get_int(std::string_view("n_layer"), m.n_layer, 1, 4096));
+    ZINF_TRY(r.get_int(std::string_view("n_head"), m.n_head, 1, 4096));
+    ZINF_TRY(r.get_int(std::string_view("d_model"), m.d_model, 1, 1 << 20));
+    ZINF_TRY(r.get_int(std::string_view("seq_len"), m.seq_len, 1, 1 << 20));
+    ZINF_TRY(r.get_bool("checkpoint_activations", m.checkpoint_activations));
+    ZINF_TRY(r.finish());
+    const bool gpt = m.type == ModelType::kGpt;
+    for (const char* key : {"n_layer", "n_head", "d_model", "seq_len", "checkpoint_activations"}) {
+        if (!gpt && object.contains(key)) {
+            return Status::invalid_argument(
+                str_cat(r.path_of(key), ": a key of model.type \"gpt\", not of \"mlp\""));
+        }
+    }
+    for (const char* key : {"layers", "activation", "layernorm"}) {
+        if (gpt && object.contains(key)) {
+            return Status::invalid_argument(
+                str_cat(r.path_of(key), ": a key of model.type \"mlp\", not of \"gpt\""));
+        }
+    }
+    if (gpt && m.d_model % m.n_head != 0) {
+        return Status::invalid_argument(str_cat(r.path_of("d_model"), ": ", m.d_model,
+                                                " is not divisible by model.n_head (", m.n_head,
+                                                ")"));
+    }
+    return Status::ok();
+}
+
+Status read_activation_checkpointing(const Json& object, const std::string& path,
+                                     std::vector<std::string>& warnings,
+                                     ActivationCheckpointingConfig& a) {
+    ObjectReader r(object, path, warnings);
+    ZINF_TRY(r.get_bool("partition_activations", a.partition_activations));
+    ZINF_TRY(r.get_bool("cpu_checkpointing", a.cpu_checkpointing));
+    ZINF_TRY(r.get_bool("contiguous_memory_optimization", a.contiguous_memory_optimization));
+    if (const Json* n = r.find("number_checkpoints"); n != nullptr && !n->is_null()) {
+        ZINF_TRY(r.get_int(std::string_view("number_checkpoints"), a.number_checkpoints, 1,
+                           1 << 20));
+    }
+    ZINF_TRY(r.get_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary));
+    ZINF_TRY(r.get_bool("profile", a.profile));
     return r.finish();
+}
+
+// What the activation_checkpointing block means for the model: warnings for what has no effect.
+void check_activation_checkpointing(const Json& root, EngineConfig& c) {
+    const auto block = root.find("activation_checkpointing");
+    if (block == root.end()) return;
+    const ActivationCheckpointingConfig& a = c.activation_checkpointing;
+    if (c.model.type != ModelType::kGpt || !c.model.checkpoint_activations) {
+        c.warnings.push_back(
+            "activation_checkpointing: has no effect unless model.type is \"gpt\" and "
+            "model.checkpoint_activations is true");
+        return;
+    }
+    if (a.partition_activations) {
+        c.warnings.push_back(
+            "activation_checkpointing.partition_activations: partitions activations over "
+            "model-parallel ranks; zinfinity has no model parallelism (ignored)");
+    }
+    if (a.number_checkpoints != 0 && a.number_checkpoints != c.model.n_layer) {
+        c.warnings.push_back(str_cat("activation_checkpointing.number_checkpoints: ",
+                                     a.number_checkpoints, " ignored; zinfinity keeps one per "
+                                     "block (model.n_layer = ", c.model.n_layer, ")"));
+    }
 }
 
 Status read_data(const Json& object, const std::string& path, std::vector<std::string>& warnings,
                  DataConfig& d) {
     ObjectReader r(object, path, warnings);
-    ZINF_TRY(r.get_enum("dataset", d.dataset, {"fashion-mnist", "synthetic"}));
+    ZINF_TRY(r.get_enum("dataset", d.dataset, {"fashion-mnist", "synthetic", "text"}));
     if (const Json* p = r.find("path")) {
         if (!p->is_string() || p->get<std::string>().empty()) {
             return Status::invalid_argument(
                 str_cat(r.path_of("path"), ": expected a non-empty path string, got ", p->dump()));
         }
         d.path = p->get<std::string>();
+    } else if (d.dataset == "text") {
+        d.path = kFortunesPath;
     }
     ZINF_TRY(r.get_int(std::string_view("epochs"), d.epochs, 1, 1'000'000));
     ZINF_TRY(r.get_int(std::string_view("max_steps"), d.max_steps, 0, kMaxCount));
@@ -847,6 +912,11 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
     if (sub != nullptr) ZINF_TRY(read_model(*sub, "model", c.warnings, c.model));
     ZINF_TRY(r.get_object("data", sub));
     if (sub != nullptr) ZINF_TRY(read_data(*sub, "data", c.warnings, c.data));
+    ZINF_TRY(r.get_object("activation_checkpointing", sub));
+    if (sub != nullptr) {
+        ZINF_TRY(read_activation_checkpointing(*sub, "activation_checkpointing", c.warnings,
+                                               c.activation_checkpointing));
+    }
     ZINF_TRY(r.get_object("device", sub));
     if (sub != nullptr) ZINF_TRY(read_device(*sub, "device", c.warnings, c.device));
     ZINF_TRY(r.get_object("cpu_optimizer", sub));
@@ -885,6 +955,7 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
     if (sub != nullptr) ZINF_TRY(read_scheduler(*sub, "scheduler", c.warnings, c.scheduler));
     ZINF_TRY(read_zinfinity_blocks(r, c));
     ZINF_TRY(r.finish());
+    check_activation_checkpointing(root, c);
     return check_placement(c);
 }
 
@@ -897,12 +968,18 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
 
 bool is_auto(const Json* v) { return v != nullptr && v->is_string() && v->get<std::string>() == "auto"; }
 
-// The model's hidden size for Hugging Face's bucket formulas: the widest hidden layer of the
-// MLP (its input width when it has none).
+// The model's hidden size for Hugging Face's bucket formulas: a gpt's d_model, or the widest
+// hidden layer of the MLP (its input width when it has none).
 std::uint64_t hidden_size(const Json& root) {
     std::vector<std::uint64_t> layers = ModelConfig{}.layers;
     const auto model = root.find("model");
     if (model != root.end() && model->is_object()) {
+        const auto type = model->find("type");
+        if (type != model->end() && type->is_string() && type->get<std::string>() == "gpt") {
+            const auto d = model->find("d_model");
+            return d != model->end() && d->is_number_unsigned() ? d->get<std::uint64_t>()
+                                                                : ModelConfig{}.d_model;
+        }
         const auto l = model->find("layers");
         if (l != model->end() && l->is_array() && l->size() >= 2) {
             layers.clear();

@@ -159,18 +159,42 @@ struct CpuOptimizerConfig {
 };
 
 // zinfinity's `model` block: the model zinfinity-train builds (the module library, src/model).
-enum class ModelType : std::uint8_t { kMlp };
+enum class ModelType : std::uint8_t { kMlp, kGpt };
 struct ModelConfig {
     ModelType type = ModelType::kMlp;
+    // mlp
     std::vector<std::uint64_t> layers = {784, 1024, 1024, 10};  // input, hidden..., classes
     std::string activation = "relu";                             // relu | gelu
-    double dropout = 0.0;                                        // in [0, 1)
     bool layernorm = false;
+    // both: after each hidden activation (mlp); on embeddings and residual branches (gpt)
+    double dropout = 0.0;  // in [0, 1)
+    // gpt: a byte-level decoder-only transformer
+    std::uint64_t n_layer = 4;
+    std::uint64_t n_head = 4;
+    std::uint64_t d_model = 128;
+    std::uint64_t seq_len = 128;
+    // gpt: keep block inputs only and recompute the blocks in backward (configured by the
+    // activation_checkpointing block).
+    bool checkpoint_activations = false;
+};
+
+// DeepSpeed's `activation_checkpointing` block, for models that checkpoint (model.type gpt with
+// model.checkpoint_activations).
+struct ActivationCheckpointingConfig {
+    bool partition_activations = false;  // model parallelism only: warned
+    bool cpu_checkpointing = false;      // kept block inputs in pinned host memory
+    bool contiguous_memory_optimization = false;  // the kept inputs in one allocation
+    std::uint64_t number_checkpoints = 0;  // 0: absent; zinfinity keeps one per block
+    bool synchronize_checkpoint_boundary = false;
+    bool profile = false;  // per-step times of the checkpointed blocks
 };
 
 // zinfinity's `data` block: what zinfinity-train trains on.
+inline constexpr const char* kFortunesPath = "/usr/share/games/fortunes";
 struct DataConfig {
-    std::string dataset = "fashion-mnist";  // fashion-mnist | synthetic
+    // fashion-mnist | synthetic | text (a UTF-8 file or directory; path defaults to
+    // kFortunesPath, the Debian package fortunes)
+    std::string dataset = "fashion-mnist";
     std::string path = "/usr/share/datasets/fashion-mnist";
     std::uint64_t epochs = 1;
     std::uint64_t max_steps = 0;  // optimizer steps; 0: no limit (epochs decide)
@@ -206,6 +230,7 @@ struct EngineConfig {
     CpuOptimizerConfig cpu_optimizer;
     BatchConfig batch;
     ModelConfig model;
+    ActivationCheckpointingConfig activation_checkpointing;
     DataConfig data;
     DeviceConfig device;
     double gradient_clipping = 0.0;  // 0: off

@@ -599,14 +599,31 @@ Status Engine::inference_forward(const Batch& batch) {
 }
 
 Result<std::uint64_t> Engine::evaluate(const Batch& batch) {
+    ZINF_ASSIGN_OR_RETURN(const BatchEvaluation e, evaluate_with_loss(batch));
+    return e.correct;
+}
+
+Result<Engine::BatchEvaluation> Engine::evaluate_with_loss(const Batch& batch) {
     ZINF_TRY(inference_forward(batch));
     const model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
     ZINF_TRY(model_.count_correct(ctx, correct_device_.as<std::uint64_t>(), false));
-    std::uint64_t correct = 0;
-    ZINF_TRY(device_.copy_to_host(&correct, correct_device_.data(), sizeof correct, stream()));
-    ZINF_TRY(device_.synchronize(stream()));
+    BatchEvaluation e;
+    ZINF_TRY(device_.copy_to_host(&e.correct, correct_device_.data(), sizeof e.correct,
+                                  stream()));
+    ZINF_ASSIGN_OR_RETURN(e.loss, model_.read_loss(stream()));  // synchronizes the stream
     ZINF_TRY(coordinator_->end_evaluation(stream()));
-    return correct;
+    return e;
+}
+
+Result<std::vector<float>> Engine::logits(const Batch& batch) {
+    ZINF_TRY(inference_forward(batch));
+    const model::BatchShape shape = model_.batch_shape();
+    std::vector<float> out(batch.rows * shape.label_numel * shape.classes);
+    const Status read = model_.read_logits(stream(), out);
+    const Status ended = coordinator_->end_evaluation(stream());
+    ZINF_TRY(read);
+    ZINF_TRY(ended);
+    return out;
 }
 
 Result<std::vector<std::int32_t>> Engine::predict(const Batch& batch) {

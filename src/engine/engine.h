@@ -143,6 +143,15 @@ public:
     // Evaluation: forward without training; returns the number of labels the prediction
     // matches.
     Result<std::uint64_t> evaluate(const Batch& batch);
+    // The same, with the batch's mean loss over its labels (nats per label).
+    struct BatchEvaluation {
+        std::uint64_t correct = 0;
+        float loss = 0;
+    };
+    Result<BatchEvaluation> evaluate_with_loss(const Batch& batch);
+    // Forward without training; the logits (rows x label_numel x classes), for sampling from a
+    // language model. kNotSupported when the model does not expose them.
+    Result<std::vector<float>> logits(const Batch& batch);
     // Forward without training; the predicted label of each row (rows x label_numel).
     Result<std::vector<std::int32_t>> predict(const Batch& batch);
 

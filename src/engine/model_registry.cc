@@ -1,6 +1,7 @@
 // The model registry's table.
 #include "src/engine/model_registry.h"
 
+#include "src/model/gpt.h"
 #include "src/model/mlp.h"
 
 namespace zinf::engine {
@@ -20,6 +21,28 @@ Result<std::unique_ptr<model::Model>> build_mlp(const config::EngineConfig& conf
     return std::unique_ptr<model::Model>(std::move(mlp));
 }
 
+Result<std::unique_ptr<model::Model>> build_gpt(const config::EngineConfig& config,
+                                                Device& device) {
+    const config::ModelConfig& m = config.model;
+    const config::ActivationCheckpointingConfig& a = config.activation_checkpointing;
+    model::GptConfig g;
+    g.n_layer = m.n_layer;
+    g.n_head = m.n_head;
+    g.d_model = m.d_model;
+    g.seq_len = m.seq_len;
+    g.dropout = static_cast<float>(m.dropout);
+    g.batch_rows_max = config.batch.train_micro_batch_size_per_gpu;
+    g.seed = config.seed;
+    g.checkpoint_activations = m.checkpoint_activations;
+    g.checkpoint_place =
+        a.cpu_checkpointing ? model::CheckpointPlace::kHost : model::CheckpointPlace::kDevice;
+    g.contiguous_checkpoints = a.contiguous_memory_optimization;
+    g.synchronize_boundaries = a.synchronize_checkpoint_boundary;
+    g.profile = a.profile;
+    ZINF_ASSIGN_OR_RETURN(auto gpt, model::Gpt::create(g, device));
+    return std::unique_ptr<model::Model>(std::move(gpt));
+}
+
 struct Entry {
     config::ModelType type;
     std::string_view name;
@@ -28,6 +51,7 @@ struct Entry {
 
 constexpr Entry kModels[] = {
     {config::ModelType::kMlp, "mlp", &build_mlp},
+    {config::ModelType::kGpt, "gpt", &build_gpt},
 };
 
 }  // namespace

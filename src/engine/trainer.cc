@@ -7,6 +7,7 @@
 #include <random>
 
 #include "src/base/log.h"
+#include "src/base/units.h"
 
 namespace zinf {
 namespace {
@@ -17,13 +18,60 @@ double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-Batch batch_of(std::span<const float> inputs, std::span<const std::int32_t> labels,
-               std::size_t rows, std::size_t features) {
-    Batch b;
-    b.inputs = inputs.first(rows * features);
-    b.labels = labels.first(rows);
-    b.rows = rows;
+// Host buffers for batches of up to `rows` samples of `source`: fp32 inputs or int32 tokens,
+// and labels.
+struct HostBatch {
+    std::vector<float> inputs;
+    std::vector<std::int32_t> tokens;
+    std::vector<std::int32_t> labels;
+};
+
+void size_for(const data::DataSource& source, std::size_t rows, std::vector<float>& inputs,
+              std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& labels) {
+    (source.token_inputs() ? tokens.resize(rows * source.features())
+                           : inputs.resize(rows * source.features()));
+    labels.resize(rows * source.label_numel());
+}
+
+HostBatch host_batch(const data::DataSource& source, std::size_t rows) {
+    HostBatch b;
+    size_for(source, rows, b.inputs, b.tokens, b.labels);
     return b;
+}
+
+// The Batch over the first `rows` samples of the buffers.
+Batch batch_of(const data::DataSource& source, std::span<const float> inputs,
+               std::span<const std::int32_t> tokens, std::span<const std::int32_t> labels,
+               std::size_t rows) {
+    const std::size_t n = rows * source.features();
+    const auto y = labels.first(rows * source.label_numel());
+    if (source.token_inputs()) return Batch::of_tokens(tokens.first(n), y, rows);
+    return Batch(inputs.first(n), y, rows);
+}
+Batch batch_of(const data::DataSource& source, const HostBatch& b, std::size_t rows) {
+    return batch_of(source, b.inputs, b.tokens, b.labels, rows);
+}
+
+std::size_t fill(const data::Batcher& batcher, const data::DataSource& source,
+                 std::size_t index, std::vector<float>& inputs,
+                 std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& labels) {
+    return source.token_inputs() ? batcher.fill_tokens(index, tokens, labels)
+                                 : batcher.fill(index, inputs, labels);
+}
+std::size_t fill(const data::Batcher& batcher, const data::DataSource& source,
+                 std::size_t index, HostBatch& b) {
+    return fill(batcher, source, index, b.inputs, b.tokens, b.labels);
+}
+
+void gather(const data::DataSource& source, std::span<const std::uint32_t> indices,
+            HostBatch& b) {
+    const std::size_t n = indices.size();
+    const auto y = std::span<std::int32_t>(b.labels).first(n * source.label_numel());
+    if (source.token_inputs()) {
+        source.gather_tokens(indices, std::span<std::int32_t>(b.tokens).first(n * source.features()), y);
+    } else {
+        source.gather(indices, std::span<float>(b.inputs).first(n * source.features()), y);
+    }
 }
 
 }  // namespace
@@ -37,6 +85,20 @@ Result<Datasets> load_datasets(const config::EngineConfig& c) {
         ZINF_ASSIGN_OR_RETURN(d.train, data::load_fashion_mnist(o));
         o.split = data::Split::kTest;
         ZINF_ASSIGN_OR_RETURN(d.test, data::load_fashion_mnist(o));
+    } else if (c.data.dataset == "text") {
+        data::TextOptions o;
+        o.path = c.data.path;
+        o.seq_len = c.model.seq_len;
+        ZINF_ASSIGN_OR_RETURN(data::TextSplit split, data::load_text(o));
+        d.train_entropy = split.train->entropy();
+        d.description = str_cat(
+            "text ", split.path, ": ", format_bytes(split.corpus_bytes), ", ",
+            split.train->count(), " training and ", split.validation->count(),
+            " validation windows of ", o.seq_len, " + 1 bytes; training text entropy: unigram ",
+            d.train_entropy->unigram_nats, ", bigram (next byte given this one) ",
+            d.train_entropy->bigram_nats, " nats/byte");
+        d.train = std::move(split.train);
+        d.test = std::move(split.validation);
     } else {
         data::SyntheticOptions o;
         o.count = c.data.synthetic_samples;
@@ -49,6 +111,28 @@ Result<Datasets> load_datasets(const config::EngineConfig& c) {
 }
 
 Status check_datasets(const Datasets& d, const model::BatchShape& shape) {
+    const bool model_tokens = shape.input_kind == model::InputKind::kInt32;
+    if (d.train->token_inputs() != model_tokens) {
+        return Status::invalid_argument(str_cat(
+            "data.dataset: the model takes ", model_tokens ? "token ids" : "fp32 features",
+            " but the dataset gives ", d.train->token_inputs() ? "token ids" : "fp32 features",
+            model_tokens ? " (use data.dataset \"text\" with model.type \"gpt\")"
+                         : " (use model.type \"gpt\" with data.dataset \"text\")"));
+    }
+    if (model_tokens) {
+        if (d.train->features() != shape.input_numel ||
+            d.train->label_numel() != shape.label_numel) {
+            return Status::invalid_argument(str_cat("model.seq_len: ", shape.input_numel,
+                                                    " but the dataset's windows hold ",
+                                                    d.train->features(), " tokens"));
+        }
+        if (d.train->classes() != shape.classes) {
+            return Status::invalid_argument(str_cat("data.dataset: ", d.train->classes(),
+                                                    " token values but the model's vocabulary "
+                                                    "has ", shape.classes));
+        }
+        return Status::ok();
+    }
     if (d.train->features() != shape.input_numel) {
         return Status::invalid_argument(str_cat("model.layers[0]: ", shape.input_numel,
                                                 " but the dataset has ", d.train->features(),
@@ -74,6 +158,7 @@ struct Trainer::RunState {
     float last_loss = 0;
     double data_seconds = 0;
     std::optional<double> accuracy;
+    std::optional<double> eval_loss;
 };
 
 Trainer::Trainer(Engine& engine, const data::DataSource& train, const data::DataSource& eval,
@@ -112,8 +197,7 @@ Result<Trainer> Trainer::create(Engine& engine, const data::DataSource& train,
     const std::uint64_t max_steps = options.max_steps != 0 ? options.max_steps
                                                            : config.data.max_steps;
     if (max_steps != 0) t.total_steps_ = std::min(t.total_steps_, max_steps);
-    t.inputs_.resize(bo.batch_rows * train.features());
-    t.labels_.resize(bo.batch_rows);
+    size_for(train, bo.batch_rows, t.inputs_, t.tokens_, t.labels_);
     return t;
 }
 
@@ -126,11 +210,11 @@ Status Trainer::train_one(TrainerObserver& observer) {
     const std::uint64_t index = micro % (steps_per_epoch_ * gas);
     if (batcher_.epoch() != epoch || micro == 0) batcher_.start_epoch(epoch);
     const auto t0 = Clock::now();
-    const std::size_t n = batcher_.fill(index, inputs_, labels_);
+    const std::size_t n = fill(batcher_, train_, index, inputs_, tokens_, labels_);
     if (options_.trace != nullptr) options_.trace->span("load batch", "data", t0, Clock::now(), 4);
     run_->data_seconds += seconds_since(t0);
     ZINF_ASSIGN_OR_RETURN(const float rank_loss,
-                          engine_.forward(batch_of(inputs_, labels_, n, train_.features())));
+                          engine_.forward(batch_of(train_, inputs_, tokens_, labels_, n)));
     ZINF_TRY(engine_.backward().with_context("backward"));
     ZINF_TRY(engine_.step().with_context("step"));
     // The loss of the global micro-batch: the mean of the ranks' (equal-sized) losses.
@@ -181,7 +265,9 @@ Status Trainer::after_step(TrainerObserver& observer) {
         ZINF_TRY(save(observer));
     }
     if (step % steps_per_epoch_ == 0 && options_.evaluate_each_epoch) {
-        ZINF_TRY(evaluate_epoch(observer, step / steps_per_epoch_ - 1));
+        ZINF_TRY(evaluate_and_report(observer, step / steps_per_epoch_ - 1, true));
+    } else if (options_.eval_every != 0 && step % options_.eval_every == 0) {
+        ZINF_TRY(evaluate_and_report(observer, step / steps_per_epoch_, false));
     }
     return Status::ok();
 }
@@ -193,10 +279,14 @@ Status Trainer::save(TrainerObserver& observer) {
     return Status::ok();
 }
 
-Status Trainer::evaluate_epoch(TrainerObserver& observer, std::uint64_t epoch) {
-    ZINF_ASSIGN_OR_RETURN(const double accuracy, evaluate());
-    run_->accuracy = accuracy;
-    observer.on_evaluation(epoch, accuracy, eval_is_test_);
+Status Trainer::evaluate_and_report(TrainerObserver& observer, std::uint64_t epoch,
+                                    bool epoch_end) {
+    ZINF_ASSIGN_OR_RETURN(EvaluationFigures f, evaluate_figures());
+    f.epoch = epoch;
+    f.epoch_end = epoch_end;
+    run_->accuracy = f.accuracy;
+    run_->eval_loss = f.loss;
+    observer.on_evaluation_figures(f);
     return Status::ok();
 }
 
@@ -212,7 +302,7 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
     TrainSummary s;
     s.seconds = seconds_since(run_->start);
     if (!run_->accuracy.has_value() && options_.evaluate_each_epoch) {
-        ZINF_TRY(evaluate_epoch(observer, engine_.global_steps() / steps_per_epoch_));
+        ZINF_TRY(evaluate_and_report(observer, engine_.global_steps() / steps_per_epoch_, true));
     }
     const std::uint64_t every = std::max<std::uint64_t>(options_.save_every, 1);
     if (!options_.save_dir.empty() &&
@@ -225,12 +315,18 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
         static_cast<double>(engine_.global_samples() - run_->start_samples) / s.seconds;
     s.last_loss = run_->last_loss;
     s.accuracy = run_->accuracy;
+    s.eval_loss = run_->eval_loss;
     s.accuracy_on_test = eval_is_test_;
     s.data_seconds = run_->data_seconds;
     return s;
 }
 
 Result<double> Trainer::evaluate() {
+    ZINF_ASSIGN_OR_RETURN(const EvaluationFigures f, evaluate_figures());
+    return f.accuracy;
+}
+
+Result<EvaluationFigures> Trainer::evaluate_figures() {
     TraceScope span(options_.trace, "evaluate", "compute", 0);
     data::BatcherOptions o;
     o.batch_rows = engine_.train_micro_batch_size_per_gpu();
@@ -239,28 +335,39 @@ Result<double> Trainer::evaluate() {
     o.shard_count = static_cast<std::size_t>(engine_.world_size());
     o.shard_index = static_cast<std::size_t>(engine_.rank());
     ZINF_ASSIGN_OR_RETURN(auto batcher, data::Batcher::create(eval_, o));
-    std::vector<float> x(o.batch_rows * eval_.features());
-    std::vector<std::int32_t> y(o.batch_rows);
-    std::uint64_t counts[2] = {0, 0};  // correct, total
+    HostBatch b = host_batch(eval_, o.batch_rows);
+    const std::size_t per_row = eval_.label_numel();
+    std::uint64_t counts[2] = {0, 0};  // correct, labels
+    double loss_sum = 0;               // of loss x labels
     const std::uint32_t first_sample = 0;
-    for (std::size_t b = 0; b < batcher.batches_per_epoch(); ++b) {
-        std::size_t n = batcher.fill(b, x, y);
+    for (std::size_t i = 0; i < batcher.batches_per_epoch(); ++i) {
+        std::size_t n = fill(batcher, eval_, i, b);
         // Every rank runs as many forwards (stage 3 gathers parameters collectively): a rank
         // past the end of the last batch evaluates one sample and does not count it.
         const bool counted = n > 0;
         if (!counted) {
-            eval_.gather(std::span<const std::uint32_t>(&first_sample, 1),
-                         std::span<float>(x).first(eval_.features()), std::span<std::int32_t>(y).first(1));
+            gather(eval_, std::span<const std::uint32_t>(&first_sample, 1), b);
             n = 1;
         }
-        ZINF_ASSIGN_OR_RETURN(auto c, engine_.evaluate(batch_of(x, y, n, eval_.features())));
+        ZINF_ASSIGN_OR_RETURN(const Engine::BatchEvaluation e,
+                              engine_.evaluate_with_loss(batch_of(eval_, b, n)));
         if (counted) {
-            counts[0] += c;
-            counts[1] += n;
+            counts[0] += e.correct;
+            counts[1] += n * per_row;
+            loss_sum += static_cast<double>(e.loss) * static_cast<double>(n * per_row);
         }
     }
     ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), counts));
-    return counts[1] == 0 ? 0.0 : static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
+    ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), std::span<double>(&loss_sum, 1)));
+    EvaluationFigures f;
+    f.step = engine_.global_steps();
+    f.test = eval_is_test_;
+    f.labels = counts[1];
+    if (counts[1] != 0) {
+        f.accuracy = static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
+        f.loss = loss_sum / static_cast<double>(counts[1]);
+    }
+    return f;
 }
 
 Result<std::vector<Prediction>> Trainer::predict(std::size_t count, std::uint64_t seed) {
@@ -271,22 +378,24 @@ Result<std::vector<Prediction>> Trainer::predict(std::size_t count, std::uint64_
     std::shuffle(order.begin(), order.end(), rng);
     const std::size_t rows_max = engine_.train_micro_batch_size_per_gpu();
     const std::size_t features = eval_.features();
+    if (eval_.token_inputs() || eval_.label_numel() != 1) {
+        return Status::not_supported(
+            "--predict: samples of a classifier only (a language model samples with --generate)");
+    }
     std::vector<Prediction> out;
-    std::vector<float> x(rows_max * features);
-    std::vector<std::int32_t> y(rows_max);
+    HostBatch b = host_batch(eval_, rows_max);
     for (std::size_t at = 0; at < count; at += rows_max) {
         const std::size_t n = std::min(rows_max, count - at);
         const auto indices = std::span<const std::uint32_t>(order).subspan(at, n);
-        eval_.gather(indices, std::span<float>(x).first(n * features),
-                     std::span<std::int32_t>(y).first(n));
-        ZINF_ASSIGN_OR_RETURN(auto predicted, engine_.predict(batch_of(x, y, n, features)));
+        gather(eval_, indices, b);
+        ZINF_ASSIGN_OR_RETURN(auto predicted, engine_.predict(batch_of(eval_, b, n)));
         for (std::size_t r = 0; r < n; ++r) {
             Prediction p;
             p.index = indices[r];
-            p.label = y[r];
+            p.label = b.labels[r];
             p.predicted = predicted[r];
-            p.inputs.assign(x.begin() + static_cast<std::ptrdiff_t>(r * features),
-                            x.begin() + static_cast<std::ptrdiff_t>((r + 1) * features));
+            p.inputs.assign(b.inputs.begin() + static_cast<std::ptrdiff_t>(r * features),
+                            b.inputs.begin() + static_cast<std::ptrdiff_t>((r + 1) * features));
             out.push_back(std::move(p));
         }
     }
@@ -295,14 +404,13 @@ Result<std::vector<Prediction>> Trainer::predict(std::size_t count, std::uint64_
 
 Status Trainer::train_steps(Engine& engine, data::Batcher& batcher, std::uint64_t steps) {
     const std::size_t rows = engine.train_micro_batch_size_per_gpu();
-    std::vector<float> x(rows * train_.features());
-    std::vector<std::int32_t> y(rows);
+    HostBatch b = host_batch(train_, rows);
     const std::uint64_t per_epoch = batcher.batches_per_epoch();
     for (std::uint64_t s = 0; s < steps * engine.gradient_accumulation_steps(); ++s) {
         const std::uint64_t micro = engine.micro_steps();
         if (batcher.epoch() != micro / per_epoch) batcher.start_epoch(micro / per_epoch);
-        const std::size_t n = batcher.fill(micro % per_epoch, x, y);
-        ZINF_TRY(engine.forward(batch_of(x, y, n, train_.features())).status());
+        const std::size_t n = fill(batcher, train_, micro % per_epoch, b);
+        ZINF_TRY(engine.forward(batch_of(train_, b, n)).status());
         ZINF_TRY(engine.backward());
         ZINF_TRY(engine.step());
     }

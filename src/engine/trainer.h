@@ -17,6 +17,7 @@
 #include "src/base/status.h"
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
+#include "src/data/text.h"
 #include "src/engine/engine.h"
 #include "src/engine/stack.h"
 #include "src/engine/trace.h"
@@ -24,15 +25,19 @@
 namespace zinf {
 
 // The datasets the `data` block names: train, and test (null: none; evaluation uses train).
+// For text, test is the validation split, and the byte entropies of the training text are the
+// figures a language model's validation loss is read against.
 struct Datasets {
     std::unique_ptr<data::DataSource> train;
     std::unique_ptr<data::DataSource> test;
+    std::optional<data::ByteEntropy> train_entropy;
+    std::string description;  // "fortunes (/usr/share/games/fortunes): 2.5 MB, ..."
 };
 // Loads them (before the engine is built, so a missing dataset fails before anything large is
 // allocated). Errors: the dataset's (kNotFound naming the path and the Debian package).
 Result<Datasets> load_datasets(const config::EngineConfig& config);
-// Checks them against the model's batch shape: kInvalidArgument naming model.layers when the
-// features or classes disagree.
+// Checks them against the model's batch shape: kInvalidArgument naming model.layers (or
+// model.seq_len, data.dataset) when the inputs, labels or classes disagree.
 Status check_datasets(const Datasets& datasets, const model::BatchShape& shape);
 
 struct TrainerOptions {
@@ -40,7 +45,19 @@ struct TrainerOptions {
     std::string save_dir;         // empty: no checkpoints
     std::uint64_t save_every = 0;  // steps; 0: only at the end
     bool evaluate_each_epoch = true;
+    std::uint64_t eval_every = 0;  // steps; 0: only after each epoch
     TraceRecorder* trace = nullptr;  // borrowed; null: none
+};
+
+// One evaluation over the evaluation set.
+struct EvaluationFigures {
+    std::uint64_t epoch = 0;  // the epoch that ended, or the one in progress (eval_every)
+    std::uint64_t step = 0;
+    bool epoch_end = true;
+    bool test = false;  // on the test (validation) set, not the training set
+    double accuracy = 0;  // labels predicted right (next bytes for a language model)
+    double loss = 0;      // mean loss per label (nats per byte for a language model)
+    std::uint64_t labels = 0;
 };
 
 // Figures of the last steps_per_print steps (or fewer at the end).
@@ -65,6 +82,7 @@ struct TrainSummary {
     double samples_per_second = 0;
     float last_loss = 0;
     std::optional<double> accuracy;  // the last evaluation, if any ran
+    std::optional<double> eval_loss;  // its mean loss per label
     bool accuracy_on_test = false;
     double data_seconds = 0;
 };
@@ -83,6 +101,10 @@ public:
     // Every steps_per_print steps.
     virtual void on_print(const PrintFigures& /*figures*/) {}
     virtual void on_evaluation(std::uint64_t /*epoch*/, double /*accuracy*/, bool /*test*/) {}
+    // Every evaluation with all its figures; the default reports the accuracy above.
+    virtual void on_evaluation_figures(const EvaluationFigures& f) {
+        on_evaluation(f.epoch, f.accuracy, f.test);
+    }
     virtual void on_checkpoint(const std::string& /*dir*/, const std::string& /*tag*/) {}
 };
 
@@ -126,6 +148,8 @@ public:
     Result<TrainSummary> run(TrainerObserver& observer);
     // The fraction of the evaluation set predicted right.
     Result<double> evaluate();
+    // Accuracy and mean loss over the evaluation set.
+    Result<EvaluationFigures> evaluate_figures();
     // `count` samples of the evaluation set, drawn without replacement by `seed`, predicted.
     Result<std::vector<Prediction>> predict(std::size_t count, std::uint64_t seed);
     // Trains `steps` steps on, then times `steps` I/O-only steps (the same reads and writes, no
@@ -142,7 +166,7 @@ private:
     Status train_one(TrainerObserver& observer);
     Status after_step(TrainerObserver& observer);
     Status save(TrainerObserver& observer);
-    Status evaluate_epoch(TrainerObserver& observer, std::uint64_t epoch);
+    Status evaluate_and_report(TrainerObserver& observer, std::uint64_t epoch, bool epoch_end);
 
     Engine& engine_;
     const data::DataSource& train_;
@@ -153,6 +177,7 @@ private:
     std::uint64_t steps_per_epoch_ = 0;
     std::uint64_t total_steps_ = 0;
     std::vector<float> inputs_;
+    std::vector<std::int32_t> tokens_;
     std::vector<std::int32_t> labels_;
 
     // Figures of the current run.

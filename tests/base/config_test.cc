@@ -240,6 +240,62 @@ TEST(ConfigTest, ModelDataDeviceErrorsNameTheKey) {
     EXPECT_TRUE(names(R"({"device": {"type": "tpu"}})", "device.type"));
 }
 
+TEST(ConfigTest, GptModelTextDataAndActivationCheckpointing) {
+    auto c = load_text(R"({"model": {"type": "gpt", "n_layer": 6, "n_head": 8, "d_model": 256,
+                                      "seq_len": 64, "dropout": 0.1,
+                                      "checkpoint_activations": true},
+                           "data": {"dataset": "text"},
+                           "activation_checkpointing": {"cpu_checkpointing": true,
+                               "contiguous_memory_optimization": true, "number_checkpoints": 6,
+                               "synchronize_checkpoint_boundary": true, "profile": true}})");
+    ASSERT_TRUE(c.has_value()) << c.error().to_string();
+    EXPECT_EQ(c->model.type, ModelType::kGpt);
+    EXPECT_EQ(c->model.n_layer, 6u);
+    EXPECT_EQ(c->model.n_head, 8u);
+    EXPECT_EQ(c->model.d_model, 256u);
+    EXPECT_EQ(c->model.seq_len, 64u);
+    EXPECT_TRUE(c->model.checkpoint_activations);
+    EXPECT_EQ(c->data.path, kFortunesPath);  // the text dataset's default
+    const ActivationCheckpointingConfig& a = c->activation_checkpointing;
+    EXPECT_TRUE(a.cpu_checkpointing);
+    EXPECT_TRUE(a.contiguous_memory_optimization);
+    EXPECT_EQ(a.number_checkpoints, 6u);
+    EXPECT_TRUE(a.synchronize_checkpoint_boundary);
+    EXPECT_TRUE(a.profile);
+    EXPECT_TRUE(c->warnings.empty()) << c->warnings.front();
+    // Keys with no effect warn, naming the key.
+    auto w = load_text(R"({"model": {"type": "gpt", "checkpoint_activations": true},
+                           "activation_checkpointing": {"partition_activations": true,
+                                                        "number_checkpoints": 3}})");
+    ASSERT_TRUE(w.has_value());
+    ASSERT_EQ(w->warnings.size(), 2u);
+    EXPECT_NE(w->warnings[0].find("activation_checkpointing.partition_activations"),
+              std::string::npos);
+    EXPECT_NE(w->warnings[1].find("number_checkpoints: 3 ignored"), std::string::npos);
+    auto off = load_text(R"({"activation_checkpointing": {"cpu_checkpointing": true}})");
+    ASSERT_TRUE(off.has_value());
+    ASSERT_EQ(off->warnings.size(), 1u);
+    EXPECT_NE(off->warnings[0].find("has no effect"), std::string::npos);
+    // A user's text file.
+    auto f = load_text(R"({"data": {"dataset": "text", "path": "/data/book.txt"}})");
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->data.path, "/data/book.txt");
+}
+
+TEST(ConfigTest, GptErrorsNameTheKey) {
+    const auto names = [](const std::string& text, const std::string& key) {
+        return error_of(text).find(key) != std::string::npos;
+    };
+    EXPECT_TRUE(names(R"({"model": {"type": "gpt", "d_model": 100, "n_head": 3}})",
+                      "model.d_model: 100 is not divisible by model.n_head (3)"));
+    EXPECT_TRUE(names(R"({"model": {"type": "gpt", "n_layer": 0}})", "model.n_layer"));
+    EXPECT_TRUE(names(R"({"model": {"type": "gpt", "layers": [4, 2]}})", "model.layers"));
+    EXPECT_TRUE(names(R"({"model": {"type": "mlp", "seq_len": 64}})", "model.seq_len"));
+    EXPECT_TRUE(names(R"({"model": {"type": "transformer"}})", "model.type"));
+    EXPECT_TRUE(names(R"({"activation_checkpointing": {"cpu_checkpoint": true}})",
+                      "did you mean 'activation_checkpointing.cpu_checkpointing'"));
+}
+
 TEST(ConfigTest, CanonicalJsonReflectsOverrides) {
     LoadOptions o = quiet();
     o.overrides = {"seed=5"};

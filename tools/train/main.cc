@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,12 +21,14 @@
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "src/engine/checkpoint_files.h"
+#include "src/engine/generate.h"
 #include "src/engine/stack.h"
 #include "src/engine/trainer.h"
 #ifdef ZINF_TRAIN_HAVE_CUDA
 #include "src/engine/cuda_stack.h"
 #endif
 #include "src/engine/trace.h"
+#include "src/model/gpt.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
 #include "tools/train/prediction_png.h"
@@ -140,6 +144,15 @@ void declare_flags(zinf::cli::Args& args) {
                     "engine with offload off), and print all three and real / max(compute, I/O)");
     args.add("overlap-steps", "3", "steps per pass of --measure-overlap");
     args.add_switch("no-eval", "skip the evaluation after each epoch");
+    args.add("eval-every", "0",
+             "also evaluate every N optimizer steps (0: only after each epoch); a language\n"
+             "model prints its validation loss in nats per byte and its perplexity");
+    args.add("generate", "",
+             "print a continuation of PROMPT by the language model of the checkpoint given\n"
+             "with --resume (model.type gpt), without training");
+    args.add("generate-bytes", "200", "bytes --generate appends to the prompt");
+    args.add("temperature", "0.8",
+             "--generate draws each byte from softmax(logits / T); 0: the most likely byte");
     args.add("loss-log", "",
              "write every micro-step's loss to FILE (step, loss, its fp32 bits in hex)");
     args.add("progress", "auto",
@@ -153,6 +166,9 @@ struct Flags {
     std::uint64_t save_every = 0;
     std::uint64_t predict = 0;
     std::uint64_t overlap_steps = 0;
+    std::uint64_t eval_every = 0;
+    std::uint64_t generate_bytes = 0;
+    double temperature = 0;
     bool show_progress = false;
 };
 
@@ -164,6 +180,30 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
     ZINF_ASSIGN_OR_RETURN(f.overlap_steps, args.get_count("overlap-steps"));
     if (args.get_switch("measure-overlap") && f.overlap_steps == 0) {
         return Status::invalid_argument("--overlap-steps: must be at least 1");
+    }
+    ZINF_ASSIGN_OR_RETURN(f.eval_every, args.get_count("eval-every"));
+    ZINF_ASSIGN_OR_RETURN(f.generate_bytes, args.get_count("generate-bytes"));
+    {
+        const std::string t = args.get("temperature");
+        char* end = nullptr;
+        errno = 0;
+        f.temperature = std::strtod(t.c_str(), &end);
+        if (t.empty() || end == nullptr || *end != '\0' || errno != 0 ||
+            !(f.temperature >= 0.0) || !std::isfinite(f.temperature)) {
+            return Status::invalid_argument("--temperature: expected a number >= 0 (0: greedy), got '" + t + "'");
+        }
+    }
+    if (args.given("generate")) {
+        if (!args.given("resume")) {
+            return Status::invalid_argument(
+                "--generate: needs --resume DIR[/TAG] (the trained language model)");
+        }
+        if (args.get("generate").empty()) {
+            return Status::invalid_argument("--generate: the prompt is empty");
+        }
+        if (f.generate_bytes == 0) {
+            return Status::invalid_argument("--generate-bytes: must be at least 1");
+        }
     }
     if (args.get_switch("eval-only") && !args.given("resume")) {
         return Status::invalid_argument(
@@ -216,9 +256,13 @@ Status resume(zinf::Engine& engine, const std::string& flag) {
 // Prints the trainer's reports: progress line, periodic figures, evaluations; and the loss log.
 class Printer final : public zinf::TrainerObserver {
 public:
-    Printer(const zinf::config::EngineConfig& config, bool show_progress, std::FILE* loss_log,
-            std::uint64_t total_steps)
+    Printer(const zinf::config::EngineConfig& config, const zinf::Engine& engine,
+            const std::optional<zinf::data::ByteEntropy>& entropy, bool show_progress,
+            std::FILE* loss_log, std::uint64_t total_steps)
         : fp16_(config.fp16.enabled),
+          profile_(config.activation_checkpointing.profile),
+          engine_(engine),
+          entropy_(entropy),
           show_progress_(show_progress),
           loss_log_(loss_log),
           progress_("train", static_cast<double>(total_steps), "steps", 1.0) {}
@@ -247,31 +291,60 @@ public:
             f.samples_per_second, zinf::format_bytes(f.io.bytes_read).c_str(),
             f.read_gb_per_second, zinf::format_bytes(f.io.bytes_written).c_str(),
             f.write_gb_per_second, f.io.stall_seconds, f.data_seconds);
+        const auto* gpt = dynamic_cast<const zinf::model::Gpt*>(&engine_.model());
+        if (profile_ && gpt != nullptr) {
+            const zinf::model::CheckpointProfile& p = gpt->checkpoint_profile();
+            std::printf("  checkpointed blocks (activation_checkpointing.profile): forward %.3f s "
+                        "over %" PRIu64 " blocks, recompute %.3f s over %" PRIu64
+                        ", backward %.3f s\n",
+                        p.forward_seconds, p.blocks_forward, p.recompute_seconds,
+                        p.blocks_recomputed, p.backward_seconds);
+        }
         std::fflush(stdout);
     }
-    void on_evaluation(std::uint64_t epoch, double accuracy, bool test) override {
+    void on_evaluation_figures(const zinf::EvaluationFigures& f) override {
         progress_.clear_line();
-        std::printf("epoch %" PRIu64 ": %s accuracy %.2f %%\n", epoch + 1,
-                    test ? "test" : "train", 100.0 * accuracy);
+        const std::string when =
+            f.epoch_end ? "epoch " + std::to_string(f.epoch + 1)
+                        : "step " + std::to_string(f.step) + " (epoch " +
+                              std::to_string(f.epoch + 1) + ")";
+        if (entropy_.has_value()) {
+            // A byte-level language model: the loss is in nats per byte.
+            std::printf("%s: %s loss %.4f nats/byte, perplexity %.3f, next-byte accuracy %.2f %%"
+                        " (training text: unigram entropy %.4f, bigram %.4f nats/byte)\n",
+                        when.c_str(), f.test ? "validation" : "train", f.loss, std::exp(f.loss),
+                        100.0 * f.accuracy, entropy_->unigram_nats, entropy_->bigram_nats);
+        } else {
+            std::printf("%s: %s accuracy %.2f %%\n", when.c_str(), f.test ? "test" : "train",
+                        100.0 * f.accuracy);
+        }
         std::fflush(stdout);
     }
     void finish() { progress_.finish(); }
 
 private:
     bool fp16_;
+    bool profile_;
+    const zinf::Engine& engine_;
+    std::optional<zinf::data::ByteEntropy> entropy_;
     bool show_progress_;
     std::FILE* loss_log_;
     zinf::cli::Progress progress_;
 };
 
-void print_summary(const zinf::TrainSummary& s, const zinf::TrainingStack& stack) {
+void print_summary(const zinf::TrainSummary& s, const zinf::TrainingStack& stack,
+                   bool language_model) {
     const zinf::Engine& engine = *stack.engine;
     std::printf("summary: %" PRIu64 " steps (%" PRIu64
                 " skipped) in %.1f s, %.1f ms/step, %.0f samples/s; last loss %.4f",
                 s.steps_run, s.skipped_steps, s.seconds,
                 s.steps_run ? 1e3 * s.seconds / static_cast<double>(s.steps_run) : 0.0,
                 s.samples_per_second, s.last_loss);
-    if (s.accuracy.has_value()) {
+    if (language_model && s.eval_loss.has_value()) {
+        std::printf("; %s loss %.4f nats/byte (perplexity %.3f)",
+                    s.accuracy_on_test ? "validation" : "train", *s.eval_loss,
+                    std::exp(*s.eval_loss));
+    } else if (s.accuracy.has_value()) {
         std::printf("; %s accuracy %.2f %%", s.accuracy_on_test ? "test" : "train",
                     100.0 * *s.accuracy);
     }
@@ -330,19 +403,50 @@ void print_overlap(const zinf::OverlapFigures& f, std::uint64_t steps) {
     std::fflush(stdout);
 }
 
-// --eval-only: the checkpoint's accuracy, without a training step.
-int evaluate_only(zinf::Trainer& trainer, const zinf::Engine& engine, bool on_test) {
-    auto accuracy = trainer.evaluate();
-    if (!accuracy.has_value()) return fail("evaluate", accuracy.error());
+// --eval-only: the checkpoint's accuracy (and a language model's loss), without a training step.
+int evaluate_only(zinf::Trainer& trainer, const zinf::Engine& engine, bool on_test,
+                  bool language_model) {
+    auto f = trainer.evaluate_figures();
+    if (!f.has_value()) return fail("evaluate", f.error());
     std::printf("evaluation only (no training) of the checkpoint at step %" PRIu64
-                ": %s accuracy %.2f %%\n",
-                engine.global_steps(), on_test ? "test" : "train", 100.0 * *accuracy);
+                ": %s accuracy %.2f %%",
+                engine.global_steps(), on_test ? (language_model ? "validation" : "test") : "train",
+                100.0 * f->accuracy);
+    if (language_model) {
+        std::printf(", loss %.4f nats/byte, perplexity %.3f", f->loss, std::exp(f->loss));
+    }
+    std::printf("\n");
+    return 0;
+}
+
+// --generate: the prompt, then the continuation as it is drawn.
+int generate_text(zinf::Engine& engine, const std::string& prompt, const Flags& flags,
+                  const zinf::config::EngineConfig& config) {
+    if (g_launch.world_size > 1) {
+        return fail("--generate", Status::not_supported("--generate: one rank only"));
+    }
+    zinf::GenerateOptions o;
+    o.bytes = flags.generate_bytes;
+    o.temperature = flags.temperature;
+    o.seed = config.seed;
+    o.on_byte = [](char c) {
+        std::fputc(c, stdout);
+        std::fflush(stdout);
+    };
+    std::printf("generate (%zu bytes, %s):\n%s", o.bytes,
+                o.temperature == 0.0 ? "greedy" : ("temperature " + std::to_string(o.temperature)).c_str(),
+                prompt.c_str());
+    std::fflush(stdout);
+    auto text = zinf::generate(engine, prompt, o);
+    std::printf("\n");
+    if (!text.has_value()) return fail("--generate", text.error());
     return 0;
 }
 
 // Training with the loss log and the printer; the summary after it.
 int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flags,
-          const zinf::config::EngineConfig& config, const zinf::TrainingStack& stack) {
+          const zinf::config::EngineConfig& config, const zinf::TrainingStack& stack,
+          const std::optional<zinf::data::ByteEntropy>& entropy) {
     std::FILE* loss_log = nullptr;
     if (args.given("loss-log") && g_launch.rank == 0) {  // the losses are the global ones
         loss_log = std::fopen(args.get("loss-log").c_str(), "w");
@@ -350,14 +454,15 @@ int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flag
             return fail("--loss-log", Status::from_errno(errno, "open " + args.get("loss-log")));
         }
     }
-    Printer printer(config, flags.show_progress, loss_log, trainer.total_steps());
+    Printer printer(config, *stack.engine, entropy, flags.show_progress, loss_log,
+                    trainer.total_steps());
     auto summary = trainer.run(printer);
     printer.finish();
     if (loss_log != nullptr && std::fclose(loss_log) != 0 && summary.has_value()) {
         return fail("--loss-log", Status::io_error("close " + args.get("loss-log"), EIO));
     }
     if (!summary.has_value()) return fail("train", summary.error());
-    print_summary(*summary, stack);
+    print_summary(*summary, stack, entropy.has_value());
     return 0;
 }
 
@@ -417,18 +522,27 @@ int run(int argc, char** argv) {
     to.save_dir = args.get("save-dir");
     to.save_every = flags->save_every;
     to.evaluate_each_epoch = !args.get_switch("no-eval");
+    to.eval_every = flags->eval_every;
     to.trace = trace.get();
     auto trainer = zinf::Trainer::create(engine, *data->train, data->test.get(), to);
     if (!trainer.has_value()) return fail("data", trainer.error());
 
+    const bool language_model = data->train_entropy.has_value();
+    if (!data->description.empty()) std::printf("data: %s\n", data->description.c_str());
+    if (args.given("generate")) {
+        return generate_text(engine, args.get("generate"), *flags, config);
+    }
     if (args.get_switch("eval-only")) {
-        if (int rc = evaluate_only(*trainer, engine, data->test != nullptr); rc != 0) return rc;
+        if (int rc = evaluate_only(*trainer, engine, data->test != nullptr, language_model);
+            rc != 0)
+            return rc;
     } else {
         std::printf("data: %s, %zu training samples, %" PRIu64 " steps per epoch, %" PRIu64
                     " steps to run (from step %" PRIu64 ")\n",
                     config.data.dataset.c_str(), data->train->count(), trainer->steps_per_epoch(),
                     trainer->total_steps(), engine.global_steps());
-        if (int rc = train(*trainer, args, *flags, config, *stack); rc != 0) return rc;
+        if (int rc = train(*trainer, args, *flags, config, *stack, data->train_entropy); rc != 0)
+            return rc;
     }
     if (trace) {
         std::string path = args.get("trace");
