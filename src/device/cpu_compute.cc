@@ -19,6 +19,7 @@
 #include "kernels/cast.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
+#include "src/device/cpu_math.h"
 #include "src/base/log.h"
 #include "src/base/philox.h"
 
@@ -53,6 +54,34 @@ kernels::Dtype kernel_dtype(DType dtype) noexcept {
 int blas_int(std::size_t value) {
     ZINF_ASSERT_LE(value, static_cast<std::size_t>(std::numeric_limits<int>::max()));
     return static_cast<int>(value);
+}
+
+// The elementwise loops, each built for AVX-512, AVX2 and the baseline and picked at load time
+// (GCC's target_clones): the same operations in the same order on every variant, and no FMA
+// contraction (ISO mode, -std=c++20, compiles with -ffp-contract=off), so bitwise the same
+// results on every x86-64 machine.
+#define ZINF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+ZINF_CLONES void gelu_forward_loop(const float* x, float* y, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+        y[i] = 0.5f * v * (1.0f + cpu_math::tanh(u));
+    }
+}
+
+ZINF_CLONES void gelu_backward_loop(const float* x, const float* dy, float* dx, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        const float t = cpu_math::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+        const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+}
+
+// y[i] = e^(x[i] - shift).
+ZINF_CLONES void exp_shifted_loop(const float* x, float* y, std::size_t n, float shift) {
+    for (std::size_t i = 0; i < n; ++i) y[i] = cpu_math::exp(x[i] - shift);
 }
 
 }  // namespace
@@ -228,11 +257,7 @@ Status CpuCompute::relu_backward(const float* x, const float* dy, float* dx, std
 Status CpuCompute::gelu_forward(const float* x, float* y, std::size_t numel, StreamId stream) {
     ZINF_TRY(wait_stream(stream));
     parallel_tiles(numel, kElementwiseTileNumel, [&](std::size_t i0, std::size_t i1) {
-        for (std::size_t i = i0; i < i1; ++i) {
-            const float v = x[i];
-            const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-            y[i] = 0.5f * v * (1.0f + std::tanh(u));
-        }
+        gelu_forward_loop(x + i0, y + i0, i1 - i0);
     });
     return Status::ok();
 }
@@ -241,12 +266,7 @@ Status CpuCompute::gelu_backward(const float* x, const float* dy, float* dx, std
                                  StreamId stream) {
     ZINF_TRY(wait_stream(stream));
     parallel_tiles(numel, kElementwiseTileNumel, [&](std::size_t i0, std::size_t i1) {
-        for (std::size_t i = i0; i < i1; ++i) {
-            const float v = x[i];
-            const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-            const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-            dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
+        gelu_backward_loop(x + i0, dy + i0, dx + i0, i1 - i0);
     });
     return Status::ok();
 }
@@ -408,11 +428,9 @@ Status CpuCompute::softmax_cross_entropy_forward(const float* logits, const std:
                 float max_logit = lr[0];
                 for (std::size_t c = 1; c < classes; ++c) max_logit = std::max(max_logit, lr[c]);
                 float* pr = probs + r * classes;
+                exp_shifted_loop(lr, pr, classes, max_logit);
                 double sum = 0;
-                for (std::size_t c = 0; c < classes; ++c) {
-                    pr[c] = std::exp(lr[c] - max_logit);
-                    sum += pr[c];
-                }
+                for (std::size_t c = 0; c < classes; ++c) sum += pr[c];
                 const double inv_sum = 1.0 / sum;
                 for (std::size_t c = 0; c < classes; ++c) {
                     pr[c] = static_cast<float>(pr[c] * inv_sum);
@@ -540,11 +558,9 @@ Status CpuCompute::causal_softmax_forward(float* s, std::size_t n, std::size_t l
             float* row = s + i * ld;
             float row_max = row[0];
             for (std::size_t j = 1; j <= i; ++j) row_max = std::max(row_max, row[j]);
+            exp_shifted_loop(row, row, i + 1, row_max);
             double sum = 0;
-            for (std::size_t j = 0; j <= i; ++j) {
-                row[j] = std::exp(row[j] - row_max);
-                sum += row[j];
-            }
+            for (std::size_t j = 0; j <= i; ++j) sum += row[j];
             const double inv_sum = 1.0 / sum;
             for (std::size_t j = 0; j <= i; ++j) row[j] = static_cast<float>(row[j] * inv_sum);
             std::fill(row + i + 1, row + n, 0.0f);

@@ -15,6 +15,7 @@
 #include "src/base/philox.h"
 #include "src/device/cpu_compute.h"
 #include "src/device/cpu_device.h"
+#include "src/device/cpu_math.h"
 #include "tests/support/test_seed.h"
 
 namespace zinf::device {
@@ -313,6 +314,29 @@ TEST(CpuCompute, CountCorrectTakesTheFirstMaximum) {
     EXPECT_EQ(correct, 2u);
     ASSERT_TRUE(compute->count_correct(logits.data(), labels.data(), 3, 3, &correct, true, 0));
     EXPECT_EQ(correct, 4u);
+}
+
+// ---- The vectorisable exp and tanh -----------------------------------------------------------
+
+TEST(CpuMath, ExpAndTanhMatchDoublePrecision) {
+    double worst_exp = 0, worst_tanh = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+        const double want = std::exp(static_cast<double>(x));
+        worst_exp = std::max(worst_exp, std::fabs(cpu_math::exp(x) - want) / want);
+    }
+    for (float u = -12.0f; u <= 12.0f; u += 0.00071f) {
+        worst_tanh = std::max(worst_tanh,
+                              std::fabs(cpu_math::tanh(u) - std::tanh(static_cast<double>(u))));
+    }
+    std::printf("cpu_math: exp relative error <= %.2e, tanh absolute error <= %.2e\n", worst_exp,
+                worst_tanh);
+    EXPECT_LE(worst_exp, 2.5e-7);  // 2 ulp of fp32
+    EXPECT_LE(worst_tanh, 2.5e-7);
+    EXPECT_EQ(cpu_math::exp(0.0f), 1.0f);
+    EXPECT_EQ(cpu_math::tanh(20.0f), 1.0f);
+    EXPECT_EQ(cpu_math::tanh(-20.0f), -1.0f);
+    EXPECT_GT(cpu_math::exp(-1000.0f), 0.0f);  // clamped, never a denormal or NaN
+    EXPECT_LT(cpu_math::exp(-1000.0f), 1e-37f);
 }
 
 // ---- Embeddings and causal softmax (the GPT model) ------------------------------------------

@@ -18,5 +18,6 @@ int run_adam(int argc, char** argv);
 int run_h2d(int argc, char** argv);
 int run_optimizer(int argc, char** argv);
 int run_comm(int argc, char** argv);
+int run_gpt(int argc, char** argv);
 
 }  // namespace zinf::bench

@@ -32,6 +32,9 @@ const Command kCommands[] = {
 #ifdef ZINF_BENCH_HAVE_COMM
     {"comm", "collectives' bus bandwidth over the MPI communicator against plain MPI (mpirun -np N)", zinf::bench::run_comm},
 #endif
+#ifdef ZINF_BENCH_HAVE_GPT
+    {"gpt", "GPT training step's GEMM FLOP/s against OpenBLAS on the same shapes; checkpointing cost", zinf::bench::run_gpt},
+#endif
 #ifdef ZINF_BENCH_HAVE_ADAM
     {"adam", "CPU optimizer step throughput against the memory-bandwidth bound", zinf::bench::run_adam},
 #endif
