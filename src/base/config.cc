@@ -690,30 +690,52 @@ Status read_activation_checkpointing(const Json& object, const std::string& path
     }
     ZINF_TRY(r.get_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary));
     ZINF_TRY(r.get_bool("profile", a.profile));
-    return r.finish();
+    ZINF_TRY(r.get_bool("nvme_checkpointing", a.nvme_checkpointing));
+    ZINF_TRY(r.get_path_list("nvme_path", a.nvme_path));
+    ZINF_TRY(r.finish());
+    if (a.nvme_checkpointing && a.cpu_checkpointing) {
+        return Status::invalid_argument(str_cat(
+            path, ".nvme_checkpointing and ", path, ".cpu_checkpointing: choose one place"));
+    }
+    if (a.nvme_checkpointing && a.nvme_path.empty()) {
+        return Status::invalid_argument(
+            str_cat(path, ".nvme_path: required when ", path, ".nvme_checkpointing is true"));
+    }
+    return Status::ok();
 }
 
 // What the activation_checkpointing block means for the model: warnings for what has no effect.
-void check_activation_checkpointing(const Json& root, EngineConfig& c) {
+Status check_activation_checkpointing(const Json& root, EngineConfig& c) {
     const auto block = root.find("activation_checkpointing");
-    if (block == root.end()) return;
+    if (block == root.end()) return Status::ok();
     const ActivationCheckpointingConfig& a = c.activation_checkpointing;
     if (c.model.type != ModelType::kGpt || !c.model.checkpoint_activations) {
         c.warnings.push_back(
             "activation_checkpointing: has no effect unless model.type is \"gpt\" and "
             "model.checkpoint_activations is true");
-        return;
+        return Status::ok();
     }
     if (a.partition_activations) {
         c.warnings.push_back(
             "activation_checkpointing.partition_activations: partitions activations over "
             "model-parallel ranks; zinfinity has no model parallelism (ignored)");
     }
+    // Each store locks its directories for the run: the activations need their own.
+    for (const auto* offload : {&c.zero.offload_param.nvme_path, &c.zero.offload_optimizer.nvme_path}) {
+        for (const std::string& p : a.nvme_path) {
+            if (std::find(offload->begin(), offload->end(), p) != offload->end()) {
+                return Status::invalid_argument(str_cat(
+                    "activation_checkpointing.nvme_path: ", p, " is also an offload nvme_path; "
+                    "the activations need a directory of their own (e.g. ", p, "/activations)"));
+            }
+        }
+    }
     if (a.number_checkpoints != 0 && a.number_checkpoints != c.model.n_layer) {
         c.warnings.push_back(str_cat("activation_checkpointing.number_checkpoints: ",
                                      a.number_checkpoints, " ignored; zinfinity keeps one per "
                                      "block (model.n_layer = ", c.model.n_layer, ")"));
     }
+    return Status::ok();
 }
 
 Status read_data(const Json& object, const std::string& path, std::vector<std::string>& warnings,
@@ -955,7 +977,7 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
     if (sub != nullptr) ZINF_TRY(read_scheduler(*sub, "scheduler", c.warnings, c.scheduler));
     ZINF_TRY(read_zinfinity_blocks(r, c));
     ZINF_TRY(r.finish());
-    check_activation_checkpointing(root, c);
+    ZINF_TRY(check_activation_checkpointing(root, c));
     return check_placement(c);
 }
 

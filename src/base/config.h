@@ -187,6 +187,9 @@ struct ActivationCheckpointingConfig {
     std::uint64_t number_checkpoints = 0;  // 0: absent; zinfinity keeps one per block
     bool synchronize_checkpoint_boundary = false;
     bool profile = false;  // per-step times of the checkpointed blocks
+    // zinfinity: the kept block inputs on NVMe (a swap store of their own under nvme_path).
+    bool nvme_checkpointing = false;
+    std::vector<std::string> nvme_path;
 };
 
 // zinfinity's `data` block: what zinfinity-train trains on.

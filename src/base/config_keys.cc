@@ -67,6 +67,8 @@ constexpr KeyInfo kKeys[] = {
     {"activation_checkpointing.number_checkpoints", S::kImplemented, "", "one checkpoint per block is kept; another value is warned and ignored"},
     {"activation_checkpointing.synchronize_checkpoint_boundary", S::kImplemented, "", "synchronizes the device stream at each block boundary"},
     {"activation_checkpointing.profile", S::kImplemented, "", "prints the forward, recompute and backward time of the checkpointed blocks with each steps_per_print line"},
+    {"activation_checkpointing.nvme_checkpointing", S::kZinfinity, "", "kept block inputs on NVMe, written behind the forward and read back one block ahead in backward (false)"},
+    {"activation_checkpointing.nvme_path", S::kZinfinity, "", "a directory (or a list, striped) of the NVMe checkpoints, not an offload nvme_path"},
     {"gradient_accumulation_dtype", S::kDefaultOnly, "null", "gradients accumulate in the parameters' dtype"},
     {"data_types", S::kImplemented, "", "DeepSpeed's data types block"},
     {"data_types.grad_accum_dtype", S::kDefaultOnly, "null", "gradients accumulate in the parameters' dtype"},

@@ -1,6 +1,8 @@
 // The model registry's table.
 #include "src/engine/model_registry.h"
 
+#include "src/engine/activation_store.h"
+#include "src/engine/offload_plan.h"
 #include "src/model/gpt.h"
 #include "src/model/mlp.h"
 
@@ -34,12 +36,23 @@ Result<std::unique_ptr<model::Model>> build_gpt(const config::EngineConfig& conf
     g.batch_rows_max = config.batch.train_micro_batch_size_per_gpu;
     g.seed = config.seed;
     g.checkpoint_activations = m.checkpoint_activations;
-    g.checkpoint_place =
-        a.cpu_checkpointing ? model::CheckpointPlace::kHost : model::CheckpointPlace::kDevice;
+    g.checkpoint_place = a.cpu_checkpointing    ? model::CheckpointPlace::kHost
+                         : a.nvme_checkpointing ? model::CheckpointPlace::kStore
+                                                : model::CheckpointPlace::kDevice;
     g.contiguous_checkpoints = a.contiguous_memory_optimization;
     g.synchronize_boundaries = a.synchronize_checkpoint_boundary;
     g.profile = a.profile;
-    ZINF_ASSIGN_OR_RETURN(auto gpt, model::Gpt::create(g, device));
+    std::unique_ptr<model::ActivationStore> store;
+    if (g.checkpoint_activations && g.checkpoint_place == model::CheckpointPlace::kStore) {
+        NvmeActivationStoreOptions o;
+        o.paths = a.nvme_path;
+        o.verify_checksums = config.swap.verify_checksums;
+        o.aio = aio_options(config.aio);
+        o.input_bytes = g.batch_rows_max * g.seq_len * g.d_model * sizeof(float);
+        o.input_count = g.n_layer;
+        ZINF_ASSIGN_OR_RETURN(store, NvmeActivationStore::create(o, device));
+    }
+    ZINF_ASSIGN_OR_RETURN(auto gpt, model::Gpt::create(g, device, std::move(store)));
     return std::unique_ptr<model::Model>(std::move(gpt));
 }
 

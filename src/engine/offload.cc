@@ -47,7 +47,8 @@ Status check_swap_directories(const config::EngineConfig& config) {
 config::EngineConfig with_rank_swap_paths(const config::EngineConfig& config, int rank) {
     config::EngineConfig c = config;
     const std::string sub = "rank" + std::to_string(rank);
-    for (auto* paths : {&c.zero.offload_param.nvme_path, &c.zero.offload_optimizer.nvme_path}) {
+    for (auto* paths : {&c.zero.offload_param.nvme_path, &c.zero.offload_optimizer.nvme_path,
+                        &c.activation_checkpointing.nvme_path}) {
         for (auto& p : *paths) p = (std::filesystem::path(p) / sub).string();
     }
     return c;

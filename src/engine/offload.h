@@ -37,9 +37,9 @@ namespace zinf::engine {
 // Errors name the key: kNotFound / kIo / kInvalidArgument.
 Status check_swap_directories(const config::EngineConfig& config);
 
-// The config rank `rank` of several runs with: every nvme_path (both sections, every stripe)
-// becomes its subdirectory "rank<rank>", so that one config serves all ranks and no two ranks
-// share a swap directory or its lock.
+// The config rank `rank` of several runs with: every nvme_path (both offload sections and the
+// activation checkpoints, every stripe) becomes its subdirectory "rank<rank>", so that one config
+// serves all ranks and no two ranks share a swap directory or its lock.
 config::EngineConfig with_rank_swap_paths(const config::EngineConfig& config, int rank);
 
 // offload_param "cpu": every slice in one pageable host buffer, registered with the (CPU) device

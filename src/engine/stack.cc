@@ -4,6 +4,7 @@
 #include "src/device/cpu_compute.h"
 #include "src/device/cpu_device.h"
 #include "src/engine/model_registry.h"
+#include "src/engine/offload.h"
 #include "zero/single_rank_communicator.h"
 
 namespace zinf {
@@ -50,7 +51,14 @@ Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config
     } else {
         s.communicator = std::make_unique<zero::SingleRankCommunicator>(*s.device);
     }
-    ZINF_ASSIGN_OR_RETURN(s.model, engine::build_model(config, *s.device));
+    // Each rank's activation checkpoints (nvme_checkpointing) in a directory of its own, as its
+    // swap files are.
+    const int world = s.communicator->world_size();
+    ZINF_ASSIGN_OR_RETURN(
+        s.model, engine::build_model(
+                     world > 1 ? engine::with_rank_swap_paths(config, s.communicator->rank())
+                               : config,
+                     *s.device));
     ZINF_ASSIGN_OR_RETURN(s.engine,
                           Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator,
                                          options));

@@ -86,7 +86,8 @@ Gpt::~Gpt() {
     }
 }
 
-Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device) {
+Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device,
+                                         std::unique_ptr<ActivationStore> store) {
     const auto positive = [](std::size_t v, const char* key) -> Status {
         if (v == 0) return Status::invalid_argument(str_cat(key, ": must be > 0"));
         return Status::ok();
@@ -109,8 +110,18 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     if (!(config.layer_norm_eps > 0.0f)) {
         return Status::invalid_argument("model.layer_norm_eps: must be > 0");
     }
+    const std::size_t input_bytes =
+        config.batch_rows_max * config.seq_len * config.d_model * sizeof(float);
+    if (config.checkpoint_activations && config.checkpoint_place == CheckpointPlace::kStore &&
+        (store == nullptr || store->input_count() < config.n_layer ||
+         store->input_bytes() < input_bytes)) {
+        return Status::invalid_argument(
+            str_cat("activation_checkpointing.nvme_checkpointing: the activation store must hold ",
+                    config.n_layer, " inputs of ", input_bytes, " bytes"));
+    }
 
     auto gpt = std::unique_ptr<Gpt>(new Gpt(config, device));
+    gpt->store_ = std::move(store);
     const std::size_t d = config.d_model;
     const std::size_t n = config.batch_rows_max * config.seq_len;  // token rows
     const std::size_t layers = config.n_layer;
@@ -175,9 +186,11 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     // the kept ones live in host memory.
     const bool host = config.checkpoint_activations &&
                       config.checkpoint_place == CheckpointPlace::kHost;
-    const std::size_t device_inputs = host ? 2 : layers + 1;
+    const bool off_device = config.checkpoint_activations &&
+                            config.checkpoint_place != CheckpointPlace::kDevice;
+    const std::size_t device_inputs = off_device ? 2 : layers + 1;
     const std::size_t before_kept = bytes;
-    if (config.contiguous_checkpoints || host) {
+    if (config.contiguous_checkpoints || off_device) {
         ZINF_TRY(alloc(gpt->kept_, device_inputs * n * d, "gpt: block inputs"));
     } else {
         gpt->kept_each_.resize(device_inputs);
@@ -218,9 +231,7 @@ Context Gpt::with_scratch(const Context& ctx) const {
 
 float* Gpt::block_input(std::size_t i) const noexcept {
     const std::size_t numel = config_.batch_rows_max * config_.seq_len * config_.d_model;
-    const bool host = config_.checkpoint_activations &&
-                      config_.checkpoint_place == CheckpointPlace::kHost;
-    const std::size_t slot = host ? i % 2 : i;
+    const std::size_t slot = inputs_off_device() ? i % 2 : i;
     if (!kept_each_.empty()) return kept_each_[slot].as<float>();
     return kept_.as<float>() + slot * numel;
 }
@@ -365,13 +376,15 @@ Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t
         ZINF_TRY(wte.release());
     }
     ZINF_TRY(embed_dropout_->forward(ctx, block_input(0), block_input(0), n));
-    const bool host = config_.checkpoint_activations &&
-                      config_.checkpoint_place == CheckpointPlace::kHost && ctx.training;
+    const bool keep = inputs_off_device() && ctx.training;
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
         const auto t0 = Clock::now();
-        if (host) {
+        if (keep && config_.checkpoint_place == CheckpointPlace::kHost) {
             ZINF_TRY(device_.copy_to_host(host_kept_.as<float>() + i * n * d, block_input(i),
                                           n * d * sizeof(float), ctx.stream));
+        } else if (keep) {
+            ZINF_TRY(store_->save(i, block_input(i), n * d * sizeof(float), ctx.stream)
+                         .with_context(str_cat("block ", i, ": keeping its input")));
         }
         Status status = block_forward(ctx, i, workspace(i), block_input(i), block_input(i + 1),
                                       false);
@@ -424,14 +437,16 @@ Status Gpt::backward(const Context& outer, float grad_scale) {
     ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, v, d, n, 1.0f, dlogits, v,
                               hf_.as<float>(), d, 0.0f, wte_grad_.as<float>(), d, ctx.stream));
     ZINF_TRY(ln_f_->backward(ctx, gt, gx));
-    const bool host = config_.checkpoint_place == CheckpointPlace::kHost;
     for (std::size_t i = blocks_.size(); i-- > 0;) {
         Workspace& ws = workspace(i);
         if (config_.checkpoint_activations) {
             const auto t0 = Clock::now();
-            if (host) {
+            if (config_.checkpoint_place == CheckpointPlace::kHost) {
                 ZINF_TRY(device_.copy_to_device(block_input(i), host_kept_.as<float>() + i * n * d,
                                                 n * d * sizeof(float), ctx.stream));
+            } else if (config_.checkpoint_place == CheckpointPlace::kStore) {
+                ZINF_TRY(store_->restore(i, block_input(i), n * d * sizeof(float), ctx.stream)
+                             .with_context(str_cat("block ", i, ": restoring its input")));
             }
             Status status = block_forward(ctx, i, ws, block_input(i), nullptr, true);
             if (!status.is_ok()) return status.with_context(str_cat("block ", i, " recompute"));

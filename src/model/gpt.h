@@ -27,6 +27,7 @@
 #include "src/base/device.h"
 #include "src/base/device_buffer.h"
 #include "src/base/status.h"
+#include "src/model/activation_store.h"
 #include "src/model/layers.h"
 #include "src/model/model.h"
 #include "src/model/module.h"
@@ -38,6 +39,7 @@ namespace zinf::model {
 enum class CheckpointPlace : std::uint8_t {
     kDevice,  // device memory
     kHost,    // pinned host memory (DeepSpeed's cpu_checkpointing)
+    kStore,   // an ActivationStore (NVMe: zinfinity's nvme_checkpointing)
 };
 
 struct GptConfig {
@@ -78,8 +80,11 @@ struct CheckpointProfile {
 class Gpt final : public Model {
 public:
     // Errors: kInvalidArgument naming the key (model.d_model not divisible by model.n_head, a
-    // zero size, dropout outside [0, 1)); kNoSpace from the device budget.
-    static Result<std::unique_ptr<Gpt>> create(const GptConfig& config, Device& device);
+    // zero size, dropout outside [0, 1)); kNoSpace from the device budget. `store` (owned)
+    // is required for CheckpointPlace::kStore: n_layer inputs of batch_rows_max x seq_len x
+    // d_model floats.
+    static Result<std::unique_ptr<Gpt>> create(const GptConfig& config, Device& device,
+                                               std::unique_ptr<ActivationStore> store = nullptr);
     ~Gpt() override;
     Gpt(const Gpt&) = delete;
     Gpt& operator=(const Gpt&) = delete;
@@ -109,6 +114,7 @@ public:
     // every block's insides), and host bytes of the kept inputs under kHost.
     std::size_t kept_activation_bytes() const noexcept { return kept_device_bytes_; }
     std::size_t host_checkpoint_bytes() const noexcept { return host_kept_.size(); }
+    const ActivationStore* activation_store() const noexcept { return store_.get(); }
     const CheckpointProfile& checkpoint_profile() const noexcept { return profile_; }
 
 private:
@@ -118,6 +124,10 @@ private:
     Context with_scratch(const Context& ctx) const;
     // Where block i's input is read from in forward (and restored to before its backward).
     float* block_input(std::size_t i) const noexcept;
+    // Whether the kept inputs live outside device memory (two device slots rotate).
+    bool inputs_off_device() const noexcept {
+        return config_.checkpoint_activations && config_.checkpoint_place != CheckpointPlace::kDevice;
+    }
     Status block_forward(const Context& ctx, std::size_t i, Workspace& ws, const float* x,
                          float* out, bool recompute);
     Status block_backward(const Context& ctx, std::size_t i, Workspace& ws, float* dx);
@@ -140,6 +150,7 @@ private:
     DeviceBuffer kept_;                  // block inputs 0..n_layer (contiguous), or:
     std::vector<DeviceBuffer> kept_each_;  // one per block input
     AlignedBuffer host_kept_;            // kHost: block inputs 0..n_layer-1
+    std::unique_ptr<ActivationStore> store_;  // kStore
     bool host_registered_ = false;
     DeviceBuffer hf_;          // ln_f output
     DeviceBuffer logits_;      // rows x seq_len x vocab

@@ -294,6 +294,17 @@ TEST(ConfigTest, GptErrorsNameTheKey) {
     EXPECT_TRUE(names(R"({"model": {"type": "transformer"}})", "model.type"));
     EXPECT_TRUE(names(R"({"activation_checkpointing": {"cpu_checkpoint": true}})",
                       "did you mean 'activation_checkpointing.cpu_checkpointing'"));
+    EXPECT_TRUE(names(R"({"activation_checkpointing": {"nvme_checkpointing": true}})",
+                      "activation_checkpointing.nvme_path: required"));
+    EXPECT_TRUE(names(R"({"activation_checkpointing": {"nvme_checkpointing": true,
+                          "cpu_checkpointing": true, "nvme_path": "/x"}})",
+                      "choose one place"));
+    EXPECT_TRUE(names(R"({"model": {"type": "gpt", "checkpoint_activations": true},
+                          "zero_optimization": {"stage": 3, "offload_optimizer": {
+                              "device": "nvme", "nvme_path": "/swap"}},
+                          "activation_checkpointing": {"nvme_checkpointing": true,
+                                                       "nvme_path": "/swap"}})",
+                      "activation_checkpointing.nvme_path: /swap is also an offload nvme_path"));
 }
 
 TEST(ConfigTest, CanonicalJsonReflectsOverrides) {

@@ -1,7 +1,7 @@
 // zinfinity-train with model.type "gpt" end to end: training on a text file evaluates in nats
 // per byte beside the text's byte entropies and learns below them, --generate continues a
-// prompt from the checkpoint, activation checkpointing (on the device and in host memory) leaves
-// every loss bitwise unchanged, and bad text, sizes and keys fail with the culprit named.
+// prompt from the checkpoint, activation checkpointing (on the device, in host memory, on NVMe)
+// leaves every loss bitwise unchanged, and bad text, sizes and keys fail with the culprit named.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -127,17 +127,19 @@ TEST(GptCliTest, LearnsATextBelowItsBigramEntropyAndContinuesAPrompt) {
     EXPECT_EQ(s1.out, s2.out);
 }
 
-TEST(GptCliTest, CheckpointingOnDeviceOrInHostMemoryLeavesEveryLossBitwise) {
+TEST(GptCliTest, CheckpointingOnDeviceInHostMemoryOrOnNvmeLeavesEveryLossBitwise) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");
     write_file(text, corpus());
     std::vector<std::vector<std::string>> logs;
-    const char* variants[] = {
+    const std::string variants[] = {
         "",
         R"(, "activation_checkpointing": {"profile": true})",
         R"(, "activation_checkpointing": {"cpu_checkpointing": true, "contiguous_memory_optimization": true, "synchronize_checkpoint_boundary": true})",
+        R"(, "activation_checkpointing": {"nvme_checkpointing": true, "nvme_path": ")" +
+            dir.file("activations") + R"("})",
     };
-    for (int v = 0; v < 3; ++v) {
+    for (int v = 0; v < 4; ++v) {
         const std::string log = dir.file("losses" + std::to_string(v));
         std::string args = tiny_gpt(dir, text, variants[v]) +
                            " --max-steps 6 --no-eval --set model.dropout=0.1 --set "
@@ -150,11 +152,16 @@ TEST(GptCliTest, CheckpointingOnDeviceOrInHostMemoryLeavesEveryLossBitwise) {
                       std::string::npos)
                 << r.out;
         }
+        if (v == 3) {
+            EXPECT_NE(r.out.find("activation checkpoints:"), std::string::npos) << r.out;
+            EXPECT_NE(r.out.find("on NVMe: written"), std::string::npos) << r.out;
+        }
         logs.push_back(lines(log));
         ASSERT_EQ(logs.back().size(), 6u);
     }
     EXPECT_EQ(logs[0], logs[1]);
     EXPECT_EQ(logs[0], logs[2]);
+    EXPECT_EQ(logs[0], logs[3]);
 }
 
 TEST(GptCliTest, CheckpointingKeysWithoutEffectWarn) {

@@ -366,6 +366,21 @@ void print_summary(const zinf::TrainSummary& s, const zinf::TrainingStack& stack
     if (!engine.residency_summary().empty()) {
         std::printf("  parameter tiers: %s\n", engine.residency_summary().c_str());
     }
+    const auto* gpt = dynamic_cast<const zinf::model::Gpt*>(&engine.model());
+    if (gpt != nullptr && gpt->config().checkpoint_activations) {
+        std::printf("  activation checkpoints: %s kept on the device",
+                    zinf::format_bytes(gpt->kept_activation_bytes()).c_str());
+        if (gpt->host_checkpoint_bytes() > 0) {
+            std::printf(", %s in pinned host memory",
+                        zinf::format_bytes(gpt->host_checkpoint_bytes()).c_str());
+        }
+        if (const zinf::model::ActivationStore* store = gpt->activation_store()) {
+            std::printf(", on NVMe: written %s, read back %s",
+                        zinf::format_bytes(store->bytes_written()).c_str(),
+                        zinf::format_bytes(store->bytes_read()).c_str());
+        }
+        std::printf("\n");
+    }
     std::fflush(stdout);
 }
 
