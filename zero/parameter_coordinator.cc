@@ -91,7 +91,13 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
         } else if (!plan.parameters_partitioned && one_rank) {
             c->partition_params_ = c->full_params_;
         }
-        if (options.host_gradients) {
+        if (options.gradient_storage != nullptr) {
+            if (!plan.gradients_partitioned) {
+                return Status::invalid_argument(
+                    "zero: streamed gradients need partitioned gradients (stage 2-3)");
+            }
+            c->partition_grads_ = nullptr;  // the storage holds them
+        } else if (options.host_gradients) {
             const std::size_t bytes = std::max<std::size_t>(partitioning.partition_numel() * eb, 64);
             auto host = AlignedBuffer::allocate(bytes);
             if (!host.has_value()) return host.error().with_context("zero: host gradient partition");
@@ -463,6 +469,12 @@ Status ParameterCoordinator::accumulate_gradient(std::size_t index, const float*
     if (plan_.gradients_partitioned) {
         ZINF_TRY(communicator_.reduce_scatter(stage_scratch_, slice_scratch_, s.slice_numel, dt,
                                               ReduceOp::kSum, stream));
+        if (options_.gradient_storage != nullptr) {
+            const bool first = !p.grad_written;
+            p.grad_written = true;
+            return options_.gradient_storage->store(index, slice_scratch_, s.slice_numel, first,
+                                                    stream);
+        }
         src = slice_scratch_;
         dst = at(partition_grads_, s.partition_offset_numel);
         n = s.slice_numel;
@@ -485,6 +497,9 @@ Status ParameterCoordinator::accumulate_gradient(std::size_t index, const float*
 }
 
 Status ParameterCoordinator::reduce_gradients(StreamId stream) {
+    // Streamed: the storage zero-fills what got no gradient; stages 2-3 reduced everything
+    // as it arrived.
+    if (options_.gradient_storage != nullptr) return options_.gradient_storage->end_window(stream);
     const std::size_t eb = elem_bytes();
     for (std::size_t i = 0; i < params_.size(); ++i) {
         if (params_[i].grad_written) continue;

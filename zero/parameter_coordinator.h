@@ -28,6 +28,7 @@
 #include "src/base/status.h"
 #include "zero/communicator.h"
 #include "zero/partition.h"
+#include "zero/gradient_storage.h"
 #include "zero/partition_storage.h"
 
 namespace zinf::zero {
@@ -49,6 +50,10 @@ struct CoordinatorOptions {
     // the device budget, as DeepSpeed keeps it under optimizer offload. CPU device only (its
     // memory is host memory, so the device's compute reads it in place).
     bool host_gradients = false;
+    // Stages 2-3: each reduced gradient slice goes to this storage (borrowed, outlives the
+    // coordinator) instead of a partition buffer, and domain().gradients is null; the optimizer
+    // reads the gradients from the storage. Null: in memory.
+    GradientStorage* gradient_storage = nullptr;
 };
 
 // The bytes one rank holds for the model's parameters and gradients, wherever they live (device,

@@ -368,6 +368,7 @@ Status read_offload_optimizer(const Json& object, const std::string& path,
     ZINF_TRY(r.get_bool("pin_memory", c.pin_memory));
     ZINF_TRY(r.get_bool("pipeline_read", c.pipeline_read));
     ZINF_TRY(r.get_bool("pipeline_write", c.pipeline_write));
+    ZINF_TRY(r.get_bool("stream_gradients", c.stream_gradients));
     ZINF_TRY(r.finish());
     if (c.device == OffloadDevice::kNvme && c.nvme_path.empty()) {
         return Status::invalid_argument(

@@ -50,6 +50,9 @@ struct OffloadOptimizerConfig {
     bool pin_memory = true;  // DeepSpeed's default
     bool pipeline_read = false;
     bool pipeline_write = false;
+    // zinfinity: stages 2-3 on the CPU device with device "nvme": the gradient partition goes to
+    // the swap files as backward produces it instead of staying in host memory.
+    bool stream_gradients = true;
 };
 
 // `zero_optimization`. Sizes in elements, as in DeepSpeed. Keys zinfinity does not implement

@@ -17,7 +17,7 @@ namespace {
 
 // Gradient norms are summed over chunks of this many elements, at fixed offsets of the domain,
 // in order, whatever the optimizer's sub-groups: offloading must not change the arithmetic.
-constexpr std::size_t kNormChunkNumel = std::size_t{1} << 18;
+using engine::kNormChunkNumel;  // src/engine/gradient_swap.h: the streamed norm uses it too
 
 kernels::Dtype kernel_dtype(DType dtype) noexcept {
     switch (dtype) {
@@ -181,6 +181,13 @@ Status Engine::build(const zero::Partitioning& part) {
         ZINF_ASSIGN_OR_RETURN(offload_, engine::Offload::create(plan_, part, kernel_, device_));
         co.offloaded_parameters = offload_->parameters();
     }
+    if (plan_.gradients == engine::Home::kNvme) {
+        ZINF_ASSERT(offload_ && offload_->optimizer_store() != nullptr);
+        ZINF_ASSIGN_OR_RETURN(gradient_swap_, engine::GradientSwap::create(
+                                                  *offload_->optimizer_store(), part, plan_.dtype,
+                                                  plan_.sub_group_numel, device_, kernel_));
+        co.gradient_storage = gradient_swap_.get();
+    }
     std::vector<std::size_t> numels;
     for (const auto& info : model_.parameters().all()) numels.push_back(info.numel);
     ZINF_ASSIGN_OR_RETURN(coordinator_, zero::ParameterCoordinator::create(
@@ -233,8 +240,8 @@ void Engine::initial_master(std::size_t offset, std::span<float> out) const {
 // the plan asks for, initialised with the fp32 values the parameters were rounded from.
 Status Engine::init_states() {
     ZINF_ASSERT_EQ(coordinator_->domain().numel, plan_.domain_numel);
-    ZINF_ASSIGN_OR_RETURN(optimizer_io_,
-                          engine::OptimizerIo::create(plan_, *coordinator_, device_));
+    ZINF_ASSIGN_OR_RETURN(optimizer_io_, engine::OptimizerIo::create(plan_, *coordinator_, device_,
+                                                                     gradient_swap_.get()));
     ZINF_ASSIGN_OR_RETURN(states_, engine::make_state_store(
                                        plan_, device_, kernel_,
                                        offload_ ? offload_->optimizer() : nullptr));
@@ -422,6 +429,7 @@ Status Engine::backward() {
     TraceScope span(trace_, "backward", "compute", 0);
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
+    if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
     Status bwd = model_.backward(ctx, static_cast<float>(scale));
     if (bwd.is_ok()) bwd = device_.synchronize(stream());
     if (!bwd.is_ok()) {
@@ -447,7 +455,6 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     const auto& d = coordinator_->domain();
     const auto& part = coordinator_->partitioning();
     const std::size_t eb = dtype_size_bytes(d.dtype);
-    ZINF_ASSIGN_OR_RETURN(const std::byte* grads, optimizer_io_->prepare(stream()));
     const bool partitioned = coordinator_->plan().optimizer_partitioned;
     const auto ws = static_cast<std::size_t>(part.world_size());
     const std::size_t params = part.parameter_count();
@@ -455,6 +462,23 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     // steps: the step allocates nothing.
     std::vector<double>& partials = norm_partials_;
     partials.assign(params * ws + 1, 0.0);
+    if (gradient_swap_) {
+        // Streamed: each slice's partial was taken from its final value as it was written, in
+        // the same chunks as below.
+        const auto r = static_cast<std::size_t>(part.rank());
+        for (std::size_t p = 0; p < params; ++p) {
+            partials[p * ws + r] = gradient_swap_->partial(p);
+            partials.back() += static_cast<double>(gradient_swap_->nonfinite_chunks(p));
+        }
+        if (ws > 1) {
+            ZINF_TRY(zero::sum_over_ranks(communicator_, partials).with_context("gradient norm over ranks"));
+        }
+        kernels::GradStats total;
+        for (std::size_t k = 0; k < params * ws; ++k) total.sum_squares += partials[k];
+        total.has_inf_nan = partials.back() != 0.0;
+        return total;
+    }
+    ZINF_ASSIGN_OR_RETURN(const std::byte* grads, optimizer_io_->prepare(stream()));
     auto slice_sum = [&](std::size_t offset, std::size_t n) {
         double sum = 0.0;
         for (std::size_t at = 0; at < n; at += kNormChunkNumel) {

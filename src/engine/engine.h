@@ -23,6 +23,7 @@
 #include "src/base/device_buffer.h"
 #include "src/base/status.h"
 #include "src/engine/checkpoint_files.h"
+#include "src/engine/gradient_swap.h"
 #include "src/engine/offload.h"
 #include "src/engine/offload_plan.h"
 #include "src/engine/schedule.h"
@@ -188,6 +189,8 @@ public:
     const config::EngineConfig& config() const noexcept { return config_; }
     const engine::OffloadPlan& plan() const noexcept { return plan_; }
     const zero::ParameterCoordinator& coordinator() const noexcept { return *coordinator_; }
+    // The streamed gradients (plan().gradients on NVMe); null otherwise.
+    const engine::GradientSwap* gradient_swap() const noexcept { return gradient_swap_.get(); }
     const model::Model& model() const noexcept { return model_; }
     // The data-parallel world: this rank and the communicator every rank shares (host-side
     // agreements such as the mean loss go through zero::sum_over_ranks on it).
@@ -272,6 +275,9 @@ private:
     EngineOptions options_;
     // Declared before the coordinator, which reads parameters through it: destroyed after.
     std::unique_ptr<engine::Offload> offload_;
+    // Streamed gradients (plan gradients on NVMe): the coordinator stores into it, so it is
+    // declared (and outlives) before the coordinator, after the store it writes to.
+    std::unique_ptr<engine::GradientSwap> gradient_swap_;
     std::unique_ptr<zero::ParameterCoordinator> coordinator_;
     std::unique_ptr<Adapter> adapter_;
     std::unique_ptr<engine::StateStore> states_;

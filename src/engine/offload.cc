@@ -1,6 +1,8 @@
 // Offload: host and NVMe homes of parameter partitions and optimizer states.
 #include "src/engine/offload.h"
 
+#include "src/engine/gradient_swap.h"
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -287,6 +289,9 @@ Status Offload::open_stores(const OffloadPlan& plan, const zero::Partitioning& p
         ZINF_ASSIGN_OR_RETURN(optimizer_, swap::OptimizerSwapper::create(
                                               *optimizer_store_, *optimizer_pool_, kernel,
                                               plan.optimizer_swapper));
+        if (plan.gradients == Home::kNvme) {
+            ZINF_TRY(reserve_gradient_partitions(*optimizer_store_, part, plan.dtype));
+        }
     }
     if (param_store_) ZINF_TRY(param_store_->commit());
     if (optimizer_store_own_) ZINF_TRY(optimizer_store_own_->commit());

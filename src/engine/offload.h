@@ -131,6 +131,8 @@ public:
     zero::PartitionStorage* parameters() noexcept { return parameters_.get(); }
     // The NVMe optimizer (null unless offload_optimizer is "nvme").
     swap::OptimizerSwapper* optimizer() noexcept { return optimizer_.get(); }
+    // The optimizer states' swap store (also the streamed gradients'); null without NVMe states.
+    swap::SwapStore* optimizer_store() noexcept { return optimizer_store_; }
     tier::ResidencyManager* residency() noexcept { return residency_.get(); }
     // The NVMe parameter storage (null unless offload_param is "nvme").
     TieredPartitionStorage* tiered_parameters() noexcept { return tiered_; }

@@ -166,7 +166,14 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
                                 (plan.parameters_offloaded() ||
                                  plan.optimizer_states == Home::kNvme);
-    plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
+    // Under NVMe optimizer offload the gradient partition streams to the swap files (stages
+    // 2-3 reduce each gradient as it arrives): host memory no longer grows with the model.
+    const bool stream_gradients = host_gradients && plan.optimizer_states == Home::kNvme &&
+                                  plan.stage_plan.gradients_partitioned &&
+                                  zc.offload_optimizer.stream_gradients;
+    plan.gradients = stream_gradients ? Home::kNvme
+                     : host_gradients ? Home::kHost
+                                      : Home::kDevice;
     // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
     // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
     plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
@@ -198,7 +205,7 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     co.dtype = plan.dtype;
     co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
     co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
-    co.host_gradients = host_gradients;
+    co.host_gradients = host_gradients && !stream_gradients;
 
 }
 
@@ -317,7 +324,11 @@ std::string OffloadPlan::describe() const {
                          parameter_store.verify_checksums ? "on" : "off", ")");
             break;
     }
-    s += str_cat("\n    gradients: ", gradients == Home::kHost ? "host memory" : "device",
+    s += str_cat("\n    gradients: ",
+                 gradients == Home::kNvme   ? "nvme (streamed to the optimizer's store as backward "
+                                              "produces them, read back per sub-group)"
+                 : gradients == Home::kHost ? "host memory"
+                                            : "device",
                  gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "",
                  ", ", format_bytes(domain_numel * eb), " in the optimizer domain");
     s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " state",

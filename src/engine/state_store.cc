@@ -261,8 +261,9 @@ OptimizerIo::OptimizerIo(const OffloadPlan& plan, zero::ParameterCoordinator& co
 
 Result<std::unique_ptr<OptimizerIo>> OptimizerIo::create(const OffloadPlan& plan,
                                                          zero::ParameterCoordinator& coordinator,
-                                                         Device& device) {
+                                                         Device& device, GradientSwap* streamed) {
     std::unique_ptr<OptimizerIo> io(new OptimizerIo(plan, coordinator, device));
+    io->streamed_ = streamed;
     const std::size_t eb = dtype_size_bytes(plan.dtype);
     if (plan.gradients_copied_to_host) {
         auto b = AlignedBuffer::allocate(std::max<std::size_t>(plan.domain_numel * eb, 64),
@@ -293,6 +294,11 @@ Result<const std::byte*> OptimizerIo::prepare(StreamId stream) {
 
 Result<kernels::GradView> OptimizerIo::gradients(std::size_t, std::uint64_t offset_numel,
                                                  std::uint64_t numel) {
+    if (streamed_ != nullptr) {
+        ZINF_ASSIGN_OR_RETURN(const std::span<const std::byte> g,
+                              streamed_->gradients(offset_numel, numel));
+        return kernels::GradView{g.data(), static_cast<std::size_t>(numel), kernel_dtype(dtype_)};
+    }
     ZINF_ASSERT(grads_ != nullptr);  // prepare() came first
     return kernels::GradView{grads_ + offset_numel * dtype_size_bytes(dtype_),
                              static_cast<std::size_t>(numel), kernel_dtype(dtype_)};

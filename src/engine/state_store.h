@@ -18,6 +18,7 @@
 #include "src/base/device.h"
 #include "src/base/device_buffer.h"
 #include "src/base/status.h"
+#include "src/engine/gradient_swap.h"
 #include "src/engine/offload_plan.h"
 #include "swap/optimizer_swapper.h"
 #include "zero/parameter_coordinator.h"
@@ -135,9 +136,11 @@ class OptimizerIo final : public swap::GradientSource {
 public:
     // Allocates the host copy of the gradients and the 16-bit staging buffer when the plan
     // needs them. `coordinator` and `device` are borrowed for the object's life.
+    // `streamed` (borrowed; null unless the plan streams the gradients) supplies them instead.
     static Result<std::unique_ptr<OptimizerIo>> create(const OffloadPlan& plan,
                                                        zero::ParameterCoordinator& coordinator,
-                                                       Device& device);
+                                                       Device& device,
+                                                       GradientSwap* streamed = nullptr);
 
     // Makes the gradients readable by the CPU optimizer (copies them to host memory when the
     // plan says so) and returns where they are. Blocks until copied.
@@ -167,6 +170,7 @@ private:
     AlignedBuffer host_grads_;  // the domain's gradients, when copied to host memory
     AlignedBuffer staging_;     // one chunk of new 16-bit parameters (kThroughCoordinator)
     const std::byte* grads_ = nullptr;
+    GradientSwap* streamed_ = nullptr;
 };
 
 }  // namespace zinf::engine

@@ -61,6 +61,12 @@ const Placement kPlacements[] = {
      R"("zero_optimization": {"stage": 2, "sub_group_size": 200,)"
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
     {"stage3-nvme", kNvmeZero},
+    // The gradient partition in host memory instead of streamed (the default) to the swap files.
+    {"stage3-nvme-host-gradients",
+     R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20,)"
+     R"( "sub_group_size": 300, "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
+     R"( "stream_gradients": false}},)"},
 };
 
 void expect_identical_across_placements(const std::string& dtype_block) {
@@ -72,6 +78,14 @@ void expect_identical_across_placements(const std::string& dtype_block) {
             nvme.path())));
         const auto losses = bits(t.run(12));
         const auto params = bits(t.engine().master_parameters().value());
+        const bool streamed = std::string(p.name).find("nvme") != std::string::npos &&
+                              std::string(p.name).find("host-gradients") == std::string::npos;
+        ASSERT_EQ(t.engine().gradient_swap() != nullptr, streamed) << p.name;
+        if (streamed) {
+            // Every step wrote each parameter's slice once and read it back for the optimizer.
+            EXPECT_GE(t.engine().gradient_swap()->bytes_written(), 12u * 1396u * 2u) << p.name;
+            EXPECT_GE(t.engine().gradient_swap()->bytes_read(), 12u * 1396u * 2u) << p.name;
+        }
         if (std::string(p.name) == "stage3-nvme") {
             // The slices really moved: evicted and read back (and checksummed) every step.
             const IoFigures io = t.engine().io_figures();
@@ -158,6 +172,38 @@ TEST(EngineTest, NvmeTraceIsStableUnderAccumulation) {
     ASSERT_TRUE(t.engine().io_only_step());
     EXPECT_NE(t.engine().residency_summary().find("order changes 0"), std::string::npos)
         << t.engine().residency_summary();
+}
+
+// Streamed gradients under accumulation: the second and third micro-steps read each slice back
+// and add, rounding as the coordinator does in memory; the losses and parameters are bitwise
+// those of the gradients in host memory, with and without bf16.
+TEST(EngineTest, StreamedGradientsAccumulateBitwiseAsInMemory) {
+    for (const char* dtype : {"", R"("bf16": {"enabled": true},)"}) {
+        std::vector<std::uint32_t> ref_losses, ref_params;
+        for (const char* stream : {"true", "false"}) {
+            test::TempDir nvme("nvme");
+            Trainer t(load_config(
+                with_nvme(small_config(std::string(kNvmeZero) + dtype +
+                                       R"("gradient_clipping": 0.5,)"),
+                          nvme.path()),
+                {"gradient_accumulation_steps=3",
+                 std::string("zero_optimization.offload_optimizer.stream_gradients=") + stream}));
+            const auto losses = bits(t.run(4));
+            const auto params = bits(t.engine().master_parameters().value());
+            ASSERT_EQ(t.engine().gradient_swap() != nullptr, std::string(stream) == "true");
+            if (ref_losses.empty()) {
+                // Reads for the accumulation (2 of 3 micro-steps) and for the optimizer.
+                EXPECT_GE(t.engine().gradient_swap()->bytes_read(),
+                          t.engine().gradient_swap()->bytes_written())
+                    << dtype;
+                ref_losses = losses;
+                ref_params = params;
+                continue;
+            }
+            EXPECT_EQ(losses, ref_losses) << dtype;
+            EXPECT_EQ(params, ref_params) << dtype;
+        }
+    }
 }
 
 TEST(EngineTest, GradientAccumulationCountsMicroSteps) {

@@ -81,8 +81,15 @@ TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
     const OffloadPlan p = plan_of(kNvmeBoth, {"bf16.enabled=true"});
     EXPECT_EQ(p.parameters, Home::kNvme);
     EXPECT_EQ(p.optimizer_states, Home::kNvme);
-    EXPECT_EQ(p.gradients, Home::kHost);  // the CPU device keeps them in registered host memory
+    // Stage 3 with the optimizer on NVMe: the gradients stream to the swap files.
+    EXPECT_EQ(p.gradients, Home::kNvme);
+    EXPECT_FALSE(p.coordinator.host_gradients);
     EXPECT_FALSE(p.gradients_copied_to_host);
+    // Unless asked to stay: the CPU device keeps them in registered host memory.
+    const OffloadPlan held = plan_of(kNvmeBoth, {"bf16.enabled=true",
+                                               "zero_optimization.offload_optimizer.stream_gradients=false"});
+    EXPECT_EQ(held.gradients, Home::kHost);
+    EXPECT_TRUE(held.coordinator.host_gradients);
     EXPECT_EQ(p.parameter_update, ParameterUpdate::kThroughCoordinator);
     EXPECT_TRUE(p.needs_io);
     EXPECT_TRUE(p.stores_shared);

@@ -1,0 +1,115 @@
+// Host memory does not grow with the model under NVMe offload: zinfinity-train runs the same MLP
+// at 1x, 2x and 4x its layers with parameters and optimizer states on NVMe, and the peak RSS of
+// each run (the child's own, from wait4) stays within 10 % of the 1x run's with the gradients
+// streamed (the default), while with zero_optimization.offload_optimizer.stream_gradients false
+// (the gradient partition in host memory) it grows by at least most of the gradients' bytes:
+// the control that shows the check can fail.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <fcntl.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_seed.h"
+
+extern char** environ;
+
+namespace zinf {
+namespace {
+
+struct Child {
+    int exit_code = -1;
+    double peak_rss_mib = 0;
+};
+
+// Runs zinfinity-train with `args`, its output to `log`; returns its exit code and peak RSS.
+Child run_train(const std::vector<std::string>& args, const std::string& log) {
+    std::vector<std::string> argv_s = {ZINF_TRAIN_BINARY};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    pid_t pid = 0;
+    Child c;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) return c;
+    int status = 0;
+    rusage usage{};
+    if (::wait4(pid, &status, 0, &usage) != pid) return c;
+    c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    c.peak_rss_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;
+    return c;
+}
+
+std::string layers(int copies) {
+    std::string s = "model.layers=[512";
+    for (int i = 0; i < 8 * copies; ++i) s += ",1024";
+    return s + ",10]";
+}
+
+TEST(MemoryScaling, PeakRssIsFlatOverModelSizeWithStreamedGradients) {
+    test::TempDir dir("scaling");
+    const std::string config = dir.file("mlp.json");
+    {
+        std::FILE* f = std::fopen(config.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fputs(R"({
+  "train_micro_batch_size_per_gpu": 8,
+  "steps_per_print": 100,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.0001}},
+  "zero_optimization": {
+    "stage": 3, "sub_group_size": 1048576, "stage3_prefetch_bucket_size": 1048576,
+    "stage3_max_live_parameters": 4194304, "stage3_param_persistence_threshold": 0,
+    "offload_param": {"device": "nvme", "nvme_path": "SWAP", "buffer_count": 4,
+                      "buffer_size": 1048576, "max_in_cpu": 4194304},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "SWAP"}
+  },
+  "model": {"type": "mlp", "layers": [512, 1024, 10]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 64, "max_steps": 2},
+  "device": {"type": "cpu", "memory_budget": 33554432, "host_memory_budget": 268435456}
+})",
+                   f);
+        std::fclose(f);
+    }
+    const std::string swap = dir.file("swap");
+    std::vector<double> streamed, held;
+    for (const bool stream : {true, false}) {
+        for (int copies : {1, 2, 4}) {
+            const std::string log =
+                dir.file("log-" + std::to_string(copies) + (stream ? "-s" : "-h"));
+            const Child c = run_train(
+                {"--config", config, "--no-eval", "--set", layers(copies), "--set",
+                 "zero_optimization.offload_param.nvme_path=" + swap, "--set",
+                 "zero_optimization.offload_optimizer.nvme_path=" + swap, "--set",
+                 std::string("zero_optimization.offload_optimizer.stream_gradients=") +
+                     (stream ? "true" : "false")},
+                log);
+            ASSERT_EQ(c.exit_code, 0) << test::read_text(log);
+            std::printf("%dx (%d hidden layers of 1024), gradients %s: peak RSS %.1f MiB\n",
+                        copies, 8 * copies, stream ? "streamed" : "in host memory",
+                        c.peak_rss_mib);
+            (stream ? streamed : held).push_back(c.peak_rss_mib);
+        }
+    }
+    // Streamed: flat within 10 %, and under the host budget + 512 MiB.
+    for (double rss : streamed) {
+        EXPECT_LE(rss, 1.10 * streamed[0]);
+        EXPECT_LE(rss, 256.0 + 512.0);
+    }
+    // In host memory: 4x holds 24 M more bf16 gradients (48 MiB) than 1x.
+    EXPECT_GE(held[2] - held[0], 40.0);
+}
+
+}  // namespace
+}  // namespace zinf
