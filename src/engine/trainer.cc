@@ -159,6 +159,7 @@ struct Trainer::RunState {
     double data_seconds = 0;
     std::optional<double> accuracy;
     std::optional<double> eval_loss;
+    std::uint64_t eval_step = 0;  // the step of the last evaluation
 };
 
 Trainer::Trainer(Engine& engine, const data::DataSource& train, const data::DataSource& eval,
@@ -286,6 +287,7 @@ Status Trainer::evaluate_and_report(TrainerObserver& observer, std::uint64_t epo
     f.epoch_end = epoch_end;
     run_->accuracy = f.accuracy;
     run_->eval_loss = f.loss;
+    run_->eval_step = engine_.global_steps();
     observer.on_evaluation_figures(f);
     return Status::ok();
 }
@@ -301,8 +303,12 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
     }
     TrainSummary s;
     s.seconds = seconds_since(run_->start);
-    if (!run_->accuracy.has_value() && options_.evaluate_each_epoch) {
-        ZINF_TRY(evaluate_and_report(observer, engine_.global_steps() / steps_per_epoch_, true));
+    // The trained model is evaluated at the end unless its last evaluation was at this step:
+    // labelled as its epoch when none ran before, else by its step.
+    if (options_.evaluate_each_epoch &&
+        (!run_->accuracy.has_value() || run_->eval_step != engine_.global_steps())) {
+        ZINF_TRY(evaluate_and_report(observer, engine_.global_steps() / steps_per_epoch_,
+                                     !run_->accuracy.has_value()));
     }
     const std::uint64_t every = std::max<std::uint64_t>(options_.save_every, 1);
     if (!options_.save_dir.empty() &&

@@ -41,7 +41,7 @@ TEST(TextCorpus, DirectoryDropsSeparatorsSkipsIndexesAndLinksAndKeepsNameOrder) 
     write_file(dir.file("b_cookies"),
                "first cookie\n%\nsecond\n  cookie %\n%\n%\n%x\n %\nlast without newline");
     // strfile's binary index: were it read, its bytes (not UTF-8) would fail the load.
-    write_file(dir.file("b_cookies.dat"), std::string("\x00\x00\x00\x02\xff\xfe junk", 13));
+    write_file(dir.file("b_cookies.dat"), std::string("\x00\x00\x00\x02\xff\xfe junk", 11));
     // The package's NAME.u8 links to NAME: following it would read the cookies twice.
     ASSERT_EQ(::symlink("b_cookies", dir.file("b_cookies.u8").c_str()), 0);
     // No .dat sibling: plain text, byte for byte, "%" lines included.
