@@ -73,8 +73,8 @@ TEST(Trainer, PrintsSavesAndEvaluatesOnItsCadences) {
     EXPECT_EQ(r.printed, (std::vector<std::uint64_t>{4, 8, 12, 16}));
     EXPECT_EQ(r.checkpoints, (std::vector<std::string>{"global_step6", "global_step12",
                                                        "global_step18", "global_step19"}));
-    // After epochs 1 and 2; the partial third ends without one (the last result stands).
-    EXPECT_EQ(r.evaluated_epochs, (std::vector<std::uint64_t>{0, 1}));
+    // After epochs 1 and 2, and of the trained model at the end of the partial third.
+    EXPECT_EQ(r.evaluated_epochs, (std::vector<std::uint64_t>{0, 1, 2}));
     ASSERT_TRUE(summary->accuracy.has_value());
     EXPECT_FALSE(summary->accuracy_on_test);  // no test set: evaluated on train
     EXPECT_EQ(std::move(engine::read_latest_tag(io::posix_file_system(), dir.path())).value(),
