@@ -448,6 +448,10 @@ Result<OverlapFigures> Trainer::measure_overlap(
     config::EngineConfig c = config;
     c.zero.offload_param.device = config::OffloadDevice::kNone;
     c.zero.offload_optimizer.device = config::OffloadDevice::kCpu;
+    // Kept activations in device memory (the same recompute, no I/O, no second lock on the
+    // activations' directory).
+    c.activation_checkpointing.nvme_checkpointing = false;
+    c.activation_checkpointing.cpu_checkpointing = false;
     // CPU device: a number (host memory is used as needed); GPU: what is free.
     c.device.memory_budget_bytes = c.device.type == "cuda" ? 0 : std::uint64_t{1} << 40;
     c.device.host_memory_budget_bytes = 0;

@@ -156,6 +156,28 @@ TEST(GptCliTest, CheckpointingOnDeviceInHostMemoryOrOnNvmeLeavesEveryLossBitwise
     EXPECT_EQ(logs[0], logs[3]);
 }
 
+// Parameters, states and kept activations on NVMe, with --measure-overlap: its compute-only
+// engine keeps the activations on the device (a second store would meet the first's lock).
+TEST(GptCliTest, EverythingOnNvmeTrainsAndMeasuresOverlap) {
+    test::TempDir dir("gpt");
+    const std::string text = dir.file("corpus.txt");
+    write_file(text, corpus());
+    const std::string swap = dir.file("swap");
+    const std::string extra = R"(, "bf16": {"enabled": true},
+  "zero_optimization": {"stage": 3, "sub_group_size": 4096,
+    "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("}},
+  "activation_checkpointing": {"nvme_checkpointing": true, "nvme_path": ")" +
+                              dir.file("activations") + R"("})";
+    const RunResult r = train(dir, tiny_gpt(dir, text, extra) +
+                                       " --max-steps 2 --no-eval --measure-overlap "
+                                       "--overlap-steps 1 --set model.checkpoint_activations=true");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("gradients: nvme (streamed"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("on NVMe: written"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("real / max(compute-only, I/O-only)"), std::string::npos) << r.out;
+}
+
 TEST(GptCliTest, CheckpointingKeysWithoutEffectWarn) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");
