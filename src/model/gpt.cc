@@ -51,10 +51,6 @@ private:
     const float* ptr_ = nullptr;
 };
 
-Status copy_floats(const Context& ctx, const float* src, float* dst, std::size_t numel) {
-    return ctx.compute.cast(src, DType::kFloat32, dst, DType::kFloat32, numel, ctx.stream);
-}
-
 }  // namespace
 
 // The modules of one transformer block.
@@ -71,9 +67,10 @@ struct Gpt::Block {
 };
 
 // The insides of one block's forward, kept for its backward: one per block without
-// checkpointing, one shared by every block (and refilled by the recompute) with it.
+// checkpointing, one shared by every block (and refilled by the recompute) with it. Backward
+// reuses them for the gradients as they fall free (15 floats per token and d_model in all).
 struct Gpt::Workspace {
-    DeviceBuffer h1, qkv, att, y, x1, h2, u, g, m;
+    DeviceBuffer h1, qkv, att, x1, h2, u, g;
     std::size_t rows = 0;  // token rows of the last forward through it
 };
 
@@ -173,12 +170,10 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
         ZINF_TRY(alloc(ws->h1, n * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->qkv, n * 3 * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->att, n * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->y, n * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->x1, n * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->h2, n * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->u, n * 4 * d, "gpt: activations"));
         ZINF_TRY(alloc(ws->g, n * 4 * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->m, n * d, "gpt: activations"));
         inside_bytes += bytes - before;
         gpt->workspaces_.push_back(std::move(ws));
     }
@@ -206,11 +201,9 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     }
     ZINF_TRY(alloc(gpt->hf_, n * d, "gpt: final norm"));
     ZINF_TRY(alloc(gpt->logits_, n * config.vocab, "gpt: logits"));
-    ZINF_TRY(alloc(gpt->dlogits_, n * config.vocab, "gpt: logit gradients"));
     ZINF_TRY(alloc(gpt->grad_x_, n * d, "gpt: gradients"));
     ZINF_TRY(alloc(gpt->grad_t_, n * d, "gpt: gradients"));
     ZINF_TRY(alloc(gpt->grad_u_, n * d, "gpt: gradients"));
-    ZINF_TRY(alloc(gpt->grad_w_, n * 4 * d, "gpt: gradients"));
     ZINF_TRY(alloc(gpt->scores_, config.seq_len * config.seq_len, "gpt: attention scores"));
     ZINF_TRY(alloc(gpt->dscores_, config.seq_len * config.seq_len, "gpt: attention scores"));
     ZINF_TRY(alloc(gpt->wte_grad_, config.vocab * d, "gpt: embedding gradient"));
@@ -312,20 +305,22 @@ Status Gpt::block_forward(const Context& ctx, std::size_t i, Workspace& ws, cons
     ZINF_TRY(b.ln_1->forward(ctx, x, ws.h1.as<float>(), n));
     ZINF_TRY(b.c_attn->forward(ctx, ws.h1.as<float>(), ws.qkv.as<float>(), n));
     ZINF_TRY(attention_forward(ctx, ws));
-    ZINF_TRY(b.c_proj->forward(ctx, ws.att.as<float>(), ws.y.as<float>(), n));
-    ZINF_TRY(b.drop_attn->forward(ctx, ws.y.as<float>(), ws.y.as<float>(), n));
-    // x1 = x + y (a copy, then one addition per element: the same rounding everywhere).
-    ZINF_TRY(copy_floats(ctx, x, ws.x1.as<float>(), n * d));
-    ZINF_TRY(ctx.compute.axpy(1.0f, ws.y.as<float>(), ws.x1.as<float>(), n * d, ctx.stream));
+    // x1 = drop(c_proj(att)) + x, the branch written straight into x1 (backward needs neither
+    // it nor the MLP branch's output, only their dropout masks): one addition per element, the
+    // same bits as x + branch.
+    ZINF_TRY(b.c_proj->forward(ctx, ws.att.as<float>(), ws.x1.as<float>(), n));
+    ZINF_TRY(b.drop_attn->forward(ctx, ws.x1.as<float>(), ws.x1.as<float>(), n));
+    ZINF_TRY(ctx.compute.axpy(1.0f, x, ws.x1.as<float>(), n * d, ctx.stream));
     ZINF_TRY(b.ln_2->forward(ctx, ws.x1.as<float>(), ws.h2.as<float>(), n));
     ZINF_TRY(b.c_fc->forward(ctx, ws.h2.as<float>(), ws.u.as<float>(), n));
     ZINF_TRY(b.gelu->forward(ctx, ws.u.as<float>(), ws.g.as<float>(), n));
-    ZINF_TRY(b.mlp_proj->forward(ctx, ws.g.as<float>(), ws.m.as<float>(), n));
-    ZINF_TRY(b.drop_mlp->forward(ctx, ws.m.as<float>(), ws.m.as<float>(), n));
-    // The recompute needs the insides only: the block's output was kept as the next input.
+    // The recompute needs the insides only: the block's output was kept as the next input, and
+    // the MLP branch's dropout mask is still the module's.
     if (recompute) return Status::ok();
-    ZINF_TRY(copy_floats(ctx, ws.x1.as<float>(), out, n * d));
-    return ctx.compute.axpy(1.0f, ws.m.as<float>(), out, n * d, ctx.stream);
+    // out = drop(mlp_proj(g)) + x1.
+    ZINF_TRY(b.mlp_proj->forward(ctx, ws.g.as<float>(), out, n));
+    ZINF_TRY(b.drop_mlp->forward(ctx, out, out, n));
+    return ctx.compute.axpy(1.0f, ws.x1.as<float>(), out, n * d, ctx.stream);
 }
 
 Status Gpt::block_backward(const Context& ctx, std::size_t i, Workspace& ws, float* dx) {
@@ -334,20 +329,23 @@ Status Gpt::block_backward(const Context& ctx, std::size_t i, Workspace& ws, flo
     const std::size_t d = config_.d_model;
     float* gt = grad_t_.as<float>();
     float* gu = grad_u_.as<float>();
-    float* gw = grad_w_.as<float>();
+    // Each input gradient goes where the forward's input was once the module's parameter
+    // gradients have read it (Linear allows it): g, h2, att, the u region (for d qkv) and h1.
+    float* g = ws.g.as<float>();
     // dx holds d(out) on entry. The MLP branch: out = x1 + drop(mlp_proj(gelu(c_fc(ln_2(x1))))).
     ZINF_TRY(b.drop_mlp->backward(ctx, dx, gt));
-    ZINF_TRY(b.mlp_proj->backward(ctx, gt, gw));
-    ZINF_TRY(b.gelu->backward(ctx, gw, gw));
-    ZINF_TRY(b.c_fc->backward(ctx, gw, gt));
-    ZINF_TRY(b.ln_2->backward(ctx, gt, gu));
+    ZINF_TRY(b.mlp_proj->backward(ctx, gt, g));  // d g
+    ZINF_TRY(b.gelu->backward(ctx, g, g));       // d u, in place
+    ZINF_TRY(b.c_fc->backward(ctx, g, ws.h2.as<float>()));
+    ZINF_TRY(b.ln_2->backward(ctx, ws.h2.as<float>(), gu));
     ZINF_TRY(ctx.compute.axpy(1.0f, gu, dx, n * d, ctx.stream));  // dx = d(x1)
     // The attention branch: x1 = x + drop(c_proj(attention(c_attn(ln_1(x))))).
     ZINF_TRY(b.drop_attn->backward(ctx, dx, gt));
-    ZINF_TRY(b.c_proj->backward(ctx, gt, gu));
-    ZINF_TRY(attention_backward(ctx, ws, gu, gw));
-    ZINF_TRY(b.c_attn->backward(ctx, gw, gt));
-    ZINF_TRY(b.ln_1->backward(ctx, gt, gu));
+    ZINF_TRY(b.c_proj->backward(ctx, gt, ws.att.as<float>()));
+    float* dqkv = ws.u.as<float>();  // free since the MLP branch's backward; 4d >= 3d wide
+    ZINF_TRY(attention_backward(ctx, ws, ws.att.as<float>(), dqkv));
+    ZINF_TRY(b.c_attn->backward(ctx, dqkv, ws.h1.as<float>()));
+    ZINF_TRY(b.ln_1->backward(ctx, ws.h1.as<float>(), gu));
     return ctx.compute.axpy(1.0f, gu, dx, n * d, ctx.stream);  // dx = d(x)
 }
 
@@ -421,7 +419,8 @@ Status Gpt::backward(const Context& outer, float grad_scale) {
     const std::size_t d = config_.d_model;
     const std::size_t v = config_.vocab;
     const std::size_t n = rows_ * t;
-    float* dlogits = dlogits_.as<float>();
+    // The logits' gradient over the loss's probabilities (the loss allows it).
+    float* dlogits = loss_->probabilities();
     float* gx = grad_x_.as<float>();
     float* gt = grad_t_.as<float>();
     ZINF_TRY(loss_->backward(ctx, grad_scale, dlogits));

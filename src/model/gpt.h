@@ -154,8 +154,7 @@ private:
     bool host_registered_ = false;
     DeviceBuffer hf_;          // ln_f output
     DeviceBuffer logits_;      // rows x seq_len x vocab
-    DeviceBuffer dlogits_;
-    DeviceBuffer grad_x_, grad_t_, grad_u_, grad_w_;  // backward ping buffers
+    DeviceBuffer grad_x_, grad_t_, grad_u_;  // backward's d_model-wide gradients
     DeviceBuffer scores_, dscores_;                   // one head's seq_len x seq_len
     DeviceBuffer wte_grad_;    // the tied embedding's gradient, summed over head and embedding
     DeviceBuffer grad_scratch_;

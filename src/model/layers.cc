@@ -85,14 +85,7 @@ Status Linear::backward(const Context& ctx, const float* dy, float* dx) {
     ZINF_ASSERT(ctx.training);
     ZINF_ASSERT(x_ != nullptr);
     ZINF_ASSERT_GE(ctx.grad_scratch_numel, grad_scratch_numel());
-    if (dx != nullptr) {
-        Fetched weight(ctx, ids_[0]);
-        ZINF_TRY(weight.fetch());
-        // dx (rows x in) = dy (rows x out) * W (out x in).
-        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, rows_, in_, out_, 1.0f, dy, out_,
-                                  weight.get(), in_, 0.0f, dx, in_, ctx.stream));
-        ZINF_TRY(weight.release());
-    }
+    // The parameter gradients first: the input x is then no longer read, so dx may overwrite it.
     float* grad_weight = ctx.grad_scratch;
     float* grad_bias = ctx.grad_scratch + out_ * in_;
     // grad W (out x in) = dy^T (out x rows) * x (rows x in).
@@ -101,6 +94,14 @@ Status Linear::backward(const Context& ctx, const float* dy, float* dx) {
     ZINF_TRY(ctx.grads.accumulate(ids_[0], grad_weight, ctx.stream));
     ZINF_TRY(ctx.compute.bias_grad(dy, rows_, out_, grad_bias, ctx.stream));
     ZINF_TRY(ctx.grads.accumulate(ids_[1], grad_bias, ctx.stream));
+    if (dx != nullptr) {
+        Fetched weight(ctx, ids_[0]);
+        ZINF_TRY(weight.fetch());
+        // dx (rows x in) = dy (rows x out) * W (out x in).
+        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, rows_, in_, out_, 1.0f, dy, out_,
+                                  weight.get(), in_, 0.0f, dx, in_, ctx.stream));
+        ZINF_TRY(weight.release());
+    }
     return Status::ok();
 }
 

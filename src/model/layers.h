@@ -22,8 +22,9 @@ namespace zinf::model {
 // y = x W^T + b with W (out x in) "<prefix>.weight" and b (out) "<prefix>.bias". Both are
 // initialised like PyTorch's nn.Linear: U[-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with
 // a = sqrt(5) gives exactly that bound for the weight; the bias uses the same bound).
-// Backward: grad W = dy^T x, grad b = column sums of dy, dx = dy W; it needs
-// grad_scratch_numel() of scratch and fetches W only when dx is wanted.
+// Backward: grad W = dy^T x, grad b = column sums of dy, then dx = dy W; it needs
+// grad_scratch_numel() of scratch and fetches W only when dx is wanted. dx may be the forward's
+// input x (the parameter gradients have read it by then), not dy.
 class Linear final : public Module {
 public:
     static std::unique_ptr<Linear> create(ParameterRegistry& registry, const std::string& prefix,
@@ -168,8 +169,11 @@ public:
     // device memory, kept (the pointer) for backward.
     Status forward(const Context& ctx, const float* logits, const std::int32_t* labels,
                    std::size_t rows, float* loss);
-    // dlogits = d(mean loss * grad_scale)/d(logits) for the last forward.
+    // dlogits = d(mean loss * grad_scale)/d(logits) for the last forward. dlogits may be
+    // probabilities() (the probabilities are then overwritten).
     Status backward(const Context& ctx, float grad_scale, float* dlogits);
+    // The probabilities of the last forward (rows x classes, device memory).
+    float* probabilities() const noexcept { return probs_.as<float>(); }
 
 private:
     SoftmaxCrossEntropy(std::size_t classes, std::size_t rows_max, DeviceBuffer probs) noexcept
