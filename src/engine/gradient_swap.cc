@@ -133,6 +133,7 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
         r.handles = std::make_unique<swap::SwapHandle[]>(runs);
         g->host_bytes_ += r.staging.size() + r.contiguous.size();
     }
+    g->run_.reserve(std::min(runs, swap::kMaxRunPartitions));
     return g;
 }
 
@@ -266,8 +267,8 @@ Status GradientSwap::start_read(ReadSlot& slot, std::uint64_t offset, std::uint6
     slot.handles_used = 0;
     covering(offset, numel, slot.first_param, slot.last_param);
     const std::uint64_t base = store_.extent(partition(slot.first_param)).offset_bytes;
-    std::vector<swap::PartitionId> run;  // init-sized by the covering count, small
-    run.reserve(slot.last_param - slot.first_param + 1);
+    std::vector<swap::PartitionId>& run = run_;  // reserved at create: the step allocates nothing
+    run.clear();
     auto flush = [&]() -> Status {
         if (run.empty()) return Status::ok();
         const std::uint64_t at = store_.extent(run.front()).offset_bytes - base;

@@ -132,6 +132,7 @@ private:
     std::size_t next_write_ = 0;
     ReadSlot reads_[2];
     std::size_t next_read_ = 0;
+    std::vector<swap::PartitionId> run_;  // start_read's current run of partitions
     bool final_ = true;
     std::size_t host_bytes_ = 0;
     std::uint64_t bytes_written_ = 0;

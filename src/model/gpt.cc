@@ -9,6 +9,7 @@
 
 #include "src/base/log.h"
 #include "src/base/philox.h"
+#include "src/model/fetched.h"
 
 namespace zinf::model {
 namespace {
@@ -22,34 +23,6 @@ double seconds_since(Clock::time_point t) {
 // GPT-2 draws embeddings from N(0, 0.02); a uniform of the same standard deviation keeps the
 // registry's two init rules.
 constexpr float kEmbeddingBound = 0.02f * 1.7320508f;  // 0.02 * sqrt(3)
-
-// A fetched parameter, released on every path (the first error is the one reported).
-class Fetched {
-public:
-    Fetched(const Context& ctx, ParamId id) noexcept : ctx_(ctx), id_(id) {}
-    ~Fetched() {
-        if (ptr_ != nullptr) {
-            const Status ignored = ctx_.params.release(id_, ctx_.stream);
-            (void)ignored;
-        }
-    }
-    Fetched(const Fetched&) = delete;
-    Fetched& operator=(const Fetched&) = delete;
-    Status fetch() {
-        ZINF_ASSIGN_OR_RETURN(ptr_, ctx_.params.fetch(id_, ctx_.stream));
-        return Status::ok();
-    }
-    Status release() {
-        ptr_ = nullptr;
-        return ctx_.params.release(id_, ctx_.stream);
-    }
-    const float* get() const noexcept { return ptr_; }
-
-private:
-    const Context& ctx_;
-    ParamId id_;
-    const float* ptr_ = nullptr;
-};
 
 }  // namespace
 

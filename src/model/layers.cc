@@ -6,42 +6,10 @@
 #include <utility>
 
 #include "src/base/log.h"
+#include "src/model/fetched.h"
 
 namespace zinf::model {
 namespace {
-
-// One fetched parameter: released explicitly on the success path (so its Status is checked), or
-// by the destructor on an error path, where the first error is the one reported.
-class Fetched {
-public:
-    Fetched(const Context& ctx, ParamId id) noexcept : ctx_(ctx), id_(id) {}
-    ~Fetched() {
-        if (ptr_ != nullptr) {
-            const Status ignored = ctx_.params.release(id_, ctx_.stream);
-            (void)ignored;
-        }
-    }
-    Fetched(const Fetched&) = delete;
-    Fetched& operator=(const Fetched&) = delete;
-
-    Status fetch() {
-        ZINF_ASSERT(ptr_ == nullptr);
-        ZINF_ASSIGN_OR_RETURN(ptr_, ctx_.params.fetch(id_, ctx_.stream));
-        ZINF_ASSERT(ptr_ != nullptr);
-        return Status::ok();
-    }
-    Status release() {
-        ZINF_ASSERT(ptr_ != nullptr);
-        ptr_ = nullptr;
-        return ctx_.params.release(id_, ctx_.stream);
-    }
-    const float* get() const noexcept { return ptr_; }
-
-private:
-    const Context& ctx_;
-    ParamId id_;
-    const float* ptr_ = nullptr;
-};
 
 void check_rows(std::size_t rows, std::size_t rows_max) {
     ZINF_ASSERT_GT(rows, 0u);
