@@ -37,6 +37,8 @@ detail::StepConstants detail::step_constants(const OptimizerParams& p) noexcept 
     c.eps = static_cast<float>(p.eps);
     c.step_size = static_cast<float>(-p.lr);
     c.inv_sqrt_bias_correction2 = 1.0f;
+    c.sqrt_bias_correction2 = 1.0f;
+    c.torch_rounding = p.torch_rounding ? 1 : 0;
     c.l2_weight_decay = 0.0f;
     c.decay_factor = 1.0f;
     switch (p.kind) {
@@ -49,6 +51,7 @@ detail::StepConstants detail::step_constants(const OptimizerParams& p) noexcept 
                 const double bias_correction2 = 1.0 - std::pow(p.beta2, step);
                 c.step_size = static_cast<float>(-p.lr / bias_correction1);
                 c.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+                c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
             }
             if (p.kind == OptimizerKind::kAdam) {
                 c.l2_weight_decay = static_cast<float>(p.weight_decay);
@@ -94,6 +97,10 @@ Status validate(const OptimizerParams& p) {
     ZINF_TRY(check("eps", p.eps, p.eps >= 0.0));
     ZINF_TRY(check("weight_decay", p.weight_decay, p.weight_decay >= 0.0));
     ZINF_TRY(check("grad_scale", p.grad_scale, true));
+    if (p.torch_rounding && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
+        return Status::invalid_argument(str_cat("optimizer torch_rounding: only Adam and AdamW have it, ",
+                                                "not ", optimizer_kind_name(p.kind)));
+    }
     if (p.amsgrad && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
         return Status::invalid_argument(str_cat("optimizer amsgrad: only Adam and AdamW have it, ",
                                                 "got true for ", optimizer_kind_name(p.kind)));

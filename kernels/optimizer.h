@@ -47,7 +47,12 @@ struct OptimizerParams {
     // Adam and AdamW (torch's amsgrad=True): divide by the square root of the running maximum
     // of exp_avg_sq, kept in OptimizerState::max_exp_avg_sq, instead of exp_avg_sq's own.
     bool amsgrad = false;
-
+    // Adam and AdamW: round as torch.optim.Adam / AdamW do on the CPU (torch 1.13's
+    // single-tensor and foreach paths: a separate multiply before each fused add, addcmul as
+    // one multiply and a fused add, true divisions by the bias correction and the denominator),
+    // so that a run gives torch's results bit for bit. Two more divisions per element, still
+    // memory-bound (kernels/README.md). Off: the kernel's own order, the one the CUDA step copies.
+    bool torch_rounding = false;
 };
 
 // Checks ranges: step >= 1, lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0, all finite,

@@ -20,6 +20,8 @@ struct StepConstants {
     float eps;
     float step_size;                  // negative: -lr / (1 - beta1^t) for Adam; -lr otherwise
     float inv_sqrt_bias_correction2;  // 1 / sqrt(1 - beta2^t); 1 without bias correction
+    float sqrt_bias_correction2;      // sqrt(1 - beta2^t): torch divides by it
+    std::uint32_t torch_rounding;     // 1: Adam/AdamW in torch's operation order
     float l2_weight_decay;            // added to the gradient as wd * p (Adam, Adagrad)
     float decay_factor;               // p *= 1 - lr * wd before the update (AdamW, Lion)
 };

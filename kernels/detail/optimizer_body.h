@@ -53,10 +53,13 @@ struct VectorConstants {
           eps(V::set1(c.eps)),
           step_size(V::set1(c.step_size)),
           inv_sqrt_bias_correction2(V::set1(c.inv_sqrt_bias_correction2)),
+          sqrt_bias_correction2(V::set1(c.sqrt_bias_correction2)),
           l2_weight_decay(V::set1(c.l2_weight_decay)),
-          decay_factor(V::set1(c.decay_factor)) {}
+          decay_factor(V::set1(c.decay_factor)),
+          torch_rounding(c.torch_rounding != 0) {}
     F grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
-        inv_sqrt_bias_correction2, l2_weight_decay, decay_factor;
+        inv_sqrt_bias_correction2, sqrt_bias_correction2, l2_weight_decay, decay_factor;
+    bool torch_rounding;
 };
 
 template <class V, int kGrad>
@@ -94,16 +97,31 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
         if constexpr (kKind == kKindAdam) g = V::fmadd(k.l2_weight_decay, p, g);
         F m = V::load(exp_avg + index);
         F v = V::load(exp_avg_sq + index);
-        m = V::fmadd(k.beta1, m, V::mul(k.one_minus_beta1, g));
-        v = V::fmadd(k.beta2, v, V::mul(V::mul(k.one_minus_beta2, g), g));
+        if (k.torch_rounding) {
+            // torch: exp_avg.mul_(b1).add_(g, alpha=1-b1) (Vectorized fmadd);
+            // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2): (value*g)*g + self, contracted.
+            m = V::fmadd(g, k.one_minus_beta1, V::mul(m, k.beta1));
+            v = V::fmadd(V::mul(k.one_minus_beta2, g), g, V::mul(v, k.beta2));
+        } else {
+            m = V::fmadd(k.beta1, m, V::mul(k.one_minus_beta1, g));
+            v = V::fmadd(k.beta2, v, V::mul(V::mul(k.one_minus_beta2, g), g));
+        }
         F second_moment = v;
         if constexpr (kAmsgrad) {
             second_moment = V::max(V::load(max_exp_avg_sq + index), v);
             V::store(max_exp_avg_sq + index, second_moment);
         }
-        const F denom = V::fmadd(V::sqrt(second_moment), k.inv_sqrt_bias_correction2, k.eps);
-        if constexpr (kKind == kKindAdamW) p = V::mul(p, k.decay_factor);
-        p = V::fmadd(k.step_size, V::div(m, denom), p);
+        if (k.torch_rounding) {
+            // torch: denom = (sqrt(v) / sqrt(bc2)).add_(eps); p.mul_(1 - lr*wd);
+            // p.addcdiv_(m, denom, value=-step_size): p + (value * m) / denom.
+            const F denom = V::add(V::div(V::sqrt(second_moment), k.sqrt_bias_correction2), k.eps);
+            if constexpr (kKind == kKindAdamW) p = V::mul(p, k.decay_factor);
+            p = V::add(p, V::div(V::mul(k.step_size, m), denom));
+        } else {
+            const F denom = V::fmadd(V::sqrt(second_moment), k.inv_sqrt_bias_correction2, k.eps);
+            if constexpr (kKind == kKindAdamW) p = V::mul(p, k.decay_factor);
+            p = V::fmadd(k.step_size, V::div(m, denom), p);
+        }
         V::store(exp_avg + index, m);
         V::store(exp_avg_sq + index, v);
     } else if constexpr (kKind == kKindAdagrad) {

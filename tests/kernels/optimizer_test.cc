@@ -649,20 +649,105 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
     for (const OptimizerKind kind : kAllKinds) {
         const bool adam = kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW;
         for (const Dtype grad_dtype : kAllGradDtypes) {
-            // Adam kinds: every combination of amsgrad and bias correction.
-            for (int options = 0; options < (adam ? 4 : 1); ++options) {
+            // Adam kinds: every combination of amsgrad, bias correction and torch rounding.
+            for (int options = 0; options < (adam ? 8 : 1); ++options) {
                 OptimizerParams params = default_params(kind, 9);
                 params.amsgrad = (options & 1) != 0;
                 params.bias_correction = (options & 2) == 0;
+                params.torch_rounding = (options & 4) != 0;
                 SCOPED_TRACE(str_cat(optimizer_kind_name(kind), " ", dtype_name(grad_dtype),
                                      " amsgrad ", params.amsgrad, " bias_correction ",
-                                     params.bias_correction));
+                                     params.bias_correction, " torch_rounding ",
+                                     params.torch_rounding));
                 const StepInputs in = make_inputs(numel, zinf::test::seed() + 53);
                 const StepOutputs a = run_step(avx2, params, in, grad_dtype, Dtype::kBf16, true);
                 const StepOutputs b = run_step(avx512, params, in, grad_dtype, Dtype::kBf16, true);
                 expect_bitwise_equal(a, b, 0);
             }
         }
+    }
+}
+
+// torch.optim.Adam / AdamW's CPU operations (torch 1.13), one element in fp32: what
+// torch_rounding promises bit for bit on CPUs whose torch kernels fuse multiply-adds.
+struct TorchElement {
+    float p, m, v, v_max;
+};
+TorchElement torch_adam_element(const OptimizerParams& o, float p, float m, float v, float v_max,
+                                float g) {
+    const bool adamw = o.kind == OptimizerKind::kAdamW;
+    g = g * static_cast<float>(o.grad_scale);
+    if (!adamw && o.weight_decay != 0) g = std::fma(p, static_cast<float>(o.weight_decay), g);
+    if (adamw) p = p * static_cast<float>(1.0 - o.lr * o.weight_decay);
+    m = std::fma(g, static_cast<float>(1.0 - o.beta1), m * static_cast<float>(o.beta1));
+    v = std::fma(static_cast<float>(1.0 - o.beta2) * g, g, v * static_cast<float>(o.beta2));
+    const double step = static_cast<double>(o.step);
+    const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, step) : 1.0;
+    const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, step) : 1.0;
+    float second = v;
+    if (o.amsgrad) {
+        v_max = std::isnan(v_max) ? v_max : (std::isnan(v) ? v : std::max(v_max, v));
+        second = v_max;
+    }
+    const float denom = std::sqrt(second) / static_cast<float>(std::sqrt(bc2)) +
+                        static_cast<float>(o.eps);
+    p = p + (static_cast<float>(-o.lr / bc1) * m) / denom;
+    return {p, m, v, v_max};
+}
+
+TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
+    std::vector<Isa> isas;
+    for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+        if (isa_supported(isa)) isas.push_back(isa);
+    }
+    if (isas.empty()) GTEST_SKIP() << "needs AVX2 or AVX-512 (torch fuses only there)";
+    const std::size_t numel = kChunkNumel + 77;
+    for (const Isa isa : isas) {
+        const auto kernel = make_kernel(isa, 2);
+        for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+            for (int options = 0; options < 4; ++options) {
+                OptimizerParams params = default_params(kind, 7);
+                params.amsgrad = (options & 1) != 0;
+                params.bias_correction = (options & 2) == 0;
+                params.torch_rounding = true;
+                SCOPED_TRACE(str_cat(isa_name(isa), " ", optimizer_kind_name(kind), " amsgrad ",
+                                     params.amsgrad, " bias_correction ", params.bias_correction));
+                const StepInputs in = make_inputs(numel, zinf::test::seed() + 61);
+                const StepOutputs out =
+                    run_step(kernel, params, in, Dtype::kFp32, Dtype::kBf16, false);
+                std::size_t mismatches = 0;
+                for (std::size_t i = 0; i < numel; ++i) {
+                    const TorchElement t =
+                        torch_adam_element(params, in.params[i], in.exp_avg[i], in.exp_avg_sq[i],
+                                           in.max_exp_avg_sq[i], in.grads_fp32[i]);
+                    const bool same = std::memcmp(&t.p, &out.params[i], 4) == 0 &&
+                                      std::memcmp(&t.m, &out.exp_avg[i], 4) == 0 &&
+                                      std::memcmp(&t.v, &out.exp_avg_sq[i], 4) == 0;
+                    if (!same && ++mismatches <= 3) {
+                        ADD_FAILURE() << describe(i, in, Dtype::kFp32) << ": torch p " << t.p
+                                      << " m " << t.m << " v " << t.v << ", kernel p "
+                                      << out.params[i] << " m " << out.exp_avg[i] << " v "
+                                      << out.exp_avg_sq[i];
+                    }
+                }
+                EXPECT_EQ(mismatches, 0u);
+                // The option changes the bits: the kernel's own order differs somewhere.
+                OptimizerParams own = params;
+                own.torch_rounding = false;
+                const StepOutputs mine = run_step(kernel, own, in, Dtype::kFp32, Dtype::kBf16, false);
+                EXPECT_NE(std::memcmp(mine.params.data(), out.params.data(), numel * 4), 0);
+            }
+        }
+    }
+}
+
+TEST(OptimizerTorchRoundingTest, OnlyAdamAndAdamWHaveIt) {
+    for (const OptimizerKind kind : {OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
+        OptimizerParams params = default_params(kind, 1);
+        params.torch_rounding = true;
+        const Status status = validate(params);
+        EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(status.message().find("torch_rounding"), std::string::npos);
     }
 }
 
