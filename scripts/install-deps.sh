@@ -17,6 +17,9 @@ packages=(
   # MPI: several ranks (mpirun -np N zinfinity-train), the MPI communicator of CPU ranks and
   # the NCCL bootstrap of GPU ranks.
   libopenmpi-dev openmpi-bin
+  # The Python package (python/): pybind11 and the headers to build it; PyTorch, NumPy and
+  # pytest to use and test it with Debian's python3.
+  python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
 )
 
 missing=()

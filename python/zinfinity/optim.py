@@ -1,0 +1,224 @@
+"""CPU optimizers that run zinfinity's SIMD kernel (AVX-512, AVX2 or scalar; every core).
+
+``CPUAdam`` is a drop-in for ``deepspeed.ops.adam.DeepSpeedCPUAdam`` and, with the same
+hyper-parameters, for ``torch.optim.AdamW`` (``adamw_mode=True``) or ``torch.optim.Adam``
+(``adamw_mode=False``): the same per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``,
+``max_exp_avg_sq`` with ``amsgrad``) and the same ``param_groups`` keys, so ``state_dict()`` of one
+loads into the other. ``CPUAdagrad`` matches ``torch.optim.Adagrad`` (state ``step``, ``sum``);
+``CPULion`` is Lion (Chen et al. 2023; state ``exp_avg``).
+
+Parameters live on the CPU and are fp32, updated in place with fp32 gradients. A bf16 or fp16
+parameter (a low-precision model) gets an fp32 master copy in its state (``master``): the kernel
+steps the master with the bf16/fp16 gradient and writes the rounded parameter in the same pass.
+"""
+
+import math
+
+import torch
+
+from . import _C
+from ._tensors import check_cpu, dtype_name
+
+__all__ = ["CPUAdam", "CPUAdagrad", "CPULion", "Adagrad", "Lion"]
+
+
+def _check_range(name, value, low=0.0, high=None, high_open=False):
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (
+        high is not None and (value >= high if high_open else value > high)
+    ):
+        bound = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"invalid {name}: {value} (expected {bound})")
+
+
+class _CPUOptimizer(torch.optim.Optimizer):
+    """The step loop shared by the three optimizers: one kernel call per parameter tensor."""
+
+    _kind = None  # set per group by _group_kind
+
+    def _group_kind(self, group) -> str:
+        raise NotImplementedError
+
+    def _init_state(self, group, p, state):
+        raise NotImplementedError
+
+    def _hyper(self, group, step):
+        raise NotImplementedError
+
+    def _states(self, group, state):
+        """(exp_avg, exp_avg_sq, max_exp_avg_sq) tensors or None."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            kind = self._group_kind(group)
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                what = f"parameter {pi} of group {gi}"
+                check_cpu(p, what)
+                check_cpu(p.grad, f"the gradient of {what}", contiguous=False)
+                if p.grad.is_sparse:
+                    raise ValueError(f"the gradient of {what} is sparse; not supported")
+                grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(group, p, state)
+                low_precision = p.dtype != torch.float32
+                if low_precision and "master" not in state:
+                    dtype_name(p, what)
+                    state["master"] = p.detach().to(torch.float32)
+                master = state["master"] if low_precision else p
+                state["step"] += 1
+                step = int(state["step"].item())
+                exp_avg, exp_avg_sq, max_sq = self._states(group, state)
+                hyper = self._hyper(group, step)
+                _C.optimizer_step(
+                    kind=kind,
+                    numel=p.numel(),
+                    params=master.data_ptr(),
+                    grads=grad.data_ptr(),
+                    grad_dtype=dtype_name(grad, f"the gradient of {what}"),
+                    exp_avg=exp_avg.data_ptr() if exp_avg is not None else 0,
+                    exp_avg_sq=exp_avg_sq.data_ptr() if exp_avg_sq is not None else 0,
+                    max_exp_avg_sq=max_sq.data_ptr() if max_sq is not None else 0,
+                    copy=p.data_ptr() if low_precision else 0,
+                    copy_dtype=dtype_name(p, what),
+                    step=step,
+                    grad_scale=-1.0 if group.get("maximize", False) else 1.0,
+                    **hyper,
+                )
+        return loss
+
+
+class CPUAdam(_CPUOptimizer):
+    """Adam / AdamW on CPU tensors, as ``DeepSpeedCPUAdam``.
+
+    Arguments as DeepSpeed's: ``adamw_mode=True`` decouples the weight decay (AdamW), False adds
+    it to the gradient (Adam's L2); ``bias_correction`` as in the Adam paper; ``amsgrad`` as
+    torch's. ``maximize`` as torch's. ``torch_rounding=True`` rounds every operation as
+    torch.optim.AdamW / Adam do on the CPU, so the results equal torch's bit for bit (on AVX2
+    and AVX-512 CPUs, where torch fuses its multiply-adds too); the default, False, is the
+    kernel's own order, within a few ulps of torch's per step.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 adamw_mode=True, bias_correction=True, amsgrad=False, maximize=False,
+                 torch_rounding=False):
+        _check_range("learning rate", lr)
+        _check_range("beta1", betas[0], 0.0, 1.0, high_open=True)
+        _check_range("beta2", betas[1], 0.0, 1.0, high_open=True)
+        _check_range("eps", eps)
+        _check_range("weight_decay", weight_decay)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=bool(amsgrad), foreach=None, maximize=bool(maximize),
+                        capturable=False, adamw_mode=bool(adamw_mode),
+                        bias_correction=bool(bias_correction),
+                        torch_rounding=bool(torch_rounding))
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        # A state_dict from torch.optim.Adam/AdamW has neither of DeepSpeed's keys.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("adamw_mode", True)
+            group.setdefault("bias_correction", True)
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("torch_rounding", False)
+
+    def _group_kind(self, group):
+        return "adamw" if group.get("adamw_mode", True) else "adam"
+
+    def _init_state(self, group, p, state):
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
+        state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+
+    def _states(self, group, state):
+        max_sq = None
+        if group["amsgrad"]:
+            if "max_exp_avg_sq" not in state:
+                state["max_exp_avg_sq"] = torch.zeros_like(state["exp_avg_sq"])
+            max_sq = state["max_exp_avg_sq"]
+        return state["exp_avg"], state["exp_avg_sq"], max_sq
+
+    def _hyper(self, group, step):
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    bias_correction=group.get("bias_correction", True),
+                    amsgrad=group["amsgrad"], torch_rounding=group.get("torch_rounding", False))
+
+
+class CPUAdagrad(_CPUOptimizer):
+    """Adagrad on CPU tensors, as ``torch.optim.Adagrad`` (state ``sum``) and DeepSpeed's
+    ``DeepSpeedCPUAdagrad``: L2 weight decay, ``lr_decay`` and ``initial_accumulator_value``."""
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+                 initial_accumulator_value=0.0, eps=1e-10, maximize=False):
+        _check_range("learning rate", lr)
+        _check_range("lr_decay", lr_decay)
+        _check_range("weight_decay", weight_decay)
+        _check_range("initial_accumulator_value", initial_accumulator_value)
+        _check_range("eps", eps)
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, foreach=None,
+                        maximize=bool(maximize))
+        super().__init__(params, defaults)
+
+    def _group_kind(self, group):
+        return "adagrad"
+
+    def _init_state(self, group, p, state):
+        state["step"] = torch.tensor(0.0)
+        state["sum"] = torch.full(p.shape, float(group["initial_accumulator_value"]),
+                                  dtype=torch.float32)
+
+    def _states(self, group, state):
+        return None, state["sum"], None
+
+    def _hyper(self, group, step):
+        lr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
+        return dict(lr=lr, beta1=0.0, beta2=0.0, eps=group["eps"],
+                    weight_decay=group["weight_decay"], bias_correction=False, amsgrad=False)
+
+
+class CPULion(_CPUOptimizer):
+    """Lion (Chen et al. 2023) on CPU tensors: the sign of beta1-interpolated momentum, decoupled
+    weight decay, momentum decayed by beta2 (state ``exp_avg``), as DeepSpeed's
+    ``DeepSpeedCPULion``."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, maximize=False):
+        _check_range("learning rate", lr)
+        _check_range("beta1", betas[0], 0.0, 1.0, high_open=True)
+        _check_range("beta2", betas[1], 0.0, 1.0, high_open=True)
+        _check_range("weight_decay", weight_decay)
+        defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                        maximize=bool(maximize))
+        super().__init__(params, defaults)
+
+    def _group_kind(self, group):
+        return "lion"
+
+    def _init_state(self, group, p, state):
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
+
+    def _states(self, group, state):
+        return state["exp_avg"], None, None
+
+    def _hyper(self, group, step):
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=0.0,
+                    weight_decay=group["weight_decay"], bias_correction=False, amsgrad=False)
+
+
+Adagrad = CPUAdagrad
+Lion = CPULion
