@@ -37,6 +37,7 @@ struct AdamOptions {
     int threads = 2;
     int pairs = 5;
     bool bf16_copy = false;
+    bool torch_rounding = false;
     bool with_scalar = true;
     double min_ratio = 0.0;
 };
@@ -51,6 +52,8 @@ void declare_flags(cli::Args& args) {
     args.add("threads", "2", "threads of the step and of the bound (0: all cores)");
     args.add("pairs", "5", "interleaved (bound, kernel) pairs; the order flips every pair");
     args.add_switch("bf16-copy", "also write a bf16 copy of the new parameters (+2 B/param)");
+    args.add_switch("torch-rounding",
+                    "Adam/AdamW in torch.optim's operation order (OptimizerParams::torch_rounding)");
     args.add_switch("no-scalar", "skip the scalar variant's run in each pair");
     args.add("min-ratio", "0",
              "exit with status 1 when the median kernel/bound ratio is below this\n"
@@ -77,6 +80,10 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
     o.pairs = static_cast<int>(pairs);
     o.bf16_copy = args.get_switch("bf16-copy");
+    o.torch_rounding = args.get_switch("torch-rounding");
+    if (o.torch_rounding && o.kind != OptimizerKind::kAdam && o.kind != OptimizerKind::kAdamW) {
+        return Status::invalid_argument("--torch-rounding: only with --optimizer adam or adamw");
+    }
     o.with_scalar = !args.get_switch("no-scalar");
     ZINF_ASSIGN_OR_RETURN(o.min_ratio, args.get_double("min-ratio", 0.0, 10.0));
     return o;
@@ -206,6 +213,7 @@ Status run(const AdamOptions& o) {
     hp.kind = o.kind;
     hp.weight_decay = 0.01;
     hp.beta2 = o.kind == OptimizerKind::kLion ? 0.99 : 0.999;
+    hp.torch_rounding = o.torch_rounding;
     const kernels::OptimizerState state{
         {p, n}, {s1, n}, two_states ? std::span<float>(s2, n) : std::span<float>(s1, n)};
     kernels::GradView grad_view{grads.data(), n, o.grad_dtype};
@@ -221,8 +229,9 @@ Status run(const AdamOptions& o) {
     };
 
     std::printf(
-        "zinfinity-bench adam: %s, %llu params, grads %s, %s, variant %s (asked: %s), %d threads\n",
+        "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d threads\n",
         std::string(kernels::optimizer_kind_name(o.kind)).c_str(),
+        o.torch_rounding ? " (torch rounding)" : "",
         static_cast<unsigned long long>(n), std::string(kernels::dtype_name(o.grad_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
         std::string(kernels::isa_name(isa)).c_str(), o.variant.c_str(), kernel.threads());
