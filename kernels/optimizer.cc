@@ -98,8 +98,9 @@ Status validate(const OptimizerParams& p) {
     ZINF_TRY(check("weight_decay", p.weight_decay, p.weight_decay >= 0.0));
     ZINF_TRY(check("grad_scale", p.grad_scale, true));
     if (p.torch_rounding && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
-        return Status::invalid_argument(str_cat("optimizer torch_rounding: only Adam and AdamW have it, ",
-                                                "not ", optimizer_kind_name(p.kind)));
+        return Status::invalid_argument(
+            str_cat("optimizer torch_rounding: only Adam and AdamW have it, ", "not ",
+                    optimizer_kind_name(p.kind)));
     }
     if (p.amsgrad && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
         return Status::invalid_argument(str_cat("optimizer amsgrad: only Adam and AdamW have it, ",

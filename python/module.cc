@@ -12,7 +12,6 @@
 // partition and cause.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -46,13 +45,24 @@ PyObject* g_corruption_error = nullptr;  // zinfinity.CorruptionError (module li
 [[noreturn]] void raise(const Status& status) {
     PyObject* type = PyExc_RuntimeError;
     switch (status.code()) {
-        case StatusCode::kInvalidArgument: type = PyExc_ValueError; break;
-        case StatusCode::kNotFound: type = PyExc_FileNotFoundError; break;
-        case StatusCode::kCorruption: type = g_corruption_error; break;
+        case StatusCode::kInvalidArgument:
+            type = PyExc_ValueError;
+            break;
+        case StatusCode::kNotFound:
+            type = PyExc_FileNotFoundError;
+            break;
+        case StatusCode::kCorruption:
+            type = g_corruption_error;
+            break;
         case StatusCode::kIo:
-        case StatusCode::kNoSpace: type = PyExc_OSError; break;
-        case StatusCode::kTimeout: type = PyExc_TimeoutError; break;
-        default: break;
+        case StatusCode::kNoSpace:
+            type = PyExc_OSError;
+            break;
+        case StatusCode::kTimeout:
+            type = PyExc_TimeoutError;
+            break;
+        default:
+            break;
     }
     PyErr_SetString(type, status.to_string().c_str());
     throw py::error_already_set();
@@ -72,7 +82,8 @@ kernels::Dtype dtype_from(const std::string& name) {
     if (name == "float32") return kernels::Dtype::kFp32;
     if (name == "bfloat16") return kernels::Dtype::kBf16;
     if (name == "float16") return kernels::Dtype::kFp16;
-    raise(Status::invalid_argument(str_cat("dtype ", name, ": expected float32, bfloat16 or float16")));
+    raise(Status::invalid_argument(
+        str_cat("dtype ", name, ": expected float32, bfloat16 or float16")));
 }
 
 kernels::OptimizerKind kind_from(const std::string& name) {
@@ -111,7 +122,8 @@ kernels::OptimizerKernel& kernel_locked(KernelHolder& h) {
 }
 
 void set_num_threads(int threads) {
-    if (threads < 0) raise(Status::invalid_argument(str_cat("threads ", threads, ": must be >= 0")));
+    if (threads < 0)
+        raise(Status::invalid_argument(str_cat("threads ", threads, ": must be >= 0")));
     KernelHolder& h = holder();
     std::lock_guard lock(h.mutex);
     h.threads = threads;
@@ -156,9 +168,9 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
                     const std::string& copy_dtype, std::uint64_t step, double lr, double beta1,
                     double beta2, double eps, double weight_decay, bool bias_correction,
                     bool amsgrad, double grad_scale, bool torch_rounding) {
-    const kernels::OptimizerParams p = hyper_from(kind, step, lr, beta1, beta2, eps, weight_decay,
-                                                  bias_correction, amsgrad, grad_scale,
-                                                  torch_rounding);
+    const kernels::OptimizerParams p =
+        hyper_from(kind, step, lr, beta1, beta2, eps, weight_decay, bias_correction, amsgrad,
+                   grad_scale, torch_rounding);
     if (numel == 0) return;
     auto floats = [numel](std::uintptr_t a) {
         return a == 0 ? std::span<float>() : std::span<float>(address<float>(a), numel);
@@ -172,8 +184,8 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
     const bool needs_sq = p.kind != kernels::OptimizerKind::kLion;
     if (state.params.empty() || grads == 0 || (needs_avg && state.exp_avg.empty()) ||
         (needs_sq && state.exp_avg_sq.empty()) || (p.amsgrad && state.max_exp_avg_sq.empty())) {
-        raise(Status::invalid_argument(str_cat("optimizer_step: ", kind,
-                                               " needs params, grads and its states")));
+        raise(Status::invalid_argument(
+            str_cat("optimizer_step: ", kind, " needs params, grads and its states")));
     }
     const kernels::GradView g{address<const void>(grads), numel, dtype_from(grad_dtype)};
     kernels::ParamCopy c = kernels::ParamCopy::none();
@@ -234,8 +246,8 @@ public:
     LockedBuffer& operator=(const LockedBuffer&) = delete;
 
     py::buffer_info info() {
-        return py::buffer_info(buffer_.data(), 1, py::format_descriptor<std::uint8_t>::format(),
-                               1, {static_cast<py::ssize_t>(bytes_)}, {1});
+        return py::buffer_info(buffer_.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(bytes_)}, {1});
     }
     std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(buffer_.data()); }
     std::size_t size() const { return bytes_; }
@@ -251,9 +263,9 @@ io::AioOptions aio_from(std::uint64_t block_size, int queue_depth, bool single_s
                         bool overlap_events, int intra_op_parallelism, const std::string& backend,
                         bool use_direct) {
     if (block_size == 0 || queue_depth <= 0 || intra_op_parallelism <= 0) {
-        raise(Status::invalid_argument(str_cat(
-            "aio: block_size ", block_size, ", queue_depth ", queue_depth,
-            ", intra_op_parallelism ", intra_op_parallelism, ": each must be positive")));
+        raise(Status::invalid_argument(str_cat("aio: block_size ", block_size, ", queue_depth ",
+                                               queue_depth, ", intra_op_parallelism ",
+                                               intra_op_parallelism, ": each must be positive")));
     }
     io::AioOptions a;
     a.block_size_bytes = block_size;
@@ -278,8 +290,9 @@ public:
         engine_ = take(io::Engine::create(eo));
     }
     ~AioHandle() {
+        std::vector<std::unique_ptr<Op>> ops = std::move(ops_);
         py::gil_scoped_release release;
-        (void)drain();
+        (void)drain(ops);
     }
 
     // Starts a transfer; returns without waiting. Errors before anything starts (bad path, a
@@ -303,12 +316,15 @@ public:
     // Waits for every operation started; returns how many completed. Every one is waited for
     // even when one fails; then the first error is raised.
     std::size_t wait() {
-        std::size_t n = 0;
+        // Taken while the GIL is held: another Python thread may start operations meanwhile;
+        // they belong to the next wait.
+        std::vector<std::unique_ptr<Op>> ops = std::move(ops_);
+        ops_.clear();
+        const std::size_t n = ops.size();
         Status status;
         {
             py::gil_scoped_release release;
-            n = ops_.size();
-            status = drain();
+            status = drain(ops);
         }
         check(status);
         return n;
@@ -328,7 +344,6 @@ public:
         return d;
     }
     bool is_direct(const std::string& path) {
-        Status status;
         io::FileOptions fo;
         fo.read_only = true;
         const io::FileId file = take(engine_->open(path, fo));
@@ -358,9 +373,8 @@ private:
         Status status = check_op(op, file, buffer);
         if (status.is_ok()) {
             auto* data = address<std::byte>(buffer);
-            status = op.write
-                         ? engine_->submit_write(op.handle, file, op.offset, {data, op.bytes})
-                         : engine_->submit_read(op.handle, file, op.offset, {data, op.bytes});
+            status = op.write ? engine_->submit_write(op.handle, file, op.offset, {data, op.bytes})
+                              : engine_->submit_read(op.handle, file, op.offset, {data, op.bytes});
         }
         if (!status.is_ok()) {
             (void)engine_->close(file);
@@ -383,17 +397,17 @@ private:
             struct stat st {};
             if (::stat(op.path.c_str(), &st) == 0 &&
                 static_cast<std::uint64_t>(st.st_size) < op.offset + op.bytes) {
-                return Status::invalid_argument(str_cat(
-                    op.path, ": reading ", op.bytes, " bytes at offset ", op.offset,
-                    " needs ", op.offset + op.bytes, " bytes; the file has ", st.st_size));
+                return Status::invalid_argument(
+                    str_cat(op.path, ": reading ", op.bytes, " bytes at offset ", op.offset,
+                            " needs ", op.offset + op.bytes, " bytes; the file has ", st.st_size));
             }
         }
         return Status::ok();
     }
 
-    Status drain() {
+    Status drain(std::vector<std::unique_ptr<Op>>& ops) {
         Status first;
-        for (auto& op : ops_) {
+        for (auto& op : ops) {
             if (op->started) {
                 Status s = op->handle.wait();
                 if (!s.is_ok() && first.is_ok()) first = std::move(s);
@@ -403,7 +417,7 @@ private:
                 if (!s.is_ok() && first.is_ok()) first = std::move(s);
             }
         }
-        ops_.clear();
+        ops.clear();
         return first;
     }
 
@@ -428,19 +442,23 @@ std::vector<Piece> pieces_from(const py::list& list) {
     out.reserve(list.size());
     for (const py::handle item : list) {
         const auto t = item.cast<py::tuple>();
-        if (t.size() != 5) raise(Status::invalid_argument("piece: (param, dtype, grad, dtype, numel)"));
+        if (t.size() != 5)
+            raise(Status::invalid_argument("piece: (param, dtype, grad, dtype, numel)"));
         Piece p;
         p.param = t[0].cast<std::uintptr_t>();
         p.param_dtype = dtype_from(t[1].cast<std::string>());
         p.grad = t[2].cast<std::uintptr_t>();
-        p.grad_dtype = t[3].is_none() ? kernels::Dtype::kFp32 : dtype_from(t[3].cast<std::string>());
+        p.grad_dtype =
+            t[3].is_none() ? kernels::Dtype::kFp32 : dtype_from(t[3].cast<std::string>());
         p.numel = t[4].cast<std::uint64_t>();
         out.push_back(p);
     }
     return out;
 }
 
-std::size_t dsize(kernels::Dtype d) { return kernels::dtype_size_bytes(d); }
+std::size_t dsize(kernels::Dtype d) {
+    return kernels::dtype_size_bytes(d);
+}
 
 // Walks the pieces covering [offset, offset + numel) of a group's flat layout.
 template <typename Fn>
@@ -464,13 +482,14 @@ void for_range(const std::vector<Piece>& pieces, std::uint64_t offset, std::uint
 class TorchGradients final : public swap::GradientSource {
 public:
     TorchGradients(const std::vector<Piece>& pieces, kernels::Dtype grad_dtype,
-                   kernels::Dtype param_dtype, std::uint64_t sub_group_numel, kernels::Isa isa)
-        : pieces_(pieces), grad_dtype_(grad_dtype), param_dtype_(param_dtype), isa_(isa) {
+                   kernels::Dtype param_dtype, std::uint64_t sub_group_numel)
+        : pieces_(pieces), grad_dtype_(grad_dtype), param_dtype_(param_dtype) {
         grads_.resize(sub_group_numel * dsize(grad_dtype));
         if (param_dtype != kernels::Dtype::kFp32) copy_.resize(sub_group_numel);
     }
 
-    Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset, std::uint64_t numel) override {
+    Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset,
+                                        std::uint64_t numel) override {
         const Piece* one = single(offset, numel);
         if (one != nullptr) {
             const std::uint64_t at = offset - start_of(one);
@@ -478,10 +497,11 @@ public:
                                      numel, grad_dtype_};
         }
         const std::size_t es = dsize(grad_dtype_);
-        for_range(pieces_, offset, numel, [&](const Piece& p, std::uint64_t po, std::uint64_t ro,
-                                              std::uint64_t n) {
-            std::memcpy(grads_.data() + ro * es, address<const std::byte>(p.grad) + po * es, n * es);
-        });
+        for_range(pieces_, offset, numel,
+                  [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
+                      std::memcpy(grads_.data() + ro * es,
+                                  address<const std::byte>(p.grad) + po * es, n * es);
+                  });
         return kernels::GradView{grads_.data(), numel, grad_dtype_};
     }
 
@@ -498,17 +518,18 @@ public:
         const std::uint64_t numel = params.size();
         if (param_dtype_ != kernels::Dtype::kFp32) {
             if (single(offset, numel) != nullptr) return Status::ok();  // written in place
-            for_range(pieces_, offset, numel, [&](const Piece& p, std::uint64_t po,
-                                                  std::uint64_t ro, std::uint64_t n) {
-                std::memcpy(address<std::uint16_t>(p.param) + po, copy_.data() + ro, n * 2);
-            });
+            for_range(pieces_, offset, numel,
+                      [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
+                          std::memcpy(address<std::uint16_t>(p.param) + po, copy_.data() + ro,
+                                      n * 2);
+                      });
             return Status::ok();
         }
-        for_range(pieces_, offset, numel, [&](const Piece& p, std::uint64_t po, std::uint64_t ro,
-                                              std::uint64_t n) {
-            std::memcpy(address<float>(p.param) + po, params.data() + ro, n * sizeof(float));
-        });
-        (void)isa_;
+        for_range(pieces_, offset, numel,
+                  [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
+                      std::memcpy(address<float>(p.param) + po, params.data() + ro,
+                                  n * sizeof(float));
+                  });
         return Status::ok();
     }
 
@@ -534,7 +555,6 @@ private:
     const std::vector<Piece>& pieces_;
     kernels::Dtype grad_dtype_;
     kernels::Dtype param_dtype_;
-    kernels::Isa isa_;
     std::vector<std::byte> grads_;
     std::vector<std::uint16_t> copy_;
 };
@@ -544,15 +564,17 @@ class TorchParams final : public swap::ParamSource {
 public:
     TorchParams(const std::vector<Piece>& pieces, kernels::Isa isa) : pieces_(pieces), isa_(isa) {}
     Status fill(std::size_t, std::uint64_t offset, std::span<float> params) override {
-        for_range(pieces_, offset, params.size(), [&](const Piece& p, std::uint64_t po,
-                                                      std::uint64_t ro, std::uint64_t n) {
-            if (p.param_dtype == kernels::Dtype::kFp32) {
-                std::memcpy(params.data() + ro, address<const float>(p.param) + po, n * sizeof(float));
-            } else {
-                kernels::cast_to_fp32(isa_, {address<const std::uint16_t>(p.param) + po, n},
-                                      p.param_dtype, params.subspan(ro, n));
-            }
-        });
+        for_range(pieces_, offset, params.size(),
+                  [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
+                      if (p.param_dtype == kernels::Dtype::kFp32) {
+                          std::memcpy(params.data() + ro, address<const float>(p.param) + po,
+                                      n * sizeof(float));
+                      } else {
+                          kernels::cast_to_fp32(isa_,
+                                                {address<const std::uint16_t>(p.param) + po, n},
+                                                p.param_dtype, params.subspan(ro, n));
+                      }
+                  });
         return Status::ok();
     }
 
@@ -596,7 +618,8 @@ public:
         std::size_t buffers = 0;
         swap::PartitionId next = 0;
         for (const std::uint64_t numel : group_numels) {
-            if (numel == 0) raise(Status::invalid_argument("NVMeOptimizer: an empty parameter group"));
+            if (numel == 0)
+                raise(Status::invalid_argument("NVMeOptimizer: an empty parameter group"));
             swap::OptimizerSwapperOptions o;
             o.numel = numel;
             o.sub_group_numel = std::min(sub_group_size, numel);
@@ -612,7 +635,6 @@ public:
                                                       o.sub_group_numel, kind_, amsgrad));
             buffers = std::max(buffers, swap::OptimizerSwapper::buffers_needed(o));
             options.push_back(o);
-            sub_group_numel_ = std::max(sub_group_numel_, o.sub_group_numel);
         }
         swap::PinnedPoolOptions po;
         po.name = "optimizer";
@@ -648,8 +670,8 @@ public:
     }
 
     py::dict step(std::size_t group, const py::list& list, std::uint64_t step, double lr,
-                  double beta1, double beta2, double eps, double weight_decay,
-                  bool bias_correction, double grad_scale, bool torch_rounding) {
+                  double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
+                  double grad_scale, bool torch_rounding) {
         const std::vector<Piece> pieces = pieces_from(list);
         swap::OptimizerSwapper& s = swapper(group, pieces);
         const kernels::OptimizerParams p =
@@ -659,17 +681,17 @@ public:
         const kernels::Dtype pd = pieces.front().param_dtype;
         for (std::size_t i = 0; i < pieces.size(); ++i) {
             if (pieces[i].grad == 0) {
-                raise(Status::invalid_argument(str_cat(
-                    "NVMeOptimizer: parameter ", i, " of group ", group,
-                    " has no gradient; a group steps all its parameters together")));
+                raise(Status::invalid_argument(
+                    str_cat("NVMeOptimizer: parameter ", i, " of group ", group,
+                            " has no gradient; a group steps all its parameters together")));
             }
             if (pieces[i].grad_dtype != gd || pieces[i].param_dtype != pd) {
-                raise(Status::invalid_argument(str_cat(
-                    "NVMeOptimizer: parameter ", i, " of group ", group,
-                    " differs in dtype from the group's first; one dtype per group")));
+                raise(Status::invalid_argument(
+                    str_cat("NVMeOptimizer: parameter ", i, " of group ", group,
+                            " differs in dtype from the group's first; one dtype per group")));
             }
         }
-        TorchGradients grads(pieces, gd, pd, s.options().sub_group_numel, isa_);
+        TorchGradients grads(pieces, gd, pd, s.options().sub_group_numel);
         Status status;
         {
             py::gil_scoped_release release;
@@ -698,7 +720,8 @@ public:
                           {t[1].cast<std::uintptr_t>(), t[2].cast<std::uintptr_t>(),
                            t[3].cast<std::uintptr_t>(), t[4].cast<std::uintptr_t>()}});
         }
-        if (group >= swappers_.size()) raise(Status::invalid_argument("NVMeOptimizer: no such group"));
+        if (group >= swappers_.size())
+            raise(Status::invalid_argument("NVMeOptimizer: no such group"));
         swap::OptimizerSwapper& s = *swappers_[group];
         std::uint64_t total = 0;
         for (const Target& t : ts) total += t.numel;
@@ -723,10 +746,14 @@ public:
     std::uint64_t bytes_on_disk() const { return store_->data_bytes(); }
     std::string_view kind_name() const {
         switch (kind_) {
-            case kernels::OptimizerKind::kAdam: return "adam";
-            case kernels::OptimizerKind::kAdamW: return "adamw";
-            case kernels::OptimizerKind::kAdagrad: return "adagrad";
-            case kernels::OptimizerKind::kLion: return "lion";
+            case kernels::OptimizerKind::kAdam:
+                return "adam";
+            case kernels::OptimizerKind::kAdamW:
+                return "adamw";
+            case kernels::OptimizerKind::kAdagrad:
+                return "adagrad";
+            case kernels::OptimizerKind::kLion:
+                return "lion";
         }
         return "adamw";
     }
@@ -763,8 +790,10 @@ private:
                             if (spans[k].empty() || t.arrays[k] == 0) continue;
                             float* mine = spans[k].data() + (from - offset);
                             float* theirs = address<float>(t.arrays[k]) + (from - start);
-                            if (into_targets) std::memcpy(theirs, mine, (to - from) * sizeof(float));
-                            else std::memcpy(mine, theirs, (to - from) * sizeof(float));
+                            if (into_targets)
+                                std::memcpy(theirs, mine, (to - from) * sizeof(float));
+                            else
+                                std::memcpy(mine, theirs, (to - from) * sizeof(float));
                         }
                     }
                     start = end;
@@ -786,15 +815,15 @@ private:
 
     swap::OptimizerSwapper& swapper(std::size_t group, const std::vector<Piece>& pieces) {
         if (group >= swappers_.size()) {
-            raise(Status::invalid_argument(str_cat("NVMeOptimizer: group ", group, " of ",
-                                                   swappers_.size())));
+            raise(Status::invalid_argument(
+                str_cat("NVMeOptimizer: group ", group, " of ", swappers_.size())));
         }
         std::uint64_t total = 0;
         for (const Piece& p : pieces) total += p.numel;
         if (pieces.empty() || total != swappers_[group]->options().numel) {
-            raise(Status::invalid_argument(str_cat(
-                "NVMeOptimizer: group ", group, " was built for ", swappers_[group]->options().numel,
-                " elements; given ", total)));
+            raise(Status::invalid_argument(
+                str_cat("NVMeOptimizer: group ", group, " was built for ",
+                        swappers_[group]->options().numel, " elements; given ", total)));
         }
         return *swappers_[group];
     }
@@ -802,7 +831,6 @@ private:
     kernels::OptimizerKind kind_ = kernels::OptimizerKind::kAdamW;
     bool amsgrad_ = false;
     kernels::Isa isa_ = kernels::Isa::kScalar;
-    std::uint64_t sub_group_numel_ = 0;
     std::unique_ptr<kernels::OptimizerKernel> kernel_;
     std::unique_ptr<io::Engine> engine_;
     std::unique_ptr<swap::SwapStore> store_;
@@ -826,10 +854,10 @@ PYBIND11_MODULE(_C, m) {
     m.def("kernel_info", &zp::kernel_info);
     m.def("optimizer_step", &zp::optimizer_step, py::arg("kind"), py::arg("numel"),
           py::arg("params"), py::arg("grads"), py::arg("grad_dtype"), py::arg("exp_avg"),
-          py::arg("exp_avg_sq"), py::arg("max_exp_avg_sq"), py::arg("copy"),
-          py::arg("copy_dtype"), py::arg("step"), py::arg("lr"), py::arg("beta1"),
-          py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
-          py::arg("amsgrad"), py::arg("grad_scale") = 1.0, py::arg("torch_rounding") = false);
+          py::arg("exp_avg_sq"), py::arg("max_exp_avg_sq"), py::arg("copy"), py::arg("copy_dtype"),
+          py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+          py::arg("weight_decay"), py::arg("bias_correction"), py::arg("amsgrad"),
+          py::arg("grad_scale") = 1.0, py::arg("torch_rounding") = false);
     m.def("cast", &zp::cast, py::arg("src"), py::arg("src_dtype"), py::arg("dst"),
           py::arg("dst_dtype"), py::arg("numel"));
 
@@ -868,20 +896,22 @@ PYBIND11_MODULE(_C, m) {
                       bool, int, const std::string&, bool, bool, bool, int>(),
              py::arg("group_numels"), py::arg("kind"), py::arg("amsgrad"), py::arg("nvme_paths"),
              py::arg("sub_group_size"), py::arg("block_size"), py::arg("queue_depth"),
-             py::arg("single_submit"), py::arg("overlap_events"),
-             py::arg("intra_op_parallelism"), py::arg("backend"), py::arg("pipeline_read"),
-             py::arg("pipeline_write"), py::arg("verify_checksums"), py::arg("threads"))
+             py::arg("single_submit"), py::arg("overlap_events"), py::arg("intra_op_parallelism"),
+             py::arg("backend"), py::arg("pipeline_read"), py::arg("pipeline_write"),
+             py::arg("verify_checksums"), py::arg("threads"))
         .def("initialize", &zp::NvmeOptimizer::initialize, py::arg("group"), py::arg("pieces"))
-        .def("step", &zp::NvmeOptimizer::step, py::arg("group"), py::arg("pieces"),
-             py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+        .def("step", &zp::NvmeOptimizer::step, py::arg("group"), py::arg("pieces"), py::arg("step"),
+             py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
              py::arg("weight_decay"), py::arg("bias_correction"), py::arg("grad_scale") = 1.0,
              py::arg("torch_rounding") = false)
-        .def("read_states", [](zp::NvmeOptimizer& o, std::size_t g, const py::list& t) {
-            o.transfer(g, t, false);
-        }, py::arg("group"), py::arg("targets"))
-        .def("write_states", [](zp::NvmeOptimizer& o, std::size_t g, const py::list& t) {
-            o.transfer(g, t, true);
-        }, py::arg("group"), py::arg("targets"))
+        .def(
+            "read_states",
+            [](zp::NvmeOptimizer& o, std::size_t g, const py::list& t) { o.transfer(g, t, false); },
+            py::arg("group"), py::arg("targets"))
+        .def(
+            "write_states",
+            [](zp::NvmeOptimizer& o, std::size_t g, const py::list& t) { o.transfer(g, t, true); },
+            py::arg("group"), py::arg("targets"))
         .def("swap_files", &zp::NvmeOptimizer::swap_files)
         .def("sub_group_count", &zp::NvmeOptimizer::sub_group_count, py::arg("group"))
         .def_property_readonly("backend", &zp::NvmeOptimizer::backend)

@@ -27,9 +27,12 @@ int main(int argc, char** argv) {
     if (argc != 10) return fail("usage: KIND STEPS LR BETA1 BETA2 EPS WEIGHT_DECAY IN OUT");
     OptimizerParams p;
     const std::string_view kind = argv[1];
-    if (kind == "adamw") p.kind = OptimizerKind::kAdamW;
-    else if (kind == "adam") p.kind = OptimizerKind::kAdam;
-    else return fail("KIND: adam or adamw");
+    if (kind == "adamw")
+        p.kind = OptimizerKind::kAdamW;
+    else if (kind == "adam")
+        p.kind = OptimizerKind::kAdam;
+    else
+        return fail("KIND: adam or adamw");
     const long steps = std::strtol(argv[2], nullptr, 10);
     p.lr = std::strtod(argv[3], nullptr);
     p.beta1 = std::strtod(argv[4], nullptr);
@@ -56,8 +59,7 @@ int main(int argc, char** argv) {
     for (long s = 0; s < steps; ++s) {
         p.step = static_cast<std::uint64_t>(s + 1);
         const float* g = all.data() + numel * static_cast<std::size_t>(s + 1);
-        const auto status = kernel.value().step(p, {params, m, v},
-                                                GradView::fp32({g, numel}));
+        const auto status = kernel.value().step(p, {params, m, v}, GradView::fp32({g, numel}));
         if (!status.is_ok()) return fail(status.to_string());
     }
     std::FILE* out = std::fopen(argv[9], "wb");

@@ -689,8 +689,8 @@ TorchElement torch_adam_element(const OptimizerParams& o, float p, float m, floa
         v_max = std::isnan(v_max) ? v_max : (std::isnan(v) ? v : std::max(v_max, v));
         second = v_max;
     }
-    const float denom = std::sqrt(second) / static_cast<float>(std::sqrt(bc2)) +
-                        static_cast<float>(o.eps);
+    const float denom =
+        std::sqrt(second) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(o.eps);
     p = p + (static_cast<float>(-o.lr / bc1) * m) / denom;
     return {p, m, v, v_max};
 }
@@ -724,17 +724,18 @@ TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
                                       std::memcmp(&t.m, &out.exp_avg[i], 4) == 0 &&
                                       std::memcmp(&t.v, &out.exp_avg_sq[i], 4) == 0;
                     if (!same && ++mismatches <= 3) {
-                        ADD_FAILURE() << describe(i, in, Dtype::kFp32) << ": torch p " << t.p
-                                      << " m " << t.m << " v " << t.v << ", kernel p "
-                                      << out.params[i] << " m " << out.exp_avg[i] << " v "
-                                      << out.exp_avg_sq[i];
+                        ADD_FAILURE()
+                            << describe(i, in, Dtype::kFp32) << ": torch p " << t.p << " m " << t.m
+                            << " v " << t.v << ", kernel p " << out.params[i] << " m "
+                            << out.exp_avg[i] << " v " << out.exp_avg_sq[i];
                     }
                 }
                 EXPECT_EQ(mismatches, 0u);
                 // The option changes the bits: the kernel's own order differs somewhere.
                 OptimizerParams own = params;
                 own.torch_rounding = false;
-                const StepOutputs mine = run_step(kernel, own, in, Dtype::kFp32, Dtype::kBf16, false);
+                const StepOutputs mine =
+                    run_step(kernel, own, in, Dtype::kFp32, Dtype::kBf16, false);
                 EXPECT_NE(std::memcmp(mine.params.data(), out.params.data(), numel * 4), 0);
             }
         }

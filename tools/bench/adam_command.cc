@@ -52,8 +52,9 @@ void declare_flags(cli::Args& args) {
     args.add("threads", "2", "threads of the step and of the bound (0: all cores)");
     args.add("pairs", "5", "interleaved (bound, kernel) pairs; the order flips every pair");
     args.add_switch("bf16-copy", "also write a bf16 copy of the new parameters (+2 B/param)");
-    args.add_switch("torch-rounding",
-                    "Adam/AdamW in torch.optim's operation order (OptimizerParams::torch_rounding)");
+    args.add_switch(
+        "torch-rounding",
+        "Adam/AdamW in torch.optim's operation order (OptimizerParams::torch_rounding)");
     args.add_switch("no-scalar", "skip the scalar variant's run in each pair");
     args.add("min-ratio", "0",
              "exit with status 1 when the median kernel/bound ratio is below this\n"
@@ -229,10 +230,11 @@ Status run(const AdamOptions& o) {
     };
 
     std::printf(
-        "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d threads\n",
+        "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d "
+        "threads\n",
         std::string(kernels::optimizer_kind_name(o.kind)).c_str(),
-        o.torch_rounding ? " (torch rounding)" : "",
-        static_cast<unsigned long long>(n), std::string(kernels::dtype_name(o.grad_dtype)).c_str(),
+        o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(n),
+        std::string(kernels::dtype_name(o.grad_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
         std::string(kernels::isa_name(isa)).c_str(), o.variant.c_str(), kernel.threads());
     std::printf("cpu: %s\n", kernels::cpu_features().to_string().c_str());
