@@ -187,3 +187,23 @@ def test_close_removes_the_swap_files(workdir):
     assert os.listdir(workdir) == []
     with pytest.raises(RuntimeError, match="closed"):
         opt.step()
+
+
+def test_a_full_disk_is_refused_before_anything_is_written():
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 1 MiB tmpfs needs root")
+    import subprocess
+    import tempfile
+
+    mount = tempfile.mkdtemp(prefix="zinf-py-tiny-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", mount]).returncode != 0:
+        os.rmdir(mount)
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = torch.zeros(1_000_000, requires_grad=True)  # 12 MB of master and moments
+        with pytest.raises(OSError, match=r"not enough space .* need 11\.45 MiB"):
+            NVMeOptimizer([p], nvme_path=mount)
+        assert os.listdir(mount) == []  # its directory is gone again
+    finally:
+        subprocess.run(["umount", mount], check=True)
+        os.rmdir(mount)
