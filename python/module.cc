@@ -113,12 +113,14 @@ KernelHolder& holder() {
     return h;
 }
 
-kernels::OptimizerKernel& kernel_locked(KernelHolder& h) {
-    if (!h.kernel) {
-        h.kernel = std::make_unique<kernels::OptimizerKernel>(
-            take(kernels::OptimizerKernel::create(std::string_view("auto"), h.threads)));
-    }
-    return *h.kernel;
+// Creates the kernel on first use. Returns a Status rather than raising: it may run without
+// the GIL (inside a step).
+Status ensure_kernel_locked(KernelHolder& h) {
+    if (h.kernel) return Status::ok();
+    auto kernel = kernels::OptimizerKernel::create(std::string_view("auto"), h.threads);
+    if (!kernel.has_value()) return kernel.error();
+    h.kernel = std::make_unique<kernels::OptimizerKernel>(std::move(kernel).value());
+    return Status::ok();
 }
 
 void set_num_threads(int threads) {
@@ -133,7 +135,8 @@ void set_num_threads(int threads) {
 py::dict kernel_info() {
     KernelHolder& h = holder();
     std::lock_guard lock(h.mutex);
-    kernels::OptimizerKernel& k = kernel_locked(h);
+    check(ensure_kernel_locked(h));
+    const kernels::OptimizerKernel& k = *h.kernel;
     py::dict d;
     d["isa"] = std::string(kernels::isa_name(k.isa()));
     d["threads"] = k.threads();
@@ -200,7 +203,8 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
     {
         py::gil_scoped_release release;
         std::lock_guard lock(h.mutex);
-        status = kernel_locked(h).step(p, state, g, c);
+        status = ensure_kernel_locked(h);
+        if (status.is_ok()) status = h.kernel->step(p, state, g, c);
     }
     check(status);
 }
@@ -466,7 +470,7 @@ void for_range(const std::vector<Piece>& pieces, std::uint64_t offset, std::uint
     std::uint64_t start = 0;
     for (const Piece& p : pieces) {
         const std::uint64_t end = start + p.numel;
-        if (end > offset && start < offset + numel) {
+        if (p.numel > 0 && end > offset && start < offset + numel) {
             const std::uint64_t from = std::max(offset, start);
             const std::uint64_t to = std::min(offset + numel, end);
             fn(p, from - start, from - offset, to - from);  // piece offset, range offset, count
@@ -478,14 +482,24 @@ void for_range(const std::vector<Piece>& pieces, std::uint64_t offset, std::uint
 
 // Gradients and parameter write-back of one group for OptimizerSwapper::step. A sub-group that
 // lies in one tensor is read and written in place; one that spans tensors is gathered into (and
-// scattered from) staging buffers allocated once.
+// scattered from) the optimizer's staging buffers.
 class TorchGradients final : public swap::GradientSource {
 public:
+    // `grads` and `copy` are the optimizer's staging buffers, grown here on first need.
     TorchGradients(const std::vector<Piece>& pieces, kernels::Dtype grad_dtype,
-                   kernels::Dtype param_dtype, std::uint64_t sub_group_numel)
-        : pieces_(pieces), grad_dtype_(grad_dtype), param_dtype_(param_dtype) {
-        grads_.resize(sub_group_numel * dsize(grad_dtype));
-        if (param_dtype != kernels::Dtype::kFp32) copy_.resize(sub_group_numel);
+                   kernels::Dtype param_dtype, std::uint64_t sub_group_numel,
+                   std::vector<std::byte>& grads, std::vector<std::uint16_t>& copy)
+        : pieces_(pieces),
+          grad_dtype_(grad_dtype),
+          param_dtype_(param_dtype),
+          grads_(grads),
+          copy_(copy) {
+        if (grads_.size() < sub_group_numel * dsize(grad_dtype)) {
+            grads_.resize(sub_group_numel * dsize(grad_dtype));
+        }
+        if (param_dtype != kernels::Dtype::kFp32 && copy_.size() < sub_group_numel) {
+            copy_.resize(sub_group_numel);
+        }
     }
 
     Result<kernels::GradView> gradients(std::size_t, std::uint64_t offset,
@@ -555,8 +569,8 @@ private:
     const std::vector<Piece>& pieces_;
     kernels::Dtype grad_dtype_;
     kernels::Dtype param_dtype_;
-    std::vector<std::byte> grads_;
-    std::vector<std::uint16_t> copy_;
+    std::vector<std::byte>& grads_;
+    std::vector<std::uint16_t>& copy_;
 };
 
 // Fills the initial fp32 masters from the torch parameters.
@@ -677,9 +691,19 @@ public:
         const kernels::OptimizerParams p =
             hyper_from(std::string(kind_name()), step, lr, beta1, beta2, eps, weight_decay,
                        bias_correction, amsgrad_, grad_scale, torch_rounding);
-        const kernels::Dtype gd = pieces.front().grad_dtype;
-        const kernels::Dtype pd = pieces.front().param_dtype;
+        // The dtypes of the group's first non-empty parameter (an empty one has no gradient
+        // storage and takes no part).
+        const Piece* first = &pieces.front();
+        for (const Piece& piece : pieces) {
+            if (piece.numel > 0) {
+                first = &piece;
+                break;
+            }
+        }
+        const kernels::Dtype gd = first->grad_dtype;
+        const kernels::Dtype pd = first->param_dtype;
         for (std::size_t i = 0; i < pieces.size(); ++i) {
+            if (pieces[i].numel == 0) continue;
             if (pieces[i].grad == 0) {
                 raise(Status::invalid_argument(
                     str_cat("NVMeOptimizer: parameter ", i, " of group ", group,
@@ -691,7 +715,7 @@ public:
                             " differs in dtype from the group's first; one dtype per group")));
             }
         }
-        TorchGradients grads(pieces, gd, pd, s.options().sub_group_numel);
+        TorchGradients grads(pieces, gd, pd, s.options().sub_group_numel, grad_stage_, copy_stage_);
         Status status;
         {
             py::gil_scoped_release release;
@@ -769,8 +793,11 @@ private:
         const bool sq = kind_ != kernels::OptimizerKind::kLion;
         Status status;
         const std::uint64_t n = s.options().sub_group_numel;
+        const bool used[4] = {true, avg, sq, amsgrad_};
         std::vector<float> buf[4];
-        for (int k = 0; k < 4; ++k) buf[k].resize(n);
+        for (int k = 0; k < 4; ++k) {
+            if (used[k]) buf[k].resize(n);
+        }
         for (std::size_t g = 0; g < s.sub_group_count() && status.is_ok(); ++g) {
             const std::uint64_t numel = s.sub_group_numel(g);
             const std::uint64_t offset = s.sub_group_offset_numel(g);
@@ -836,6 +863,9 @@ private:
     std::unique_ptr<swap::SwapStore> store_;
     std::unique_ptr<swap::PinnedPool> pool_;
     std::vector<std::unique_ptr<swap::OptimizerSwapper>> swappers_;
+    // Staging for sub-groups that span tensors: kept across steps, grown on first need.
+    std::vector<std::byte> grad_stage_;
+    std::vector<std::uint16_t> copy_stage_;
 };
 
 }  // namespace

@@ -207,3 +207,41 @@ def test_a_full_disk_is_refused_before_anything_is_written():
     finally:
         subprocess.run(["umount", mount], check=True)
         os.rmdir(mount)
+
+
+def test_load_state_dict_checks_everything_before_writing(workdir):
+    torch.manual_seed(4)
+    a = torch.randn(500, requires_grad=True)
+    b = torch.randn(300, requires_grad=True)
+    opt = NVMeOptimizer([{"params": [a]}, {"params": [b]}], nvme_path=workdir, sub_group_size=128)
+    a.grad, b.grad = torch.randn(500), torch.randn(300)
+    opt.step()
+    before = opt.state_dict()
+    bad = copy.deepcopy(before)
+    bad["state"][1]["exp_avg"] = torch.zeros(299)  # group 1 is wrong, group 0 is fine
+    with pytest.raises(ValueError, match="exp_avg of parameter 0 of group 1 has 299 elements"):
+        opt.load_state_dict(bad)
+    bad = copy.deepcopy(before)
+    bad["param_groups"][0]["amsgrad"] = True
+    with pytest.raises(ValueError, match="amsgrad=True; this optimizer was created with amsgrad=False"):
+        opt.load_state_dict(bad)
+    bad = copy.deepcopy(before)
+    bad["state"][0]["master"] = torch.zeros(5)
+    bad["state"][0]["exp_avg"] = torch.zeros(500)
+    with pytest.raises(ValueError, match="the master of parameter 0 of group 0 has 5 elements"):
+        opt.load_state_dict(bad)
+    after = opt.state_dict()  # nothing was written by the refused loads
+    for k in before["state"]:
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(before["state"][k][name], after["state"][k][name])
+
+
+def test_a_group_with_an_empty_parameter_steps(workdir):
+    e = torch.zeros(0, requires_grad=True)
+    w = torch.randn(100, requires_grad=True)
+    opt = NVMeOptimizer([e, w], nvme_path=workdir)
+    w.grad = torch.ones(100)
+    e.grad = torch.zeros(0)
+    before = w.detach().clone()
+    opt.step()
+    assert not torch.equal(w, before)

@@ -276,3 +276,63 @@ def test_torch_rounding_is_torch_bit_for_bit(adamw_mode, amsgrad):
                           max_exp_avg_sq=0, copy=0, copy_dtype="float32", step=1, lr=0.1,
                           beta1=0.9, beta2=0.99, eps=0.0, weight_decay=0.0,
                           bias_correction=False, amsgrad=False, torch_rounding=True)
+
+
+def test_bf16_state_dict_keeps_fp32_states_across_load():
+    a = make_params(14, torch.bfloat16)
+    opt = CPUAdam(a, lr=1e-3, weight_decay=0.01)
+    g = torch.Generator().manual_seed(15)
+
+    def step(params, o):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(torch.bfloat16)
+        o.step()
+
+    for _ in range(3):
+        step(a, opt)
+    b = [p.detach().clone().requires_grad_(True) for p in a]
+    again = CPUAdam(b)
+    again.load_state_dict(opt.state_dict())  # torch would cast the states to bf16
+    for p, q in zip(a, b):
+        for key in ("master", "exp_avg", "exp_avg_sq"):
+            assert again.state[q][key].dtype == torch.float32
+            assert torch.equal(again.state[q][key], opt.state[p][key])
+    g1 = torch.Generator().manual_seed(16)
+    for params, o in ((a, opt), (b, again)):
+        g1.manual_seed(16)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g1).to(torch.bfloat16)
+        o.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+
+
+def test_loading_torch_adam_keeps_adam_mode_and_torch_rounding():
+    a = make_params(17)
+    b = clone(a)
+    theirs = torch.optim.Adam(b, lr=1e-3, weight_decay=0.1)
+    run_lockstep(CPUAdam(clone(a)), theirs, clone(a), b, 3)
+    ours = CPUAdam(a, adamw_mode=False, torch_rounding=True)
+    with torch.no_grad():
+        for p, q in zip(a, b):
+            p.copy_(q)
+    ours.load_state_dict(theirs.state_dict())
+    group = ours.param_groups[0]
+    assert group["adamw_mode"] is False and group["torch_rounding"] is True
+    assert group["weight_decay"] == 0.1
+    run_lockstep(ours, theirs, a, b, 5)
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)  # Adam (L2) in torch's rounding: torch's bits
+
+
+def test_a_refused_step_does_not_count():
+    p = torch.randn(10, requires_grad=True)
+    opt = CPUAdam([p], lr=1e-3)
+    p.grad = torch.ones(10)
+    opt.step()
+    opt.param_groups[0]["lr"] = -1.0
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    assert float(opt.state[p]["step"]) == 1.0
+    assert torch.equal(p, before)

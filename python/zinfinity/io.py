@@ -104,10 +104,13 @@ class AsyncIOHandle:
     def wait(self):
         """Waits for every operation started; returns how many completed. If one failed, all
         are still waited for, then its error is raised."""
+        # The tensors of the operations this wait completes; one started meanwhile by another
+        # thread belongs to the next wait and stays referenced.
+        pending, self._inflight = self._inflight, []
         try:
             return self._h.wait()
         finally:
-            self._inflight.clear()
+            del pending
 
     # --- page-aligned locked memory ------------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem, example_tensor):

@@ -242,49 +242,63 @@ class NVMeOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Writes the states of ``state_dict`` (from ``state_dict()`` or torch's optimizer of the
-        same kind) to the swap store, and takes its hyper-parameters."""
+        same kind) to the swap store, and takes its hyper-parameters. Everything is checked
+        before anything is written."""
         self._check_open()
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"NVMeOptimizer: state_dict has {len(saved_groups)} parameter groups; "
                              f"this optimizer has {len(self.param_groups)}")
+
+        def fp32(value, p, what):
+            if not torch.is_tensor(value) or value.numel() != p.numel():
+                size = value.numel() if torch.is_tensor(value) else type(value).__name__
+                raise ValueError(f"NVMeOptimizer: {what} has {size} elements; the parameter "
+                                 f"{p.numel()}")
+            return value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+
+        plans = []
         for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError(f"NVMeOptimizer: group {gi} of state_dict has "
                                  f"{len(saved['params'])} parameters; this one has "
                                  f"{len(group['params'])}")
+            if "amsgrad" in saved and bool(saved["amsgrad"]) != bool(group["amsgrad"]):
+                raise ValueError(f"NVMeOptimizer: group {gi} of state_dict has amsgrad="
+                                 f"{bool(saved['amsgrad'])}; this optimizer was created with "
+                                 f"amsgrad={bool(group['amsgrad'])} (its disk layout)")
+            if saved.get("lr_decay", 0):
+                raise ValueError(f"NVMeOptimizer: group {gi} of state_dict has lr_decay "
+                                 f"{saved['lr_decay']}; NVMeOptimizer's adagrad has none")
             tensors, steps = [], set()
             for pi, (p, sid) in enumerate(zip(group["params"], saved["params"])):
                 entry = state_dict["state"].get(sid, state_dict["state"].get(str(sid)))
-                t = {}
+                what = f"parameter {pi} of group {gi}"
                 if entry is None:  # never stepped: zero states
                     steps.add(0)
                     entry = {}
                 else:
                     steps.add(int(float(entry["step"])))
-                master = entry.get("master", p.detach())
-                t["master"] = master.to(torch.float32).contiguous()
+                t = {"master": fp32(entry.get("master", p), p, f"the master of {what}")}
                 for name in self._state_names:
                     if name in entry:
-                        v = entry[name]
-                        if v.shape != p.shape:
-                            raise ValueError(f"NVMeOptimizer: {name} of parameter {pi} of group "
-                                             f"{gi} has shape {tuple(v.shape)}; the parameter "
-                                             f"{tuple(p.shape)}")
-                        t[name] = v.to(torch.float32).contiguous()
+                        t[name] = fp32(entry[name], p, f"{name} of {what}")
                     elif steps != {0}:
-                        raise ValueError(f"NVMeOptimizer: parameter {pi} of group {gi} has no "
-                                         f"{name} in the state_dict (a different optimizer?)")
+                        raise ValueError(f"NVMeOptimizer: {what} has no {name} in the "
+                                         f"state_dict (a different optimizer?)")
                     else:
-                        t[name] = torch.zeros(p.shape, dtype=torch.float32)
+                        t[name] = torch.zeros(p.numel(), dtype=torch.float32)
                 tensors.append(t)
             if len(steps) > 1:
                 raise ValueError(f"NVMeOptimizer: group {gi} mixes step counts {sorted(steps)}; "
                                  "its parameters step together")
+            plans.append((tensors, steps.pop() if steps else 0))
+        for gi, ((tensors, step), group, saved) in enumerate(
+                zip(plans, self.param_groups, saved_groups)):
             self._native.write_states(gi, self._state_targets(group, tensors))
-            self._steps[gi] = steps.pop() if steps else 0
+            self._steps[gi] = step
             for key, value in saved.items():
-                if key != "params":
+                if key in group and key not in ("params", "amsgrad"):
                     group[key] = value
 
     def swap_files(self):

@@ -12,6 +12,7 @@ parameter (a low-precision model) gets an fp32 master copy in its state (``maste
 steps the master with the bf16/fp16 gradient and writes the rounded parameter in the same pass.
 """
 
+import itertools
 import math
 
 import torch
@@ -48,6 +49,43 @@ class _CPUOptimizer(torch.optim.Optimizer):
         """(exp_avg, exp_avg_sq, max_exp_avg_sq) tensors or None."""
         raise NotImplementedError
 
+    # Settings of ours that torch's state_dict of the same optimizer lacks: kept from the
+    # constructor when such a state_dict is loaded.
+    _own_keys = ()
+
+    @staticmethod
+    def _fp32_state(state, key, p, what):
+        """state[key] as a contiguous fp32 CPU tensor of p's size (the kernel's view of it)."""
+        t = state[key]
+        if t.numel() != p.numel():
+            raise ValueError(f"{what}: state {key!r} has {t.numel()} elements; the parameter "
+                             f"{p.numel()}")
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+            t = t.detach().to(device="cpu", dtype=torch.float32).contiguous()
+            state[key] = t
+        return t
+
+    def load_state_dict(self, state_dict):
+        """torch's load_state_dict, keeping the states in fp32 (torch casts floating-point
+        states to each parameter's dtype, which would round a bf16 parameter's fp32 master and
+        moments) and keeping our own settings where the saved groups lack them."""
+        own = [{k: g[k] for k in self._own_keys if k in g} for g in self.param_groups]
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        originals = {p: state_dict["state"].get(i) for i, p in zip(saved_ids, params)}
+        super().load_state_dict(state_dict)
+        for group, kept, saved in zip(self.param_groups, own, state_dict["param_groups"]):
+            for key, value in kept.items():
+                if key not in saved:
+                    group[key] = value
+        for p, saved in originals.items():
+            if not saved:
+                continue
+            for key, value in saved.items():
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.detach().to(device="cpu",
+                                                           dtype=torch.float32).clone()
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -72,10 +110,13 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 if low_precision and "master" not in state:
                     dtype_name(p, what)
                     state["master"] = p.detach().to(torch.float32)
-                master = state["master"] if low_precision else p
-                state["step"] += 1
-                step = int(state["step"].item())
+                master = self._fp32_state(state, "master", p, what) if low_precision else p
+                step = int(float(state["step"])) + 1  # counted once the step has happened
                 exp_avg, exp_avg_sq, max_sq = self._states(group, state)
+                exp_avg, exp_avg_sq, max_sq = (
+                    None if t is None else self._fp32_state(state, k, p, what)
+                    for t, k in ((exp_avg, "exp_avg"), (exp_avg_sq, self._sq_key),
+                                 (max_sq, "max_exp_avg_sq")))
                 hyper = self._hyper(group, step)
                 _C.optimizer_step(
                     kind=kind,
@@ -92,6 +133,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
                     grad_scale=-1.0 if group.get("maximize", False) else 1.0,
                     **hyper,
                 )
+                state["step"] += 1
         return loss
 
 
@@ -130,6 +172,9 @@ class CPUAdam(_CPUOptimizer):
             group.setdefault("amsgrad", False)
             group.setdefault("maximize", False)
             group.setdefault("torch_rounding", False)
+
+    _own_keys = ("adamw_mode", "bias_correction", "torch_rounding")
+    _sq_key = "exp_avg_sq"
 
     def _group_kind(self, group):
         return "adamw" if group.get("adamw_mode", True) else "adam"
@@ -173,6 +218,8 @@ class CPUAdagrad(_CPUOptimizer):
                         maximize=bool(maximize))
         super().__init__(params, defaults)
 
+    _sq_key = "sum"
+
     def _group_kind(self, group):
         return "adagrad"
 
@@ -203,6 +250,8 @@ class CPULion(_CPUOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                         maximize=bool(maximize))
         super().__init__(params, defaults)
+
+    _sq_key = None
 
     def _group_kind(self, group):
         return "lion"
