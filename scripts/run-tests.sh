@@ -22,11 +22,11 @@ echo "== Release tests"
 ctest --test-dir build-release --output-on-failure -j "$jobs" "${label_args[@]}"
 
 echo "== ASan+UBSan build (no CUDA)"
-# -g1: line tables only (stack traces keep file and line) compile a quarter faster than -g; the
-# sanitized build had grown to two thirds of the whole run on 2 cores. (-O1 would halve it, but
-# GCC 12 then warns where -O2 does not.)
+# -O1 -g1: line tables only (stack traces keep file and line). The sanitized build had grown to
+# two thirds of the whole run on 2 cores; at -O1 it compiles in about 10 minutes instead of 14,
+# and its tests take 177 s instead of 166 s.
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZINF_WITH_CUDA=OFF \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   -DZINF_SANITIZE=address,undefined -DZINF_BUILD_MICROBENCH=OFF -DZINF_WITH_PYTHON=OFF $werror
 echo "== ASan+UBSan tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
