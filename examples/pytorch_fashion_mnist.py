@@ -8,7 +8,7 @@ of ``deepspeed.initialize``. The model is the MLP of ``configs/fashion-mnist.jso
 1024 → 10, ReLU). The data are Debian's ``dataset-fashion-mnist`` (installed by
 ``scripts/install-deps.sh``)::
 
-    PYTHONPATH=build/python python3 examples/pytorch_fashion_mnist.py --epochs 1 \\
+    PYTHONPATH=build/python /usr/bin/python3 examples/pytorch_fashion_mnist.py --epochs 1 \\
         --nvme-path /tmp
 
 prints the loss every 100 steps and the test accuracy after each epoch.

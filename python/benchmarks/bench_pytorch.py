@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """The Python package's speed against its baselines, measured in one run on this machine.
 
-    PYTHONPATH=build/python python3 python/benchmarks/bench_pytorch.py adam \\
+    PYTHONPATH=build/python /usr/bin/python3 python/benchmarks/bench_pytorch.py adam \\
         --bench build/tools/zinfinity-bench
-    PYTHONPATH=build/python python3 python/benchmarks/bench_pytorch.py io --path /mnt/nvme \\
+    PYTHONPATH=build/python /usr/bin/python3 python/benchmarks/bench_pytorch.py io --path /mnt/nvme \\
         --bench build/tools/zinfinity-bench
 
 adam: ``zinfinity.optim.CPUAdam.step()`` over --params fp32 parameters (one tensor, fp32
