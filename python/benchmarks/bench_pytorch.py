@@ -73,7 +73,7 @@ def bench_adam(args):
 
     def timed(fn):
         # The median of --steps consecutive steps: the first step after a pause runs on cold
-        # cores (measured here: up to 2.5x slower after a 3 s sleep, on either side).
+        # cores (measured here: CPUAdam up to 2.5x slower after a 3 s sleep).
         times = []
         for _ in range(args.steps):
             start = time.perf_counter()
