@@ -464,11 +464,12 @@ std::size_t dsize(kernels::Dtype d) {
     return kernels::dtype_size_bytes(d);
 }
 
-// Walks the pieces covering [offset, offset + numel) of a group's flat layout.
-template <typename Fn>
-void for_range(const std::vector<Piece>& pieces, std::uint64_t offset, std::uint64_t numel, Fn fn) {
+// Walks the tensors covering [offset, offset + numel) of a group's flat layout (anything with a
+// `numel`: the pieces of a step, the state targets of read_states / write_states).
+template <typename T, typename Fn>
+void for_range(const std::vector<T>& pieces, std::uint64_t offset, std::uint64_t numel, Fn fn) {
     std::uint64_t start = 0;
-    for (const Piece& p : pieces) {
+    for (const T& p : pieces) {
         const std::uint64_t end = start + p.numel;
         if (p.numel > 0 && end > offset && start < offset + numel) {
             const std::uint64_t from = std::max(offset, start);
@@ -689,8 +690,8 @@ public:
         const std::vector<Piece> pieces = pieces_from(list);
         swap::OptimizerSwapper& s = swapper(group, pieces);
         const kernels::OptimizerParams p =
-            hyper_from(std::string(kind_name()), step, lr, beta1, beta2, eps, weight_decay,
-                       bias_correction, amsgrad_, grad_scale, torch_rounding);
+            hyper_from(std::string(kernels::optimizer_kind_name(kind_)), step, lr, beta1, beta2,
+                       eps, weight_decay, bias_correction, amsgrad_, grad_scale, torch_rounding);
         // The dtypes of the group's first non-empty parameter (an empty one has no gradient
         // storage and takes no part).
         const Piece* first = &pieces.front();
@@ -768,19 +769,6 @@ public:
     }
     std::string backend() const { return std::string(engine_->backend_name()); }
     std::uint64_t bytes_on_disk() const { return store_->data_bytes(); }
-    std::string_view kind_name() const {
-        switch (kind_) {
-            case kernels::OptimizerKind::kAdam:
-                return "adam";
-            case kernels::OptimizerKind::kAdamW:
-                return "adamw";
-            case kernels::OptimizerKind::kAdagrad:
-                return "adagrad";
-            case kernels::OptimizerKind::kLion:
-                return "lion";
-        }
-        return "adamw";
-    }
 
 private:
     struct Target {
@@ -807,24 +795,19 @@ private:
                 sq ? std::span<float>(buf[2].data(), numel) : std::span<float>(),
                 amsgrad_ ? std::span<float>(buf[3].data(), numel) : std::span<float>()};
             auto walk = [&](bool into_targets) {
-                std::uint64_t start = 0;
-                for (const Target& t : ts) {
-                    const std::uint64_t end = start + t.numel;
-                    if (end > offset && start < offset + numel) {
-                        const std::uint64_t from = std::max(offset, start);
-                        const std::uint64_t to = std::min(offset + numel, end);
+                for_range(
+                    ts, offset, numel,
+                    [&](const Target& t, std::uint64_t po, std::uint64_t ro, std::uint64_t n_copy) {
                         for (int k = 0; k < 4; ++k) {
                             if (spans[k].empty() || t.arrays[k] == 0) continue;
-                            float* mine = spans[k].data() + (from - offset);
-                            float* theirs = address<float>(t.arrays[k]) + (from - start);
+                            float* mine = spans[k].data() + ro;
+                            float* theirs = address<float>(t.arrays[k]) + po;
                             if (into_targets)
-                                std::memcpy(theirs, mine, (to - from) * sizeof(float));
+                                std::memcpy(theirs, mine, n_copy * sizeof(float));
                             else
-                                std::memcpy(mine, theirs, (to - from) * sizeof(float));
+                                std::memcpy(mine, theirs, n_copy * sizeof(float));
                         }
-                    }
-                    start = end;
-                }
+                    });
             };
             if (write) {
                 for (int k = 1; k < 4; ++k) {
