@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace zinf::tier {
@@ -32,11 +33,14 @@ public:
     std::size_t rounded(std::size_t size_bytes) const noexcept;
     std::size_t alignment_bytes() const noexcept { return alignment_bytes_; }
 
-private:
     struct Extent {
         std::size_t offset_bytes;
         std::size_t size_bytes;
     };
+    // The free extents, by offset, coalesced.
+    std::span<const Extent> free_extents() const noexcept { return free_; }
+
+private:
     std::size_t capacity_bytes_ = 0;
     std::size_t alignment_bytes_ = 1;
     std::size_t used_bytes_ = 0;

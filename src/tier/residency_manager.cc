@@ -100,6 +100,8 @@ ResidencyManager::ResidencyManager(const ResidencyOptions& options, Mover& mover
       parts_(options.partition_capacity) {
     in_flight_.reserve(options.partition_capacity);
     candidates_.reserve(options.partition_capacity);
+    // Free extents never outnumber allocated ones by more than one.
+    extents_.reserve(2 * options.partition_capacity + 1);
     recording_.reserve(options.trace_capacity);
 }
 
@@ -565,6 +567,12 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
             candidates_.push_back(
                 EvictionCandidate{id, distance, p.last_use_tick, dirty ? p.size_bytes : 0u});
         }
+        // A prefetch evicts only when evicting every candidate would make room: dropping copies
+        // and then finding no room anyway (a large partition, the rest of the tier pinned, in
+        // flight or needed sooner) only made the next poll read them again, over and over.
+        if (prefetch && step == 0 && !room_after_evicting(alloc, tier, size_bytes)) {
+            return std::optional<std::size_t>();
+        }
         if (candidates_.empty()) {
             // Not an error, and common: no Status (which would allocate) on this path.
             if (prefetch) return std::optional<std::size_t>();
@@ -617,6 +625,29 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
     }
     ZINF_ASSERT_MSG(false, str_cat("residency: make_room did not converge in ", bound, " rounds"));
     return Status::internal("unreachable");
+}
+
+bool ResidencyManager::room_after_evicting(const ExtentAllocator& alloc, Tier tier,
+                                           std::size_t size_bytes) {
+    extents_.clear();
+    const std::span<const ExtentAllocator::Extent> free = alloc.free_extents();
+    extents_.insert(extents_.end(), free.begin(), free.end());
+    for (const EvictionCandidate& c : candidates_) {
+        const Partition& p = parts_[c.id];
+        extents_.push_back({tier == Tier::kDevice ? p.device_offset : p.host_offset,
+                            alloc.rounded(p.size_bytes)});
+    }
+    std::sort(extents_.begin(), extents_.end(),
+              [](const auto& a, const auto& b) { return a.offset_bytes < b.offset_bytes; });
+    const std::size_t need = alloc.rounded(size_bytes);
+    std::size_t run_start = 0;
+    std::size_t run_end = 0;
+    for (const ExtentAllocator::Extent& e : extents_) {
+        if (e.offset_bytes != run_end) run_start = e.offset_bytes;
+        run_end = e.offset_bytes + e.size_bytes;
+        if (run_end - run_start >= need) return true;
+    }
+    return false;
 }
 
 // ---------------------------------------------------------------------------------------------

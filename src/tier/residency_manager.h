@@ -248,6 +248,9 @@ private:
     // in flight leaves no room (a demand never returns nullopt). Prefetch: evicts only clean
     // copies whose next use is further than max_distance and never waits; nullopt when there
     // is no such room.
+    // Whether a free extent of size_bytes would exist in `tier` once every candidate (the
+    // candidates_ of make_room) were evicted. Allocates nothing.
+    bool room_after_evicting(const ExtentAllocator& alloc, Tier tier, std::size_t size_bytes);
     Result<std::optional<std::size_t>> make_room(Tier tier, std::size_t size_bytes,
                                                  PartitionId for_id, bool prefetch,
                                                  std::uint64_t max_distance);
@@ -288,6 +291,8 @@ private:
     std::vector<PartitionId> in_flight_;
     // Scratch for eviction candidates, reserved to partition_capacity.
     std::vector<EvictionCandidate> candidates_;
+    // make_room's scratch: free extents and the candidates' extents (reserved at create).
+    std::vector<ExtentAllocator::Extent> extents_;
     // The partition whose move is being prepared: never evicted while room is made for it.
     PartitionId keep_ = kNoPartition;
     std::uint64_t tick_ = 0;
