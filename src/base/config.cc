@@ -757,6 +757,7 @@ Status read_data(const Json& object, const std::string& path, std::vector<std::s
     ZINF_TRY(r.get_int(std::string_view("synthetic_samples"), d.synthetic_samples, 1,
                        std::int64_t{1} << 32));
     ZINF_TRY(r.get_bool("shuffle", d.shuffle));
+    ZINF_TRY(r.get_int(std::string_view("eval_samples"), d.eval_samples, 0, kMaxCount));
     return r.finish();
 }
 

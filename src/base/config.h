@@ -205,6 +205,9 @@ struct DataConfig {
     std::uint64_t epochs = 1;
     std::uint64_t max_steps = 0;  // optimizer steps; 0: no limit (epochs decide)
     std::uint64_t synthetic_samples = 10000;
+    // Evaluate on the first eval_samples samples of the evaluation set (rounded up to whole
+    // batches over the ranks); 0: all of it.
+    std::uint64_t eval_samples = 0;
     bool shuffle = true;
 };
 

@@ -258,6 +258,7 @@ constexpr KeyInfo kKeys[] = {
     {"data.max_steps", S::kZinfinity, "", "0: no limit"},
     {"data.synthetic_samples", S::kZinfinity, "", "(10000)"},
     {"data.shuffle", S::kZinfinity, "", "seeded per-epoch shuffle (true)"},
+    {"data.eval_samples", S::kZinfinity, "", "evaluate on the first N samples of the evaluation set, rounded up to whole batches (0: all)"},
     {"device.type", S::kZinfinity, "", "cpu or cuda"},
     {"device.memory_budget", S::kZinfinity, "", "bytes of device memory (4 GiB)"},
     {"device.local_rank", S::kZinfinity, "", "which GPU"},

@@ -346,7 +346,15 @@ Result<EvaluationFigures> Trainer::evaluate_figures() {
     std::uint64_t counts[2] = {0, 0};  // correct, labels
     double loss_sum = 0;               // of loss x labels
     const std::uint32_t first_sample = 0;
-    for (std::size_t i = 0; i < batcher.batches_per_epoch(); ++i) {
+    std::size_t batches = batcher.batches_per_epoch();
+    if (options_.eval_samples > 0) {
+        // The same count on every rank (each forward gathers collectively).
+        const std::uint64_t per_batch = o.batch_rows * o.shard_count;
+        batches = static_cast<std::size_t>(std::min<std::uint64_t>(
+            batches, (options_.eval_samples + per_batch - 1) / per_batch));
+    }
+    std::uint64_t samples = 0;
+    for (std::size_t i = 0; i < batches; ++i) {
         std::size_t n = fill(batcher, eval_, i, b);
         // Every rank runs as many forwards (stage 3 gathers parameters collectively): a rank
         // past the end of the last batch evaluates one sample and does not count it.
@@ -360,15 +368,19 @@ Result<EvaluationFigures> Trainer::evaluate_figures() {
         if (counted) {
             counts[0] += e.correct;
             counts[1] += n * per_row;
+            samples += n;
             loss_sum += static_cast<double>(e.loss) * static_cast<double>(n * per_row);
         }
     }
     ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), counts));
+    ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), std::span<std::uint64_t>(&samples, 1)));
     ZINF_TRY(zero::sum_over_ranks(engine_.communicator(), std::span<double>(&loss_sum, 1)));
     EvaluationFigures f;
     f.step = engine_.global_steps();
     f.test = eval_is_test_;
     f.labels = counts[1];
+    f.samples = samples;
+    f.samples_total = eval_.count();
     if (counts[1] != 0) {
         f.accuracy = static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
         f.loss = loss_sum / static_cast<double>(counts[1]);

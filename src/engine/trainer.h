@@ -46,6 +46,7 @@ struct TrainerOptions {
     std::uint64_t save_every = 0;  // steps; 0: only at the end
     bool evaluate_each_epoch = true;
     std::uint64_t eval_every = 0;  // steps; 0: only after each epoch
+    std::uint64_t eval_samples = 0;  // the first N evaluation samples, whole batches; 0: all
     TraceRecorder* trace = nullptr;  // borrowed; null: none
 };
 
@@ -58,6 +59,8 @@ struct EvaluationFigures {
     double accuracy = 0;  // labels predicted right (next bytes for a language model)
     double loss = 0;      // mean loss per label (nats per byte for a language model)
     std::uint64_t labels = 0;
+    std::uint64_t samples = 0;        // evaluated, over the ranks
+    std::uint64_t samples_total = 0;  // in the evaluation set
 };
 
 // Figures of the last steps_per_print steps (or fewer at the end).

@@ -119,6 +119,30 @@ TEST(GptCliTest, LearnsATextBelowItsBigramEntropyAndContinuesAPrompt) {
     EXPECT_EQ(s1.out, s2.out);
 }
 
+// data.eval_samples (and --eval-samples over it) evaluates on the first samples only, in whole
+// batches, and says so; a bad count is refused by name.
+TEST(GptCliTest, EvalSamplesEvaluatesTheFirstBatchesOnly) {
+    test::TempDir dir("gpt");
+    const std::string text = dir.file("corpus.txt");
+    write_file(text, corpus());
+    const std::string args = tiny_gpt(dir, text) + " --set data.eval_samples=20 --max-steps 2";
+    const RunResult part = train(dir, args);
+    ASSERT_EQ(part.exit_code, 0) << part.out;
+    // 20 samples in batches of 8: 3 batches.
+    EXPECT_NE(part.out.find("validation loss"), std::string::npos) << part.out;
+    EXPECT_NE(part.out.find(", on the first 24 of "), std::string::npos) << part.out;
+    const RunResult all = train(dir, args + " --eval-samples 0");
+    ASSERT_EQ(all.exit_code, 0) << all.out;
+    EXPECT_NE(all.out.find("validation loss"), std::string::npos) << all.out;
+    EXPECT_EQ(all.out.find(", on the first "), std::string::npos) << all.out;
+    EXPECT_NE(number_after(part.out, "validation loss "), number_after(all.out, "validation loss "));
+    const RunResult two = train(dir, args + " --eval-samples 9");
+    EXPECT_NE(two.out.find(", on the first 16 of "), std::string::npos) << two.out;
+    const RunResult bad = train(dir, args + " --eval-samples many");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.out.find("--eval-samples"), std::string::npos) << bad.out;
+}
+
 TEST(GptCliTest, CheckpointingOnDeviceInHostMemoryOrOnNvmeLeavesEveryLossBitwise) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");

@@ -147,6 +147,9 @@ void declare_flags(zinf::cli::Args& args) {
     args.add("eval-every", "0",
              "also evaluate every N optimizer steps (0: only after each epoch); a language\n"
              "model prints its validation loss in nats per byte and its perplexity");
+    args.add("eval-samples", "",
+             "evaluate on the first N samples of the evaluation set, whole batches (0: all;\n"
+             "default: data.eval_samples)");
     args.add("generate", "",
              "print a continuation of PROMPT by the language model of the checkpoint given\n"
              "with --resume (model.type gpt), without training");
@@ -167,6 +170,7 @@ struct Flags {
     std::uint64_t predict = 0;
     std::uint64_t overlap_steps = 0;
     std::uint64_t eval_every = 0;
+    std::optional<std::uint64_t> eval_samples;  // --eval-samples, over data.eval_samples
     std::uint64_t generate_bytes = 0;
     double temperature = 0;
     bool show_progress = false;
@@ -182,6 +186,9 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
         return Status::invalid_argument("--overlap-steps: must be at least 1");
     }
     ZINF_ASSIGN_OR_RETURN(f.eval_every, args.get_count("eval-every"));
+    if (args.given("eval-samples")) {
+        ZINF_ASSIGN_OR_RETURN(f.eval_samples, args.get_count("eval-samples"));
+    }
     ZINF_ASSIGN_OR_RETURN(f.generate_bytes, args.get_count("generate-bytes"));
     {
         const std::string t = args.get("temperature");
@@ -311,16 +318,23 @@ public:
         if (entropy_.has_value()) {
             // A byte-level language model: the loss is in nats per byte.
             std::printf("%s: %s loss %.4f nats/byte, perplexity %.3f, next-byte accuracy %.2f %%"
-                        " (training text: unigram entropy %.4f, bigram %.4f nats/byte)\n",
+                        " (training text: unigram entropy %.4f, bigram %.4f nats/byte)%s\n",
                         when.c_str(), f.test ? "validation" : "train", f.loss, std::exp(f.loss),
-                        100.0 * f.accuracy, entropy_->unigram_nats, entropy_->bigram_nats);
+                        100.0 * f.accuracy, entropy_->unigram_nats, entropy_->bigram_nats,
+                        subset(f).c_str());
         } else {
-            std::printf("%s: %s accuracy %.2f %%\n", when.c_str(), f.test ? "test" : "train",
-                        100.0 * f.accuracy);
+            std::printf("%s: %s accuracy %.2f %%%s\n", when.c_str(), f.test ? "test" : "train",
+                        100.0 * f.accuracy, subset(f).c_str());
         }
         std::fflush(stdout);
     }
     void finish() { progress_.finish(); }
+    // ", on the first N of M samples" when the evaluation covered part of its set.
+    static std::string subset(const zinf::EvaluationFigures& f) {
+        if (f.samples >= f.samples_total) return "";
+        return ", on the first " + std::to_string(f.samples) + " of " +
+               std::to_string(f.samples_total) + " samples";
+    }
 
 private:
     bool fp16_;
@@ -538,6 +552,7 @@ int run(int argc, char** argv) {
     to.save_every = flags->save_every;
     to.evaluate_each_epoch = !args.get_switch("no-eval");
     to.eval_every = flags->eval_every;
+    to.eval_samples = flags->eval_samples.value_or(config.data.eval_samples);
     to.trace = trace.get();
     auto trainer = zinf::Trainer::create(engine, *data->train, data->test.get(), to);
     if (!trainer.has_value()) return fail("data", trainer.error());
