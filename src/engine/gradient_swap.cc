@@ -25,27 +25,6 @@ kernels::Dtype kernel_dtype(DType dtype) noexcept {
     return kernels::Dtype::kFp32;
 }
 
-float load(DType dtype, const std::byte* p) noexcept {
-    if (dtype == DType::kFloat32) {
-        float v;
-        std::memcpy(&v, p, 4);
-        return v;
-    }
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return dtype == DType::kBFloat16 ? kernels::bf16_to_float(h) : kernels::fp16_to_float(h);
-}
-
-void store_value(DType dtype, std::byte* p, float v) noexcept {
-    if (dtype == DType::kFloat32) {
-        std::memcpy(p, &v, 4);
-        return;
-    }
-    const std::uint16_t h =
-        dtype == DType::kBFloat16 ? kernels::float_to_bf16(v) : kernels::float_to_fp16(v);
-    std::memcpy(p, &h, 2);
-}
-
 }  // namespace
 
 Status reserve_gradient_partitions(swap::SwapStore& store, const zero::Partitioning& part,
@@ -193,6 +172,40 @@ void GradientSwap::drop_reads() noexcept {
     }
 }
 
+// sum[j] = round(sum[j] + add[j]) in the dtype, fp32 in between: the coordinator's cast, add,
+// cast, element for element (the casts are exact one way and round to nearest even the other in
+// every variant). Chunks of fp32 on the stack; the ISA's casts.
+void GradientSwap::add_rounded(std::byte* sum, const std::byte* add, std::size_t numel) const {
+    if (dtype_ == DType::kFloat32) {
+        for (std::size_t j = 0; j < numel; j += kAddChunk) {
+            const std::size_t n = std::min(kAddChunk, numel - j);
+            float a[kAddChunk];
+            float b[kAddChunk];
+            std::memcpy(a, sum + j * 4, n * 4);
+            std::memcpy(b, add + j * 4, n * 4);
+            for (std::size_t k = 0; k < n; ++k) a[k] += b[k];
+            std::memcpy(sum + j * 4, a, n * 4);
+        }
+        return;
+    }
+    const kernels::Dtype kd = kernel_dtype(dtype_);
+    const kernels::Isa isa = kernel_.isa();
+    for (std::size_t j = 0; j < numel; j += kAddChunk) {
+        const std::size_t n = std::min(kAddChunk, numel - j);
+        alignas(64) float a[kAddChunk];
+        alignas(64) float b[kAddChunk];
+        alignas(64) std::uint16_t h[kAddChunk];
+        std::memcpy(h, sum + j * 2, n * 2);
+        kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd, std::span<float>(a, n));
+        std::memcpy(h, add + j * 2, n * 2);
+        kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd, std::span<float>(b, n));
+        for (std::size_t k = 0; k < n; ++k) a[k] += b[k];
+        kernels::cast_from_fp32(isa, std::span<const float>(a, n), std::span<std::uint16_t>(h, n),
+                                kd);
+        std::memcpy(sum + j * 2, h, n * 2);
+    }
+}
+
 Status GradientSwap::store(std::size_t index, const void* slice, std::size_t numel, bool first,
                            StreamId stream) {
     ZINF_ASSERT_LT(index, on_disk_.size());
@@ -220,13 +233,7 @@ Status GradientSwap::store(std::size_t index, const void* slice, std::size_t num
         if (!r.is_ok()) return r.with_context(str_cat("gradient of parameter ", index));
         bytes_read_ += bytes;
         ZINF_TRY(device_.synchronize(stream));
-        const auto* add = static_cast<const std::byte*>(slice);
-        std::byte* sum = w.buffer.data();
-        for (std::size_t j = 0; j < numel; ++j) {
-            const float a = load(dtype_, sum + j * eb_);
-            const float b = load(dtype_, add + j * eb_);
-            store_value(dtype_, sum + j * eb_, a + b);
-        }
+        add_rounded(w.buffer.data(), static_cast<const std::byte*>(slice), numel);
     }
     if (final_) take_partial(index, w.buffer.data());
     ZINF_TRY(store_.swap_out(partition(index), w.buffer.span().first(bytes), w.handle));

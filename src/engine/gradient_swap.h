@@ -112,6 +112,8 @@ private:
                   std::size_t& last) const noexcept;
     void take_partial(std::size_t i, const std::byte* values);
     Status wait_writes();
+    static constexpr std::size_t kAddChunk = 2048;
+    void add_rounded(std::byte* sum, const std::byte* add, std::size_t numel) const;
     void drop_reads() noexcept;
     Status start_read(ReadSlot& slot, std::uint64_t offset, std::uint64_t numel);
     Status finish_read(ReadSlot& slot);
