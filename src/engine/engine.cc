@@ -597,6 +597,10 @@ Status Engine::io_only_step() {
     if (offload_->tiered_parameters() != nullptr) {
         ZINF_TRY(offload_->tiered_parameters()->replay_trace());
     }
+    // The streamed gradients' writes, read-backs and optimizer reads of one window.
+    if (gradient_swap_ != nullptr) {
+        ZINF_TRY(gradient_swap_->io_only_pass(gradient_accumulation_steps()));
+    }
     ZINF_TRY(states_->io_only_pass());
     if (offload_->parameters() != nullptr) {
         // The new parameters' write-back: the same values written back, chunk by chunk.

@@ -199,9 +199,10 @@ public:
     zero::Communicator& communicator() const noexcept { return communicator_; }
 
     // The I/O of one optimizer step without its compute (zinfinity-train --measure-overlap):
-    // every micro-step's parameter reads along the recorded fetch trace, the optimizer states'
-    // reads and writes, and the parameters' write-back, moving the same bytes in the same order
-    // and leaving every state unchanged. Nothing to do without NVMe offload.
+    // every micro-step's parameter reads along the recorded fetch trace, the streamed gradients'
+    // writes and reads (GradientSwap::io_only_pass), the optimizer states' reads and writes, and
+    // the parameters' write-back, leaving every state unchanged. Kept activations on NVMe are
+    // left out (a model's own store). Nothing to do without NVMe offload.
     Status io_only_step();
 
     // This rank's states against the seed's formulas.

@@ -147,6 +147,36 @@ void GradientSwap::take_partial(std::size_t i, const std::byte* values) {
     partial_taken_[i] = true;
 }
 
+Status GradientSwap::io_only_pass(std::uint64_t micro_steps) {
+    drop_reads();
+    for (std::uint64_t m = 0; m < micro_steps; ++m) {
+        for (std::size_t i = 0; i < on_disk_.size(); ++i) {
+            if (on_disk_[i] != OnDisk::kStored) continue;
+            WriteSlot& w = writes_[next_write_];
+            next_write_ = (next_write_ + 1) % writes_.size();
+            if (w.handle.in_use()) {
+                Status s = w.handle.wait();
+                if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", w.param));
+            }
+            // The partition's own last write must be complete before it is read back.
+            for (WriteSlot& other : writes_) {
+                if (other.param != i || !other.handle.in_use()) continue;
+                Status s = other.handle.wait();
+                if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", i));
+            }
+            const std::size_t bytes = slice_bytes(i);
+            w.param = i;
+            swap::SwapHandle read;
+            ZINF_TRY(store_.swap_in(partition(i), w.buffer.span().first(bytes), read));
+            if (Status r = read.wait(); !r.is_ok()) {
+                return r.with_context(str_cat("gradient of parameter ", i));
+            }
+            ZINF_TRY(store_.swap_out(partition(i), w.buffer.span().first(bytes), w.handle));
+        }
+    }
+    return wait_writes();
+}
+
 Status GradientSwap::wait_writes() {
     Status first = Status::ok();
     for (WriteSlot& w : writes_) {

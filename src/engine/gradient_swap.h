@@ -75,6 +75,13 @@ public:
     // dtype; valid until the next call. Starts reading the following sub-group.
     Result<std::span<const std::byte>> gradients(std::uint64_t offset_numel, std::uint64_t numel);
 
+    // The gradients' I/O of one window of `micro_steps` without its compute (zinfinity-train
+    // --measure-overlap): per micro-step, every partition stored in the last window is read and
+    // written back with the same bytes. As many reads and writes as training does (backward
+    // writes each micro-step, reads back to accumulate in all but the first, and the optimizer
+    // reads once); nothing changes on disk. Not counted in bytes_read/bytes_written.
+    Status io_only_pass(std::uint64_t micro_steps);
+
     std::size_t host_bytes() const noexcept { return host_bytes_; }
     std::uint64_t bytes_written() const noexcept { return bytes_written_; }
     std::uint64_t bytes_read() const noexcept { return bytes_read_; }

@@ -423,7 +423,7 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
 void print_overlap(const zinf::OverlapFigures& f, std::uint64_t steps) {
     std::printf("measure-overlap: %" PRIu64 " steps per pass\n", steps);
     std::printf("  real steps:   %.3f s/step\n", f.real_seconds);
-    std::printf("  I/O-only:     %.3f s/step (same reads and writes, no compute)\n",
+    std::printf("  I/O-only:     %.3f s/step (parameters, gradients, optimizer states; no compute)\n",
                 f.io_only_seconds);
     std::printf("  compute-only: %.3f s/step (states in memory, offload off)\n",
                 f.compute_only_seconds);
