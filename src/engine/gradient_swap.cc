@@ -50,6 +50,7 @@ GradientSwap::GradientSwap(swap::SwapStore& store, const zero::Partitioning& par
 
 GradientSwap::~GradientSwap() {
     drop_reads();
+    drop_ahead();
     for (WriteSlot& w : writes_) {
         if (w.handle.in_use()) {
             const Status ignored = w.handle.wait();
@@ -86,6 +87,10 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
     g->partial_taken_.assign(params, false);
     g->partials_.assign(params, 0.0);
     g->nonfinite_.assign(params, 0);
+    g->order_.reserve(params);
+    ZINF_ASSIGN_OR_RETURN(g->ahead_, AlignedBuffer::allocate(std::max<std::size_t>(largest, 64),
+                                                             kAlignment));
+    g->host_bytes_ += g->ahead_.size();
     g->writes_ = std::vector<WriteSlot>(kWriteSlots);
     for (WriteSlot& w : g->writes_) {
         ZINF_ASSIGN_OR_RETURN(w.buffer, AlignedBuffer::allocate(std::max<std::size_t>(largest, 64),
@@ -149,6 +154,7 @@ void GradientSwap::take_partial(std::size_t i, const std::byte* values) {
 
 Status GradientSwap::io_only_pass(std::uint64_t micro_steps) {
     drop_reads();
+    drop_ahead();
     for (std::uint64_t m = 0; m < micro_steps; ++m) {
         for (std::size_t i = 0; i < on_disk_.size(); ++i) {
             if (on_disk_[i] != OnDisk::kStored) continue;
@@ -202,38 +208,61 @@ void GradientSwap::drop_reads() noexcept {
     }
 }
 
-// sum[j] = round(sum[j] + add[j]) in the dtype, fp32 in between: the coordinator's cast, add,
-// cast, element for element (the casts are exact one way and round to nearest even the other in
-// every variant). Chunks of fp32 on the stack; the ISA's casts.
-void GradientSwap::add_rounded(std::byte* sum, const std::byte* add, std::size_t numel) const {
-    if (dtype_ == DType::kFloat32) {
-        for (std::size_t j = 0; j < numel; j += kAddChunk) {
-            const std::size_t n = std::min(kAddChunk, numel - j);
-            float a[kAddChunk];
-            float b[kAddChunk];
-            std::memcpy(a, sum + j * 4, n * 4);
-            std::memcpy(b, add + j * 4, n * 4);
-            for (std::size_t k = 0; k < n; ++k) a[k] += b[k];
-            std::memcpy(sum + j * 4, a, n * 4);
-        }
-        return;
-    }
+// out[j] = round(a[j] + b[j]) in the dtype, fp32 in between: the coordinator's cast, add, cast,
+// element for element (the casts are exact one way and round to nearest even the other in every
+// variant). Chunks of fp32 on the stack; the ISA's casts.
+void GradientSwap::add_rounded(std::byte* out, const std::byte* a, const std::byte* b,
+                               std::size_t numel) const {
+    const bool fp32 = dtype_ == DType::kFloat32;
     const kernels::Dtype kd = kernel_dtype(dtype_);
     const kernels::Isa isa = kernel_.isa();
     for (std::size_t j = 0; j < numel; j += kAddChunk) {
         const std::size_t n = std::min(kAddChunk, numel - j);
-        alignas(64) float a[kAddChunk];
-        alignas(64) float b[kAddChunk];
+        alignas(64) float x[kAddChunk];
+        alignas(64) float y[kAddChunk];
         alignas(64) std::uint16_t h[kAddChunk];
-        std::memcpy(h, sum + j * 2, n * 2);
-        kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd, std::span<float>(a, n));
-        std::memcpy(h, add + j * 2, n * 2);
-        kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd, std::span<float>(b, n));
-        for (std::size_t k = 0; k < n; ++k) a[k] += b[k];
-        kernels::cast_from_fp32(isa, std::span<const float>(a, n), std::span<std::uint16_t>(h, n),
-                                kd);
-        std::memcpy(sum + j * 2, h, n * 2);
+        if (fp32) {
+            std::memcpy(x, a + j * 4, n * 4);
+            std::memcpy(y, b + j * 4, n * 4);
+        } else {
+            std::memcpy(h, a + j * 2, n * 2);
+            kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd,
+                                  std::span<float>(x, n));
+            std::memcpy(h, b + j * 2, n * 2);
+            kernels::cast_to_fp32(isa, std::span<const std::uint16_t>(h, n), kd,
+                                  std::span<float>(y, n));
+        }
+        for (std::size_t k = 0; k < n; ++k) x[k] += y[k];
+        if (fp32) {
+            std::memcpy(out + j * 4, x, n * 4);
+        } else {
+            kernels::cast_from_fp32(isa, std::span<const float>(x, n),
+                                    std::span<std::uint16_t>(h, n), kd);
+            std::memcpy(out + j * 2, h, n * 2);
+        }
     }
+}
+
+Status GradientSwap::start_ahead(std::size_t i) {
+    ZINF_ASSERT_EQ(ahead_param_, kNoParam);
+    // Its last write must be complete (the store marks a partition valid when it is waited).
+    for (WriteSlot& w : writes_) {
+        if (w.param != i || !w.handle.in_use()) continue;
+        Status s = w.handle.wait();
+        if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", i));
+    }
+    ZINF_TRY(store_.swap_in(partition(i), ahead_.span().first(slice_bytes(i)), ahead_handle_));
+    ahead_param_ = i;
+    return Status::ok();
+}
+
+void GradientSwap::drop_ahead() noexcept {
+    if (ahead_param_ == kNoParam) return;
+    if (ahead_handle_.in_use()) {
+        const Status ignored = ahead_handle_.wait();  // a guess: the read is redone if needed
+        (void)ignored;
+    }
+    ahead_param_ = kNoParam;
 }
 
 Status GradientSwap::store(std::size_t index, const void* slice, std::size_t numel, bool first,
@@ -254,26 +283,52 @@ Status GradientSwap::store(std::size_t index, const void* slice, std::size_t num
         ZINF_TRY(device_.synchronize(stream));
     } else {
         // Accumulation: the stored sum, plus this slice, rounded to the dtype as the
-        // coordinator's cast, add, cast does in memory. The partition's last write must be
-        // complete (its wait marks it valid).
-        ZINF_TRY(wait_writes());
-        swap::SwapHandle read;
-        ZINF_TRY(store_.swap_in(partition(index), w.buffer.span().first(bytes), read));
-        Status r = read.wait();
-        if (!r.is_ok()) return r.with_context(str_cat("gradient of parameter ", index));
+        // coordinator's cast, add, cast does in memory.
+        const std::byte* sum = w.buffer.data();
+        if (ahead_param_ == index) {
+            ahead_param_ = kNoParam;
+            Status r = ahead_handle_.wait();
+            if (!r.is_ok()) return r.with_context(str_cat("gradient of parameter ", index));
+            sum = ahead_.data();
+            ++read_ahead_hits_;
+        } else {
+            drop_ahead();
+            // The partition's last write must be complete (its wait marks it valid).
+            ZINF_TRY(wait_writes());
+            swap::SwapHandle read;
+            ZINF_TRY(store_.swap_in(partition(index), w.buffer.span().first(bytes), read));
+            Status r = read.wait();
+            if (!r.is_ok()) return r.with_context(str_cat("gradient of parameter ", index));
+        }
         bytes_read_ += bytes;
+        ++accumulations_;
         ZINF_TRY(device_.synchronize(stream));
-        add_rounded(w.buffer.data(), static_cast<const std::byte*>(slice), numel);
+        add_rounded(w.buffer.data(), sum, static_cast<const std::byte*>(slice), numel);
     }
     if (final_) take_partial(index, w.buffer.data());
     ZINF_TRY(store_.swap_out(partition(index), w.buffer.span().first(bytes), w.handle));
     bytes_written_ += bytes;
     on_disk_[index] = OnDisk::kStored;
     stored_[index] = true;
+    if (first) {
+        if (order_.size() < order_.capacity()) order_.push_back(index);
+    } else if (!order_.empty()) {
+        // The next accumulating store, by the first micro-step's order; none after the last
+        // slice of the window's last micro-step.
+        const std::size_t next = (position_ + 1) % order_.size();
+        ++position_;
+        if (!(next == 0 && final_) && ahead_param_ == kNoParam &&
+            on_disk_[order_[next]] == OnDisk::kStored) {
+            ZINF_TRY(start_ahead(order_[next]));
+        }
+    }
     return Status::ok();
 }
 
 Status GradientSwap::end_window(StreamId stream) {
+    drop_ahead();
+    order_.clear();
+    position_ = 0;
     ZINF_TRY(device_.synchronize(stream));
     ZINF_TRY(wait_writes());
     for (std::size_t i = 0; i < on_disk_.size(); ++i) {

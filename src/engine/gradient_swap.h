@@ -85,6 +85,9 @@ public:
     std::size_t host_bytes() const noexcept { return host_bytes_; }
     std::uint64_t bytes_written() const noexcept { return bytes_written_; }
     std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+    // Stores that added to a stored sum, and those whose sum the read-ahead had brought in.
+    std::uint64_t accumulations() const noexcept { return accumulations_; }
+    std::uint64_t read_ahead_hits() const noexcept { return read_ahead_hits_; }
 
 private:
     enum class OnDisk : std::uint8_t { kNothing, kStored };
@@ -120,7 +123,12 @@ private:
     void take_partial(std::size_t i, const std::byte* values);
     Status wait_writes();
     static constexpr std::size_t kAddChunk = 2048;
-    void add_rounded(std::byte* sum, const std::byte* add, std::size_t numel) const;
+    // out = round(a + b) in the dtype; `out` may be `a`.
+    void add_rounded(std::byte* out, const std::byte* a, const std::byte* b,
+                     std::size_t numel) const;
+    // Accumulation read-ahead (below): starts reading parameter i's stored sum into ahead_.
+    Status start_ahead(std::size_t i);
+    void drop_ahead() noexcept;
     void drop_reads() noexcept;
     Status start_read(ReadSlot& slot, std::uint64_t offset, std::uint64_t numel);
     Status finish_read(ReadSlot& slot);
@@ -143,9 +151,21 @@ private:
     std::size_t next_read_ = 0;
     std::vector<swap::PartitionId> run_;  // start_read's current run of partitions
     bool final_ = true;
+    // Accumulation read-ahead. Backward stores the slices in the same order every micro-step:
+    // the window's first micro-step records it, and from the second on, while one slice is
+    // added, the next one's stored sum is read into ahead_ (a wrong guess is dropped and read
+    // synchronously, as without it).
+    static constexpr std::size_t kNoParam = ~std::size_t{0};
+    std::vector<std::size_t> order_;
+    std::size_t position_ = 0;  // accumulating stores so far in the window
+    AlignedBuffer ahead_;
+    swap::SwapHandle ahead_handle_;
+    std::size_t ahead_param_ = kNoParam;
     std::size_t host_bytes_ = 0;
     std::uint64_t bytes_written_ = 0;
     std::uint64_t bytes_read_ = 0;
+    std::uint64_t accumulations_ = 0;
+    std::uint64_t read_ahead_hits_ = 0;
 };
 
 }  // namespace zinf::engine

@@ -239,9 +239,11 @@ TEST(EngineTest, StreamedGradientsAccumulateBitwiseAsInMemory) {
             ASSERT_EQ(t.engine().gradient_swap() != nullptr, std::string(stream) == "true");
             if (ref_losses.empty()) {
                 // Reads for the accumulation (2 of 3 micro-steps) and for the optimizer.
-                EXPECT_GE(t.engine().gradient_swap()->bytes_read(),
-                          t.engine().gradient_swap()->bytes_written())
-                    << dtype;
+                const engine::GradientSwap& g = *t.engine().gradient_swap();
+                EXPECT_GE(g.bytes_read(), g.bytes_written()) << dtype;
+                // Every accumulation's sum was read ahead but the first of each window (4).
+                EXPECT_GT(g.accumulations(), 8u) << dtype;
+                EXPECT_EQ(g.read_ahead_hits() + 4, g.accumulations()) << dtype;
                 ref_losses = losses;
                 ref_params = params;
                 continue;
