@@ -127,7 +127,6 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     }
     ZINF_ASSIGN_OR_RETURN(gpt->ln_f_,
                           LayerNorm::create(reg, device, "ln_f", d, n, config.layer_norm_eps));
-    ZINF_ASSIGN_OR_RETURN(gpt->loss_, SoftmaxCrossEntropy::create(device, config.vocab, n));
 
     std::size_t bytes = 0;
     const auto alloc = [&](DeviceBuffer& buffer, std::size_t numel, const char* what) -> Status {
@@ -172,8 +171,24 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
                      .with_context("gpt: pinning the host checkpoints"));
         gpt->host_registered_ = true;
     }
-    ZINF_TRY(alloc(gpt->hf_, n * d, "gpt: final norm"));
-    ZINF_TRY(alloc(gpt->logits_, n * config.vocab, "gpt: logits"));
+    // With checkpointing the one workspace is idle while the head runs (after the last block in
+    // forward, before the first recompute in backward), so the final norm's output, the logits
+    // and the loss's probabilities live in its h1, u and g when the vocabulary fits in 4 x
+    // d_model: at gpt-small's shape that is a sixth of the device peak.
+    float* probabilities = nullptr;
+    if (config.checkpoint_activations && config.vocab <= 4 * d) {
+        Workspace& ws = *gpt->workspaces_.front();
+        gpt->hf_ = ws.h1.as<float>();
+        gpt->logits_ = ws.u.as<float>();
+        probabilities = ws.g.as<float>();
+    } else {
+        ZINF_TRY(alloc(gpt->hf_own_, n * d, "gpt: final norm"));
+        ZINF_TRY(alloc(gpt->logits_own_, n * config.vocab, "gpt: logits"));
+        gpt->hf_ = gpt->hf_own_.as<float>();
+        gpt->logits_ = gpt->logits_own_.as<float>();
+    }
+    ZINF_ASSIGN_OR_RETURN(gpt->loss_,
+                          SoftmaxCrossEntropy::create(device, config.vocab, n, probabilities));
     ZINF_TRY(alloc(gpt->grad_x_, n * d, "gpt: gradients"));
     ZINF_TRY(alloc(gpt->grad_t_, n * d, "gpt: gradients"));
     ZINF_TRY(alloc(gpt->grad_u_, n * d, "gpt: gradients"));
@@ -183,8 +198,9 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     ZINF_TRY(alloc(gpt->grad_scratch_, scratch, "gpt: gradient scratch"));
     ZINF_ASSIGN_OR_RETURN(gpt->scalars_, DeviceBuffer::allocate(device, 64, "gpt: loss"));
     gpt->grad_scratch_numel_ = scratch;
-    // The loss's probabilities (rows x vocab) are the SoftmaxCrossEntropy's.
-    gpt->workspace_bytes_ = bytes + 64 + n * config.vocab * sizeof(float);
+    // The loss's probabilities (rows x vocab) are the SoftmaxCrossEntropy's, unless borrowed.
+    gpt->workspace_bytes_ =
+        bytes + 64 + (probabilities == nullptr ? n * config.vocab * sizeof(float) : 0);
     return gpt;
 }
 
@@ -366,19 +382,19 @@ Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t
             ++profile_.blocks_forward;
         }
     }
-    ZINF_TRY(ln_f_->forward(ctx, block_input(blocks_.size()), hf_.as<float>(), n));
+    ZINF_TRY(ln_f_->forward(ctx, block_input(blocks_.size()), hf_, n));
     {
         Fetched wte(ctx, wte_);
         ZINF_TRY(wte.fetch());
         // logits (n x vocab) = hf (n x d) wte^T.
         ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, n, config_.vocab, d, 1.0f,
-                                  hf_.as<float>(), d, wte.get(), d, 0.0f, logits_.as<float>(),
+                                  hf_, d, wte.get(), d, 0.0f, logits_,
                                   config_.vocab, ctx.stream));
         ZINF_TRY(wte.release());
     }
     labels_ = labels;
     if (labels != nullptr) {
-        ZINF_TRY(loss_->forward(ctx, logits_.as<float>(), labels, n, scalars_.as<float>()));
+        ZINF_TRY(loss_->forward(ctx, logits_, labels, n, scalars_.as<float>()));
         trained_forward_ = ctx.training;
     }
     return Status::ok();
@@ -407,7 +423,7 @@ Status Gpt::backward(const Context& outer, float grad_scale) {
         ZINF_TRY(wte.release());
     }
     ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, v, d, n, 1.0f, dlogits, v,
-                              hf_.as<float>(), d, 0.0f, wte_grad_.as<float>(), d, ctx.stream));
+                              hf_, d, 0.0f, wte_grad_.as<float>(), d, ctx.stream));
     ZINF_TRY(ln_f_->backward(ctx, gt, gx));
     for (std::size_t i = blocks_.size(); i-- > 0;) {
         Workspace& ws = workspace(i);
@@ -454,13 +470,13 @@ Result<float> Gpt::read_loss(StreamId stream) const {
 Status Gpt::count_correct(const Context& ctx, std::uint64_t* correct_count,
                           bool accumulate) const {
     ZINF_ASSERT(labels_ != nullptr);
-    return ctx.compute.count_correct(logits_.as<float>(), labels_, rows_ * config_.seq_len,
+    return ctx.compute.count_correct(logits_, labels_, rows_ * config_.seq_len,
                                      config_.vocab, correct_count, accumulate, ctx.stream);
 }
 
 Status Gpt::read_logits(StreamId stream, std::span<float> out) const {
     ZINF_ASSERT_EQ(out.size(), rows_ * config_.seq_len * config_.vocab);
-    ZINF_TRY(device_.copy_to_host(out.data(), logits_.data(), out.size_bytes(), stream));
+    ZINF_TRY(device_.copy_to_host(out.data(), logits_, out.size_bytes(), stream));
     return device_.synchronize(stream);
 }
 

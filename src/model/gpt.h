@@ -109,7 +109,9 @@ public:
     Status read_logits(StreamId stream, std::span<float> out) const override;
 
     const GptConfig& config() const noexcept { return config_; }
-    const float* logits() const noexcept { return logits_.as<float>(); }
+    // The last forward's logits; valid until the next backward (with checkpointing they may
+    // live in the recompute workspace).
+    const float* logits() const noexcept { return logits_; }
     // Device bytes of activations kept for backward (block inputs and, without checkpointing,
     // every block's insides), and host bytes of the kept inputs under kHost.
     std::size_t kept_activation_bytes() const noexcept { return kept_device_bytes_; }
@@ -152,8 +154,11 @@ private:
     AlignedBuffer host_kept_;            // kHost: block inputs 0..n_layer-1
     std::unique_ptr<ActivationStore> store_;  // kStore
     bool host_registered_ = false;
-    DeviceBuffer hf_;          // ln_f output
-    DeviceBuffer logits_;      // rows x seq_len x vocab
+    // ln_f's output and the logits (rows x seq_len x vocab): their own buffers, or with
+    // checkpointing the shared workspace's h1 and u (create says when).
+    DeviceBuffer hf_own_, logits_own_;
+    float* hf_ = nullptr;
+    float* logits_ = nullptr;
     DeviceBuffer grad_x_, grad_t_, grad_u_;  // backward's d_model-wide gradients
     DeviceBuffer scores_, dscores_;                   // one head's seq_len x seq_len
     DeviceBuffer wte_grad_;    // the tied embedding's gradient, summed over head and embedding

@@ -218,21 +218,26 @@ Status Dropout::backward(const Context& ctx, const float* dy, float* dx) {
 
 Result<std::unique_ptr<SoftmaxCrossEntropy>> SoftmaxCrossEntropy::create(Device& device,
                                                                          std::size_t classes,
-                                                                         std::size_t rows_max) {
+                                                                         std::size_t rows_max,
+                                                                         float* probabilities) {
     ZINF_ASSERT_GT(classes, 0u);
     ZINF_ASSERT_GT(rows_max, 0u);
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer probs,
-                          DeviceBuffer::allocate(device, rows_max * classes * sizeof(float),
-                                                 "softmax cross-entropy: probabilities"));
+    DeviceBuffer own;
+    if (probabilities == nullptr) {
+        ZINF_ASSIGN_OR_RETURN(own,
+                              DeviceBuffer::allocate(device, rows_max * classes * sizeof(float),
+                                                     "softmax cross-entropy: probabilities"));
+        probabilities = own.as<float>();
+    }
     return std::unique_ptr<SoftmaxCrossEntropy>(
-        new SoftmaxCrossEntropy(classes, rows_max, std::move(probs)));
+        new SoftmaxCrossEntropy(classes, rows_max, std::move(own), probabilities));
 }
 
 Status SoftmaxCrossEntropy::forward(const Context& ctx, const float* logits,
                                     const std::int32_t* labels, std::size_t rows, float* loss) {
     check_rows(rows, rows_max_);
     ZINF_TRY(ctx.compute.softmax_cross_entropy_forward(logits, labels, rows, classes_,
-                                                       probs_.as<float>(), loss, ctx.stream));
+                                                       probs_, loss, ctx.stream));
     labels_ = labels;
     rows_ = rows;
     return Status::ok();
@@ -241,7 +246,7 @@ Status SoftmaxCrossEntropy::forward(const Context& ctx, const float* logits,
 Status SoftmaxCrossEntropy::backward(const Context& ctx, float grad_scale, float* dlogits) {
     ZINF_ASSERT(ctx.training);
     ZINF_ASSERT(labels_ != nullptr);
-    return ctx.compute.softmax_cross_entropy_backward(probs_.as<float>(), labels_, rows_, classes_,
+    return ctx.compute.softmax_cross_entropy_backward(probs_, labels_, rows_, classes_,
                                                       grad_scale, dlogits, ctx.stream);
 }
 

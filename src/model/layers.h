@@ -160,9 +160,11 @@ private:
 // (rows_max x classes floats of device memory).
 class SoftmaxCrossEntropy {
 public:
-    // Errors: kNoSpace from the device.
+    // Errors: kNoSpace from the device. `probabilities`: borrowed device memory of rows_max x
+    // classes floats to keep them in (a workspace idle while the loss runs); null: its own.
     static Result<std::unique_ptr<SoftmaxCrossEntropy>> create(Device& device, std::size_t classes,
-                                                               std::size_t rows_max);
+                                                               std::size_t rows_max,
+                                                               float* probabilities = nullptr);
 
     std::size_t classes() const noexcept { return classes_; }
     // Writes the mean loss to *loss (one device float). labels: rows int32 in [0, classes),
@@ -173,14 +175,16 @@ public:
     // probabilities() (the probabilities are then overwritten).
     Status backward(const Context& ctx, float grad_scale, float* dlogits);
     // The probabilities of the last forward (rows x classes, device memory).
-    float* probabilities() const noexcept { return probs_.as<float>(); }
+    float* probabilities() const noexcept { return probs_; }
 
 private:
-    SoftmaxCrossEntropy(std::size_t classes, std::size_t rows_max, DeviceBuffer probs) noexcept
-        : classes_(classes), rows_max_(rows_max), probs_(std::move(probs)) {}
+    SoftmaxCrossEntropy(std::size_t classes, std::size_t rows_max, DeviceBuffer own,
+                        float* probs) noexcept
+        : classes_(classes), rows_max_(rows_max), own_(std::move(own)), probs_(probs) {}
     std::size_t classes_;
     std::size_t rows_max_;
-    DeviceBuffer probs_;
+    DeviceBuffer own_;      // empty when the probabilities are borrowed
+    float* probs_ = nullptr;
     const std::int32_t* labels_ = nullptr;
     std::size_t rows_ = 0;
 };
