@@ -164,12 +164,7 @@ Status GradientSwap::io_only_pass(std::uint64_t micro_steps) {
                 Status s = w.handle.wait();
                 if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", w.param));
             }
-            // The partition's own last write must be complete before it is read back.
-            for (WriteSlot& other : writes_) {
-                if (other.param != i || !other.handle.in_use()) continue;
-                Status s = other.handle.wait();
-                if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", i));
-            }
+            ZINF_TRY(wait_write_of(i));
             const std::size_t bytes = slice_bytes(i);
             w.param = i;
             swap::SwapHandle read;
@@ -181,6 +176,15 @@ Status GradientSwap::io_only_pass(std::uint64_t micro_steps) {
         }
     }
     return wait_writes();
+}
+
+Status GradientSwap::wait_write_of(std::size_t i) {
+    for (WriteSlot& w : writes_) {
+        if (w.param != i || !w.handle.in_use()) continue;
+        Status s = w.handle.wait();
+        if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", i));
+    }
+    return Status::ok();
 }
 
 Status GradientSwap::wait_writes() {
@@ -245,12 +249,7 @@ void GradientSwap::add_rounded(std::byte* out, const std::byte* a, const std::by
 
 Status GradientSwap::start_ahead(std::size_t i) {
     ZINF_ASSERT_EQ(ahead_param_, kNoParam);
-    // Its last write must be complete (the store marks a partition valid when it is waited).
-    for (WriteSlot& w : writes_) {
-        if (w.param != i || !w.handle.in_use()) continue;
-        Status s = w.handle.wait();
-        if (!s.is_ok()) return s.with_context(str_cat("gradient of parameter ", i));
-    }
+    ZINF_TRY(wait_write_of(i));
     ZINF_TRY(store_.swap_in(partition(i), ahead_.span().first(slice_bytes(i)), ahead_handle_));
     ahead_param_ = i;
     return Status::ok();

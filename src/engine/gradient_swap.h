@@ -122,6 +122,9 @@ private:
                   std::size_t& last) const noexcept;
     void take_partial(std::size_t i, const std::byte* values);
     Status wait_writes();
+    // Waits for parameter i's write in flight, if any: a partition is read back only after its
+    // last write (the store marks it valid when waited).
+    Status wait_write_of(std::size_t i);
     static constexpr std::size_t kAddChunk = 2048;
     // out = round(a + b) in the dtype; `out` may be `a`.
     void add_rounded(std::byte* out, const std::byte* a, const std::byte* b,
