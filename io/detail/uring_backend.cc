@@ -225,7 +225,7 @@ public:
             ts.tv_sec = ns / 1000000000;
             ts.tv_nsec = ns % 1000000000;
             io_uring_cqe* cqe = nullptr;
-            const int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+            const int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, static_cast<unsigned>(want - completed), &ts, nullptr);
             if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
                 return Status::from_errno(-rc, "io_uring_submit_and_wait_timeout");
             }
