@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -403,14 +404,28 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
         for (const char* op : {"write", "read"}) {
             const auto& v = point["vs_fio"][op];
             ASSERT_EQ(v["pairs"].size(), 2u) << point.dump();
-            for (const auto& pair : v["pairs"]) {
+            for (std::size_t i = 0; i < v["pairs"].size(); ++i) {
+                const auto& pair = v["pairs"][i];
                 EXPECT_GT(pair["ours"]["gb_per_s"].get<double>(), 0) << pair.dump();
-                EXPECT_GT(pair["fio"]["gb_per_s"].get<double>(), 0) << pair.dump();
-                // fio's CPU counts its whole process (wait4), as ours does, never less than its
-                // job figure.
-                EXPECT_GT(pair["fio"]["process_cpu_seconds"].get<double>(), 0) << pair.dump();
-                EXPECT_GE(pair["fio"]["cpu_seconds_per_gb"].get<double>(),
-                          pair["fio"]["job_cpu_seconds_per_gb"].get<double>()) << pair.dump();
+                for (const char* side : {"fio_before", "fio_after"}) {
+                    EXPECT_GT(pair[side]["gb_per_s"].get<double>(), 0) << pair.dump();
+                    // fio's CPU counts its whole process (wait4), as ours does, never less than
+                    // its job figure.
+                    EXPECT_GT(pair[side]["process_cpu_seconds"].get<double>(), 0) << pair.dump();
+                    EXPECT_GE(pair[side]["cpu_seconds_per_gb"].get<double>(),
+                              pair[side]["job_cpu_seconds_per_gb"].get<double>()) << pair.dump();
+                }
+                // Bracketed: fio, ours, fio, ours, fio. Our pass is divided by the geometric mean
+                // of the two fio passes around it, and the pass after one of ours is the pass
+                // before the next (each fio pass measured once, not a pair of its own).
+                const double before = pair["fio_before"]["gb_per_s"].get<double>();
+                const double after = pair["fio_after"]["gb_per_s"].get<double>();
+                EXPECT_NEAR(pair["ratio"].get<double>(),
+                            pair["ours"]["gb_per_s"].get<double>() / std::sqrt(before * after), 1e-9)
+                    << pair.dump();
+                if (i > 0) {
+                    EXPECT_EQ(pair["fio_before"], v["pairs"][i - 1]["fio_after"]) << v["pairs"].dump();
+                }
             }
             worst = std::min(worst, v["ratio"]["median"].get<double>());
         }

@@ -11,25 +11,38 @@
 
 namespace zinf::bench {
 
-// One alternated pair: our pass and fio's, with fio's CPU counted as ours is (whole process).
+// One of our passes and the two fio passes around it (fio, ours, fio), with fio's CPU counted as
+// ours is (whole process).
+//
+// Why bracketed and not pairs in flipped order: on the shared virtual disk a pass's speed depends
+// on what ran just before it. In a 48-point sweep with flipped pairs (2026-12-02) fio ran at 0.90x
+// its median right after another fio pass and 1.03x right after ours, while ours did not care;
+// with 5 pairs (3 ours-first) that carry-over pulled the median ratio down by several percent,
+// and the first pass of a point, always ours, paid for the point's set-up. Bracketed, every pass
+// follows a pass of the other side, and a drift that is linear over the three passes cancels.
 struct FioPair {
-    int index = 0;  // 1-based
-    bool ours_first = true;
+    int index = 0;  // 1-based: our n-th pass
     PassFigures ours;
-    FioFigures fio;
-    double ratio = 0;               // ours GB/s / fio GB/s
-    double fio_cpu_s_per_gb = 0;    // fio's whole process, start-up removed (fio_cpu_seconds_per_gb)
+    FioFigures fio_before;
+    FioFigures fio_after;
+    double fio_gb_per_s = 0;         // geometric mean of fio_before's and fio_after's GB/s
+    double ratio = 0;                // ours GB/s / fio_gb_per_s
+    double fio_cpu_s_per_gb = 0;     // mean of the two passes' whole-process figures (fio_cpu_seconds_per_gb)
+    double fio_job_cpu_s_per_gb = 0; // mean of the two passes' own job figures
 };
+
+// Our GB/s over the geometric mean of the fio passes before and after it: the bracketed ratio.
+double bracketed_ratio(double ours_gb_per_s, double fio_before_gb_per_s, double fio_after_gb_per_s);
 
 struct FioComparison {
     IoOp op = IoOp::kRead;
-    int pairs = 0;
+    int pairs = 0;  // our passes; fio ran pairs + 1
     // fio's start-up: the least process CPU of three runs of the same job over one block per
     // job, subtracted from each full run's process CPU.
     double fio_startup_cpu_seconds = 0;
     Spread ratio;
     Spread ours_gb_per_s;
-    Spread fio_gb_per_s;
+    Spread fio_gb_per_s;          // over all pairs + 1 fio passes
     Spread ours_cpu_s_per_gb;
     Spread fio_cpu_s_per_gb;      // whole process (every thread, kernel io_uring workers too)
     Spread fio_job_cpu_s_per_gb;  // fio's own figure: its job threads only
@@ -50,9 +63,10 @@ double fio_cpu_seconds_per_gb(const FioFigures& f, double startup_cpu_seconds);
 // Measures fio's start-up CPU for `job` (see FioComparison::fio_startup_cpu_seconds).
 Result<double> measure_fio_startup_cpu(const FioJob& job);
 
-// Runs `pairs` alternated pairs (order flipped each pair, so that a drift of the disk hits both
-// sides alike) of session.run_pass(job.op) and run_fio(job); `on_pair` (optional) sees each
-// pair as it completes.
+// Writes the file once untimed unless it holds data (so every timed pass reads written blocks
+// or overwrites them), then runs fio, ours, fio, ours, ..., fio: `pairs` of our passes of
+// job.op, each between two of fio's (see FioPair). `on_pair` (optional) sees each pair as it
+// completes.
 Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, int pairs,
                                        const std::function<void(const FioPair&)>& on_pair = {});
 

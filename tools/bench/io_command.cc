@@ -45,10 +45,11 @@ void declare_flags(cli::Args& args) {
     declare_engine_flags(args, CommonFlagSet::kSingle);
     args.add_switch("vs-fio",
                     "also run fio on the same file with the same engine, block\n"
-                    "size, queue depth and O_DIRECT, alternating with our passes\n"
-                    "(--pairs pairs per op, order flipped each pair); prints our\n"
-                    "GB/s, fio's, the ratio, the median ratio with min/max, and\n"
-                    "CPU s/GB of both. Needs one --path and io_uring or libaio");
+                    "size, queue depth and O_DIRECT: fio, ours, fio, ..., ours, fio\n"
+                    "(--pairs of our passes per op, each between two of fio's, whose\n"
+                    "geometric mean it is divided by); prints our GB/s, fio's, the\n"
+                    "ratio, the median ratio with min/max, and CPU s/GB of both.\n"
+                    "Needs one --path and io_uring or libaio");
     args.add_switch("fio-grid",
                     "with --vs-fio: first run fio briefly over the grid below and\n"
                     "compare at fio's best setting for each op (overrides\n"
@@ -60,7 +61,7 @@ void declare_flags(cli::Args& args) {
                     "also alternate io_uring and libaio passes at the same\n"
                     "settings (--pairs pairs per op); prints the median\n"
                     "io_uring/libaio ratio with min/max");
-    args.add("pairs", "7", "alternating pairs for --vs-fio and --vs-libaio");
+    args.add("pairs", "7", "our passes bracketed by fio's (--vs-fio), alternated pairs (--vs-libaio)");
     args.add("fio-binary", "fio", "the fio that --vs-fio runs");
 }
 
@@ -241,21 +242,22 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         }
         ZINF_ASSIGN_OR_RETURN(auto session, IoSession::create(files, session_options(o.common, aio)));
         const FioJob job = fio_job_for(o.fio_binary, files, aio, direct, op);
-        std::printf("\n%s: ours vs fio, %d alternating pairs; %s\n", std::string(io_op_name(op)).c_str(),
-                    o.pairs, describe_session(*session, files).c_str());
+        std::printf("\n%s: ours vs fio, %d of our passes, each between two of fio's; %s\n",
+                    std::string(io_op_name(op)).c_str(), o.pairs, describe_session(*session, files).c_str());
         std::printf("fio: %s\n", fio_command_line(job).c_str());
         std::printf("CPU/GB: user + system seconds of the whole process per GB, every thread (for fio also the\n"
                     "kernel's io_uring workers, less its start-up); fio's own job figure in the last column\n");
-        std::printf("%5s %-10s %10s %10s %8s %12s %12s %12s\n", "pair", "order", "ours GB/s", "fio GB/s", "ratio",
-                    "ours CPU/GB", "fio CPU/GB", "fio job CPU");
+        std::printf("fio GB/s: the geometric mean of the fio passes before and after ours; fio CPU: their mean\n");
+        std::printf("%5s %10s %11s %10s %10s %8s %12s %12s %12s\n", "pass", "ours GB/s", "fio before", "fio after",
+                    "fio GB/s", "ratio", "ours CPU/GB", "fio CPU/GB", "fio job CPU");
         ZINF_ASSIGN_OR_RETURN(
             const FioComparison c, compare_with_fio(*session, job, o.pairs, [](const FioPair& p) {
-                std::printf("%5d %-10s %10.3f %10.3f %8.3f %12.4f %12.4f %12.4f\n", p.index,
-                            p.ours_first ? "ours,fio" : "fio,ours", p.ours.gb_per_s, p.fio.gb_per_s, p.ratio,
-                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.fio.cpu_seconds_per_gb);
+                std::printf("%5d %10.3f %11.3f %10.3f %10.3f %8.3f %12.4f %12.4f %12.4f\n", p.index, p.ours.gb_per_s,
+                            p.fio_before.gb_per_s, p.fio_after.gb_per_s, p.fio_gb_per_s, p.ratio,
+                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.fio_job_cpu_s_per_gb);
                 std::fflush(stdout);
             }));
-        std::printf("%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d pairs); median GB/s ours %.3f, "
+        std::printf("%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d passes); median GB/s ours %.3f, "
                     "fio %.3f\n",
                     std::string(io_op_name(op)).c_str(), c.ratio.median, c.ratio.min, c.ratio.max, o.pairs,
                     c.ours_gb_per_s.median, c.fio_gb_per_s.median);

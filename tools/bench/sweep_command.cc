@@ -99,11 +99,13 @@ void declare_flags(cli::Args& args, bool tune) {
         args.add_switch("vs-fio",
                         "at every point, alternate our passes with fio's on the same file\n"
                         "with the same engine, block size, queue depth and O_DIRECT\n"
-                        "(--pairs pairs per op); prints both GB/s, the median ratio\n"
+                        "(fio, ours, fio, ..., ours, fio: --pairs of our passes per op,\n"
+                        "each divided by the geometric mean of the fio passes around\n"
+                        "it); prints both GB/s, the median ratio\n"
                         "with min/max and both CPU s/GB, then the worst ratio of the\n"
                         "grid. Needs one --path; the grid defaults become backends\n"
                         "io_uring,libaio, queue depths 4,8,16,32, threads 1");
-        args.add("pairs", "5", "alternating pairs per op and point with --vs-fio");
+        args.add("pairs", "5", "our passes per op and point with --vs-fio, each between two of fio's");
         args.add("fio-binary", "fio", "the fio that --vs-fio runs");
         args.add("plot", "",
                  "also draw the grid into this SVG file: GB/s against block size,\n"
@@ -357,7 +359,7 @@ void print_vs_fio_rows(const GridPoint& p) {
     std::fflush(stdout);
 }
 
-// Measures one point against fio: `pairs` alternated pairs per op.
+// Measures one point against fio: `pairs` of our passes per op, each between two of fio's.
 Status measure_vs_fio(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
     ZINF_ASSIGN_OR_RETURN(auto session, open_session(o, files, p));
     if (session == nullptr) return Status::ok();
@@ -594,9 +596,10 @@ Status run(const SweepOptions& o, bool tune) {
     std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
                 o.common.aio.register_buffers ? "on" : "off");
     if (o.vs_fio) {
-        std::printf("each point: %d alternated pairs of our pass and fio's per op (same file, engine, block size,\n"
-                    "queue depth, O_DIRECT); medians. CPU: user + system seconds per GB of the whole process, every\n"
-                    "thread (fio's too, with the kernel's io_uring workers, less its start-up)\n",
+        std::printf("each point: %d of our passes per op, each between two of fio's (same file, engine, block\n"
+                    "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the two; medians.\n"
+                    "CPU: user + system seconds per GB of the whole process, every thread (fio's too, with the\n"
+                    "kernel's io_uring workers, less its start-up)\n",
                     o.pairs);
     } else {
         std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
