@@ -11,7 +11,6 @@ namespace zinf::engine {
 namespace {
 
 constexpr std::size_t kWriteSlots = 4;
-constexpr std::size_t kAlignment = 4096;
 
 kernels::Dtype kernel_dtype(DType dtype) noexcept {
     switch (dtype) {
@@ -88,13 +87,13 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
     g->partials_.assign(params, 0.0);
     g->nonfinite_.assign(params, 0);
     g->order_.reserve(params);
-    ZINF_ASSIGN_OR_RETURN(g->ahead_, AlignedBuffer::allocate(std::max<std::size_t>(largest, 64),
-                                                             kAlignment));
+    // The buffers that NVMe I/O moves are in huge pages where the kernel has them (see
+    // advise_huge_pages).
+    ZINF_ASSIGN_OR_RETURN(g->ahead_, AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
     g->host_bytes_ += g->ahead_.size();
     g->writes_ = std::vector<WriteSlot>(kWriteSlots);
     for (WriteSlot& w : g->writes_) {
-        ZINF_ASSIGN_OR_RETURN(w.buffer, AlignedBuffer::allocate(std::max<std::size_t>(largest, 64),
-                                                                kAlignment));
+        ZINF_ASSIGN_OR_RETURN(w.buffer, AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
         g->host_bytes_ += w.buffer.size();
     }
     // The read buffers: the largest run of covered partitions (staging, with the alignment
@@ -112,8 +111,8 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
         runs = std::max(runs, last - first + 1);
     }
     for (ReadSlot& r : g->reads_) {
-        ZINF_ASSIGN_OR_RETURN(r.staging, AlignedBuffer::allocate(staging, kAlignment));
-        ZINF_ASSIGN_OR_RETURN(r.contiguous, AlignedBuffer::allocate(contiguous, kAlignment));
+        ZINF_ASSIGN_OR_RETURN(r.staging, AlignedBuffer::allocate_for_io(staging));
+        ZINF_ASSIGN_OR_RETURN(r.contiguous, AlignedBuffer::allocate_for_io(contiguous));
         r.handles = std::make_unique<swap::SwapHandle[]>(runs);
         g->host_bytes_ += r.staging.size() + r.contiguous.size();
     }

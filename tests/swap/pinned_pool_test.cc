@@ -49,6 +49,17 @@ TEST(PinnedPool, BuffersAreDistinctAlignedAndReturned) {
     EXPECT_EQ(pool->free_count(), 3u);
 }
 
+TEST(PinnedPool, RegionIsInHugePagesWhereTheKernelHasThem) {
+    auto pool = make_pool(8, 1u << 20, "huge");
+    ASSERT_NE(pool, nullptr);
+    if (!transparent_huge_pages_available()) GTEST_SKIP() << "transparent huge pages are off here";
+    auto huge = huge_page_bytes_backing(pool->region());
+    ASSERT_TRUE(huge.has_value()) << huge.status().to_string();
+    // 8 MiB hold at least three whole huge pages wherever the region starts; the kernel may fall
+    // back to small pages for some under fragmentation, not for all.
+    EXPECT_GE(*huge, kHugePageBytes);
+}
+
 TEST(PinnedPool, ExhaustionWaitsForARelease) {
     auto pool = make_pool(2, 4096);
     ASSERT_NE(pool, nullptr);

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "src/base/aligned.h"
 #include "src/base/config.h"
 #include "tests/support/test_seed.h"
 
@@ -229,6 +230,12 @@ TEST(BenchIoTest, FixedBufferCountsEqualThePiecesMovedOnlyWhenRegistered) {
                 << pass.dump();
             EXPECT_EQ(pass["pieces_plain"].get<std::uint64_t>(), registered ? 0u : pieces)
                 << pass.dump();
+            // The buffers (5 ops of 1 MiB, aligned to a huge page) sit in transparent huge pages
+            // where the kernel has them, registered or not.
+            if (zinf::transparent_huge_pages_available()) {
+                EXPECT_GE(pass["buffer_huge_page_bytes"].get<std::uint64_t>(), zinf::kHugePageBytes)
+                    << pass.dump();
+            }
         }
     }
     EXPECT_TRUE(bench_files_in(dir.path()).empty());

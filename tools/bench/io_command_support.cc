@@ -198,7 +198,8 @@ Json pass_to_json(const PassFigures& f) {
                 {"retries", f.retries},
                 {"pieces_fixed_buffer", f.pieces_fixed_buffer},
                 {"pieces_fixed_file", f.pieces_fixed_file},
-                {"pieces_plain", f.pieces_plain}};
+                {"pieces_plain", f.pieces_plain},
+                {"buffer_huge_page_bytes", f.buffer_huge_page_bytes}};
 }
 
 Json spread_to_json(const Spread& s) { return Json{{"median", s.median}, {"min", s.min}, {"max", s.max}}; }

@@ -276,8 +276,9 @@ Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const Se
                                                 " bytes) of ", files.paths().front()));
     }
 
-    ZINF_ASSIGN_OR_RETURN(session->region_,
-                          AlignedBuffer::allocate(session->plan_.buffer_bytes, kDefaultAlignmentBytes));
+    // In transparent huge pages where the kernel has them, as the engine's own I/O buffers (the
+    // pinned pools) are: see advise_huge_pages.
+    ZINF_ASSIGN_OR_RETURN(session->region_, AlignedBuffer::allocate_for_io(session->plan_.buffer_bytes));
     // The buffers are filled only before the first write pass (fill_for_writes): a read-only
     // session leaves them untouched until registration pins them, as fio does with its buffers.
     if (aio.register_buffers) ZINF_TRY(session->engine_->register_buffers(session->region_.span()));
@@ -437,6 +438,9 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
     const io::EngineStats stats = engine_->stats();
     PassFigures f;
     f.op = op;
+    if (auto huge = huge_page_bytes_backing(region_.span()); huge.has_value()) {
+        f.buffer_huge_page_bytes = std::min<std::uint64_t>(*huge, region_.size());
+    }
     f.bytes = bytes_done;
     f.seconds = std::chrono::duration<double>(end - start).count();
     f.gb_per_s = static_cast<double>(bytes_done) / kBytesPerGb / f.seconds;

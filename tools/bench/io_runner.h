@@ -94,6 +94,9 @@ struct PassFigures {
     std::uint64_t pieces_fixed_buffer = 0;  // READ_FIXED / WRITE_FIXED
     std::uint64_t pieces_fixed_file = 0;    // on a registered file
     std::uint64_t pieces_plain = 0;         // neither
+    // Bytes of the buffer region backed by transparent huge pages after the pass (0 where the
+    // kernel has none to give): with them a piece is one physically contiguous segment.
+    std::uint64_t buffer_huge_page_bytes = 0;
 };
 
 struct SessionOptions {

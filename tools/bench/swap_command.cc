@@ -360,7 +360,7 @@ int run(const SwapOptions& o) {
     }
     if (!device.has_value()) return fail(device.error());
     std::printf("device tier: %s\n", (*device)->name().c_str());
-    auto region = AlignedBuffer::allocate(o.pinned_bytes, 4096);
+    auto region = AlignedBuffer::allocate_for_io(o.pinned_bytes);
     if (!region.has_value()) return fail(region.error().with_context("allocating the pinned pool"));
     io::EngineOptions engine_options;
     engine_options.aio = o.aio;
