@@ -331,12 +331,26 @@ TEST(BenchIoTest, TuneWritesAConfigThatLoads) {
 TEST(BenchIoTest, VsFioPrintsRatios) {
     if (std::system("fio --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "fio is not installed";
     test::TempDir dir("bench-fio");
+    const std::string json = dir.file("vs-fio.json");
     const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "read", "--backend",
-                                   "io_uring", "--queue-depth", "4", "--vs-fio", "--pairs", "2"});
+                                   "io_uring", "--queue-depth", "4", "--vs-fio", "--pairs", "2", "--json", json});
     if (io_uring_unavailable(r)) GTEST_SKIP() << "io_uring unavailable: " << r.err;
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_NE(r.out.find("median ratio ours/fio"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("fio GB/s"), std::string::npos) << r.out;
+    std::ifstream in(json);
+    ASSERT_TRUE(in.good()) << json;
+    const auto report = nlohmann::json::parse(in);
+    ASSERT_EQ(report["vs_fio"]["read"]["pairs"].size(), 2u) << report.dump(2);
+    if (zinf::transparent_huge_pages_available()) {
+        // Running fio does not take the huge pages from our registered buffers (5 ops of 1 MiB
+        // aligned to a huge page): a fork would have split their mappings (pinned by io_uring)
+        // into small pages at the first fio run.
+        for (const auto& pair : report["vs_fio"]["read"]["pairs"]) {
+            EXPECT_GE(pair["ours"]["buffer_huge_page_bytes"].get<std::uint64_t>(), zinf::kHugePageBytes)
+                << pair.dump();
+        }
+    }
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
 }
 

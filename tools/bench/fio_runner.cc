@@ -3,12 +3,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "src/base/file.h"
@@ -154,16 +156,24 @@ Result<ProcessOutput> run_process(const std::vector<std::string>& argv) {
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
 
-    const pid_t pid = ::fork();
-    if (pid < 0) return Status::from_errno(errno, "fork");
-    if (pid == 0) {
-        // Child: only async-signal-safe calls until exec.
-        ::dup2(out_write.get(), STDOUT_FILENO);
-        ::dup2(err_write.get(), STDERR_FILENO);
-        ::execvp(cargv[0], cargv.data());
-        static const char kMessage[] = "exec failed\n";
-        [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-        ::_exit(127);
+    // posix_spawn, not fork: glibc starts the child with CLONE_VM | CLONE_VFORK, so our page
+    // tables are never copied. A fork copies them, and the kernel splits every huge-page mapping
+    // that io_uring holds pinned (registered buffers) into 4 KiB ones while doing so: the bench's
+    // buffers lost their huge-page mappings at the first fio run.
+    posix_spawn_file_actions_t actions;
+    if (const int rc = ::posix_spawn_file_actions_init(&actions); rc != 0) {
+        return Status::from_errno(rc, "posix_spawn_file_actions_init");
+    }
+    ::posix_spawn_file_actions_adddup2(&actions, out_write.get(), STDOUT_FILENO);
+    ::posix_spawn_file_actions_adddup2(&actions, err_write.get(), STDERR_FILENO);
+    pid_t pid = -1;
+    const int spawn_rc = ::posix_spawnp(&pid, cargv[0], &actions, nullptr, cargv.data(), environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    if (spawn_rc != 0) {
+        ProcessOutput failed;
+        failed.exit_code = 127;  // as a shell reports a command it cannot run
+        failed.err = str_cat("cannot run ", argv.front(), ": ", std::strerror(spawn_rc));
+        return failed;
     }
     out_write.reset();
     err_write.reset();
