@@ -68,11 +68,6 @@ Result<double> measure_fio_startup_cpu(const FioJob& job) {
     return least;
 }
 
-double bracketed_ratio(double ours_gb_per_s, double fio_before_gb_per_s, double fio_after_gb_per_s) {
-    const double fio = std::sqrt(fio_before_gb_per_s * fio_after_gb_per_s);
-    return fio > 0 ? ours_gb_per_s / fio : 0;
-}
-
 Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, int pairs,
                                        const std::function<void(const FioPair&)>& on_pair) {
     ZINF_ASSERT_GT(pairs, 0);
@@ -103,9 +98,10 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
         pair.fio_before = before;
         pair.fio_after = after;
         pair.fio_gb_per_s = std::sqrt(before.gb_per_s * after.gb_per_s);
-        pair.ratio = bracketed_ratio(pair.ours.gb_per_s, before.gb_per_s, after.gb_per_s);
-        const double cpu_before = fio_cpu_seconds_per_gb(before, c.fio_startup_cpu_seconds);
-        const double cpu_after = fio_cpu_seconds_per_gb(after, c.fio_startup_cpu_seconds);
+        pair.ratio = pair.fio_gb_per_s > 0 ? pair.ours.gb_per_s / pair.fio_gb_per_s : 0;
+        // fio_pass recorded both passes' CPU: the one before at i - 1, the one after at i.
+        const double cpu_before = fio_cpu[static_cast<std::size_t>(i) - 1];
+        const double cpu_after = fio_cpu[static_cast<std::size_t>(i)];
         pair.fio_cpu_s_per_gb = (cpu_before + cpu_after) / 2;
         pair.fio_job_cpu_s_per_gb = (before.cpu_seconds_per_gb + after.cpu_seconds_per_gb) / 2;
         ratios.push_back(pair.ratio);

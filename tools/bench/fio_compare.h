@@ -26,13 +26,10 @@ struct FioPair {
     FioFigures fio_before;
     FioFigures fio_after;
     double fio_gb_per_s = 0;         // geometric mean of fio_before's and fio_after's GB/s
-    double ratio = 0;                // ours GB/s / fio_gb_per_s
+    double ratio = 0;                // ours GB/s / fio_gb_per_s (the bracketed ratio)
     double fio_cpu_s_per_gb = 0;     // mean of the two passes' whole-process figures (fio_cpu_seconds_per_gb)
     double fio_job_cpu_s_per_gb = 0; // mean of the two passes' own job figures
 };
-
-// Our GB/s over the geometric mean of the fio passes before and after it: the bracketed ratio.
-double bracketed_ratio(double ours_gb_per_s, double fio_before_gb_per_s, double fio_after_gb_per_s);
 
 struct FioComparison {
     IoOp op = IoOp::kRead;

@@ -363,8 +363,6 @@ void print_vs_fio_rows(const GridPoint& p) {
 Status measure_vs_fio(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
     ZINF_ASSIGN_OR_RETURN(auto session, open_session(o, files, p));
     if (session == nullptr) return Status::ok();
-    // Every compared pass overwrites or reads written blocks: write the file once first.
-    ZINF_TRY(session->prepare_for_read());
     for (const IoOp op : o.ops) {
         const FioJob job = fio_job_for(o.fio_binary, files, p.aio, session->is_direct(), op);
         auto c = compare_with_fio(*session, job, o.pairs);
