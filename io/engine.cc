@@ -4,15 +4,20 @@
 #include "io/engine.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <thread>
@@ -32,6 +37,20 @@ class EngineWorker;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Futex wait and wake on a handle's state word (private to this process). A wait returns on a
+// wake-up, a timeout, a signal or a changed word; callers re-check the word. FUTEX_WAKE uses
+// only the address, so it may follow the word's owner being freed (a stray wake-up of a later
+// waiter at that address is harmless: every futex waiter re-checks its word).
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
+              std::atomic<std::uint32_t>::is_always_lock_free);
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, const timespec* relative) noexcept {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+                    relative, nullptr, 0);
+}
+void futex_wake_all(const std::atomic<std::uint32_t>* word) noexcept {
+    (void)::syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
 
 // How long a worker with I/O in flight waits in reap before it looks at the queue again; new
 // work also gets picked up at each completion, so this only bounds the idle case.
@@ -228,36 +247,44 @@ private:
 // IoHandle
 
 IoHandle::~IoHandle() {
-    // Taking the mutex orders this after the worker's final unlock; a completion may still be
-    // notifying done_cv_ just after that unlock, so wait for it to leave the handle.
-    std::lock_guard lock(mutex_);
-    while (notifying_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
-    ZINF_ASSERT_MSG(pending_.load(std::memory_order_acquire) == 0,
+    // Nothing touches the handle once state_ is 0: the completing worker's last access is the
+    // exchange that set it (its wake-up call after that uses only the address).
+    ZINF_ASSERT_MSG(state_.load(std::memory_order_acquire) == 0,
                     "IoHandle destroyed while its operation is in flight");
 }
 
 Status IoHandle::wait() {
-    std::unique_lock lock(mutex_);
-    const auto is_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
-    if (!is_done()) {
-        ++waiters_;
-        done_cv_.wait(lock, is_done);
-        --waiters_;
+    for (;;) {
+        std::uint32_t s = state_.load(std::memory_order_acquire);
+        if (s == 0) break;
+        if ((s & kWaiterBit) == 0) {
+            if (!state_.compare_exchange_weak(s, s | kWaiterBit, std::memory_order_relaxed)) continue;
+            s |= kWaiterBit;
+        }
+        futex_wait(state_, s, nullptr);
     }
     return error_;
 }
 
 Status IoHandle::wait_for(std::chrono::microseconds timeout) {
-    std::unique_lock lock(mutex_);
-    const auto is_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
-    if (!is_done()) {
-        ++waiters_;
-        const bool done = done_cv_.wait_for(lock, timeout, is_done);
-        --waiters_;
-        if (!done) {
+    if (done()) return error_;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+        std::uint32_t s = state_.load(std::memory_order_acquire);
+        if (s == 0) break;
+        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
+        if (left.count() <= 0) {
             return Status::timeout(str_cat("I/O operation of ", length_bytes_,
                                            " bytes still in flight after ", timeout.count(), " us"));
         }
+        if ((s & kWaiterBit) == 0) {
+            if (!state_.compare_exchange_weak(s, s | kWaiterBit, std::memory_order_relaxed)) continue;
+            s |= kWaiterBit;
+        }
+        timespec ts{};
+        ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
+        ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+        futex_wait(state_, s, &ts);
     }
     return error_;
 }
@@ -266,30 +293,22 @@ Status IoHandle::wait_for(std::chrono::microseconds timeout) {
 // Completion
 
 void Engine::Impl::finish(IoHandle& h, Status* error) noexcept {
-    std::unique_lock lock(h.mutex_);
     if (error != nullptr && !error->is_ok()) {
+        std::lock_guard lock(h.error_mutex_);
         if (h.error_.is_ok()) h.error_ = std::move(*error);
         h.failed_.store(true, std::memory_order_relaxed);
     }
-    // Every decrement happens under h.mutex_; the one increment outside it (cutting a piece)
-    // needs the cutting token, so a count of 1 here cannot grow.
-    if (h.pending_.load(std::memory_order_acquire) != 1) {
-        h.pending_.fetch_sub(1, std::memory_order_acq_rel);
-        return;
-    }
+    // A piece is cut only while the cutting token is held, so the count cannot rise again once
+    // it has fallen to 0; acq_rel makes every earlier finisher's error visible to the last.
+    if (h.pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - h.submitted_at_).count();
     latency[static_cast<std::size_t>(latency_bucket(static_cast<std::uint64_t>(std::max<long>(us, 0))))]
         .fetch_add(1, std::memory_order_relaxed);
     requests_completed.fetch_add(1, std::memory_order_relaxed);
     static_cast<File*>(h.file_)->ops_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-    h.pending_.store(0, std::memory_order_release);
-    if (h.waiters_ == 0) return;  // nobody to wake: a later wait sees pending_ == 0 at once
-    // Notify after unlocking, so that the woken waiter takes the mutex without blocking on it
-    // again; notifying_ keeps the handle alive until the notification is done.
-    h.notifying_.fetch_add(1, std::memory_order_relaxed);
-    lock.unlock();
-    h.done_cv_.notify_all();
-    h.notifying_.fetch_sub(1, std::memory_order_release);
+    // From here on the caller may reuse or destroy the handle: only its address is used below.
+    std::atomic<std::uint32_t>* const word = &h.state_;
+    if ((word->exchange(0, std::memory_order_acq_rel) & IoHandle::kWaiterBit) != 0) futex_wake_all(word);
 }
 
 void EngineWorker::on_piece_complete(Request& request, const Status& status) {
@@ -1031,7 +1050,7 @@ Status Engine::submit(std::span<const BatchItem> items) {
         if (it.op == OpKind::kWrite && f->read_only) {
             return Status::invalid_argument(str_cat("write ", f->stripes[0].path, ": file opened read-only"));
         }
-        if (it.handle->pending_.load(std::memory_order_acquire) != 0) {
+        if (!it.handle->done()) {
             return Status::invalid_argument("submit: handle still has an operation in flight");
         }
         for (std::size_t j = 0; j < i; ++j) {
@@ -1042,20 +1061,20 @@ Status Engine::submit(std::span<const BatchItem> items) {
     for (const BatchItem& it : items) {
         File* f = impl.file_locked(it.file);
         IoHandle& h = *it.handle;
-        {
-            std::lock_guard hl(h.mutex_);
-            h.error_ = Status();
-            h.failed_.store(false, std::memory_order_relaxed);
-            h.length_bytes_ = it.buffer.size();
-            h.submitted_at_ = now;
-            h.file_ = f;
-            h.buffer_ = it.buffer.data();
-            h.offset_bytes_ = it.offset_bytes;
-            h.cursor_bytes_ = 0;
-            h.op_ = it.op;
-            h.next_ = nullptr;
-            h.pending_.store(1, std::memory_order_release);  // the cutting token
-        }
+        // The handle is idle (checked above), so nothing else reads these until the worker
+        // takes it from the queue under impl.mutex.
+        h.error_ = Status();
+        h.failed_.store(false, std::memory_order_relaxed);
+        h.length_bytes_ = it.buffer.size();
+        h.submitted_at_ = now;
+        h.file_ = f;
+        h.buffer_ = it.buffer.data();
+        h.offset_bytes_ = it.offset_bytes;
+        h.cursor_bytes_ = 0;
+        h.op_ = it.op;
+        h.next_ = nullptr;
+        h.pending_.store(1, std::memory_order_relaxed);  // the cutting token
+        h.state_.store(IoHandle::kBusy, std::memory_order_release);
         f->ops_in_flight.fetch_add(1, std::memory_order_relaxed);
         if (impl.tail == nullptr) {
             impl.head = &h;

@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -128,7 +127,7 @@ public:
     ~IoHandle();  // asserts that no operation is in flight
 
     // True when the operation has completed (successfully or not); never blocks.
-    bool done() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
+    bool done() const noexcept { return state_.load(std::memory_order_acquire) == 0; }
     // Blocks until completion and returns its status: the first error met, with the file,
     // offset, length and operation in its message. An operation that fails still waits for its
     // other pieces, so no piece touches the buffer after done() turns true.
@@ -140,17 +139,20 @@ public:
 private:
     friend class Engine;
     friend class EngineWorker;
-    // Pieces in flight plus one while the operation is still being cut into pieces. The last
-    // decrement to 0 happens under mutex_, after error_ is final.
+    // state_: 0 once the operation has completed (or before its first submit), else kBusy, with
+    // kWaiterBit set by a thread about to sleep on it. Waiters sleep on this word itself (a
+    // futex), so completing an operation costs one atomic exchange, and a wake-up system call
+    // only when somebody sleeps: no mutex, no condition variable (whose notification would
+    // also keep the handle's memory in use after done() turns true).
+    static constexpr std::uint32_t kBusy = 1;
+    static constexpr std::uint32_t kWaiterBit = 2;
+    std::atomic<std::uint32_t> state_{0};
+    // Pieces in flight plus one while the operation is still being cut into pieces (the
+    // cutting token): whichever completion takes it to 0 completes the operation.
     std::atomic<std::uint32_t> pending_{0};
     std::atomic<bool> failed_{false};  // set on the first error: stop cutting new pieces
-    std::mutex mutex_;
-    std::condition_variable done_cv_;
-    Status error_;  // guarded by mutex_
-    std::uint32_t waiters_ = 0;  // threads blocked in wait/wait_for; guarded by mutex_
-    // Completions notifying done_cv_ after releasing mutex_ (so a woken waiter does not block
-    // again on a mutex the notifier still holds); the destructor waits for them to finish.
-    std::atomic<std::uint32_t> notifying_{0};
+    std::mutex error_mutex_;           // orders concurrent failures of several pieces
+    Status error_;  // written under error_mutex_ until the operation completes; read after
     std::uint64_t length_bytes_ = 0;
     std::chrono::steady_clock::time_point submitted_at_;
     // The operation, while queued in the engine (guarded by the engine's queue mutex).

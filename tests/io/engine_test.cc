@@ -11,6 +11,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "io/backend.h"
 #include "src/base/file.h"
@@ -159,6 +162,69 @@ TEST(Engine, WaitForTimesOutWithoutLosingTheOperation) {
     // Reuse after completion.
     ASSERT_TRUE((*engine)->submit_read(h, *file, 0, buffer.span()).is_ok());
     EXPECT_TRUE(h.wait_for(kHangTimeout).is_ok());
+}
+
+TEST(Engine, SeveralThreadsWaitOnOneHandle) {
+    EngineOptions o;
+    SimOptions sim;
+    sim.latency_us_min = 50000;
+    sim.latency_us_max = 50000;
+    o.sim = sim;
+    auto engine = Engine::create(o);
+    ASSERT_TRUE(engine.has_value());
+    FileOptions fo;
+    fo.create = true;
+    auto file = (*engine)->open("shared", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(4096);
+    IoHandle h;
+    ASSERT_TRUE((*engine)->submit_write(h, *file, 0, buffer.span()).is_ok());
+    // Blocking waiters, a waiter with a deadline long enough and one too short: every one that
+    // sleeps on the handle is woken by the one completion, none misses it.
+    std::atomic<int> ok{0};
+    std::atomic<int> timed_out{0};
+    std::vector<std::thread> waiters;
+    for (int i = 0; i < 3; ++i) {
+        waiters.emplace_back([&] { ok += h.wait().is_ok() ? 1 : 0; });
+        waiters.emplace_back([&] { ok += h.wait_for(kHangTimeout).is_ok() ? 1 : 0; });
+    }
+    waiters.emplace_back([&] {
+        timed_out += h.wait_for(std::chrono::milliseconds(1)).code() == StatusCode::kTimeout ? 1 : 0;
+    });
+    for (auto& t : waiters) t.join();
+    EXPECT_EQ(ok.load(), 6);
+    EXPECT_EQ(timed_out.load(), 1);
+    EXPECT_TRUE(h.done());
+}
+
+TEST(Engine, HandleMayBeDestroyedAsSoonAsItsWaitReturns) {
+    // Two workers complete the pieces of one operation concurrently; whichever finishes last
+    // completes it, and the waiter frees the handle at once. Nothing may touch the handle after
+    // that (AddressSanitizer reports a use after free if the completing worker does).
+    EngineOptions o;
+    o.aio.block_size_bytes = 4096;
+    o.aio.queue_depth = 4;
+    o.aio.intra_op_parallelism = 2;
+    SimOptions sim;
+    sim.latency_us_min = 0;
+    sim.latency_us_max = 20;
+    o.sim = sim;
+    auto engine = Engine::create(o);
+    ASSERT_TRUE(engine.has_value());
+    FileOptions fo;
+    fo.create = true;
+    auto file = (*engine)->open("free-after-wait", fo);
+    ASSERT_TRUE(file.has_value());
+    AlignedBuffer buffer = must_allocate(4 * 4096);
+    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    for (int i = 0; i < 2000; ++i) {
+        auto h = std::make_unique<IoHandle>();
+        ASSERT_TRUE((*engine)->submit_read(*h, *file, 0, buffer.span()).is_ok());
+        ASSERT_TRUE(h->wait().is_ok());
+        h.reset();
+    }
+    EXPECT_EQ((*engine)->stats().requests_completed, 2001u);
+    EXPECT_EQ((*engine)->stats().pieces_completed, 2001u * 4);
 }
 
 TEST(Engine, DestructorDrainsInFlightOperations) {
