@@ -420,10 +420,12 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
     const auto report = nlohmann::json::parse(in);
     ASSERT_EQ(report["grid"].size(), 4u);  // 2 block sizes x 2 queue depths, threads default to 1
     double worst = 1e9;
+    double worst_cpu = 0;
     for (const auto& point : report["grid"]) {
         EXPECT_EQ(point["threads"].get<int>(), 1);
         for (const char* op : {"write", "read"}) {
             const auto& v = point["vs_fio"][op];
+            std::vector<double> cpu_ratios;
             ASSERT_EQ(v["pairs"].size(), 2u) << point.dump();
             for (std::size_t i = 0; i < v["pairs"].size(); ++i) {
                 const auto& pair = v["pairs"][i];
@@ -447,12 +449,27 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
                 if (i > 0) {
                     EXPECT_EQ(pair["fio_before"], v["pairs"][i - 1]["fio_after"]) << v["pairs"].dump();
                 }
+                // The CPU ratio is bracketed too: our pass's CPU over the mean of the two fio
+                // passes' around it.
+                const double fio_cpu = (pair["fio_before"]["cpu_seconds_per_gb"].get<double>() +
+                                        pair["fio_after"]["cpu_seconds_per_gb"].get<double>()) / 2;
+                EXPECT_NEAR(pair["fio_cpu_seconds_per_gb"].get<double>(), fio_cpu, 1e-12) << pair.dump();
+                EXPECT_NEAR(pair["cpu_ratio"].get<double>(),
+                            pair["ours"]["cpu_seconds_per_gb"].get<double>() / fio_cpu, 1e-9)
+                    << pair.dump();
+                cpu_ratios.push_back(pair["cpu_ratio"].get<double>());
             }
             worst = std::min(worst, v["ratio"]["median"].get<double>());
+            // Two pairs: the median is the mean of the two passes' ratios.
+            ASSERT_EQ(cpu_ratios.size(), 2u);
+            EXPECT_NEAR(v["cpu_ratio"]["median"].get<double>(), (cpu_ratios[0] + cpu_ratios[1]) / 2, 1e-9);
+            worst_cpu = std::max(worst_cpu, v["cpu_ratio"]["median"].get<double>());
         }
     }
-    // The summary line is the least median ratio of the grid, not a fixed figure.
+    // The summary line is the least median ratio of the grid, not a fixed figure, and the
+    // highest median CPU ratio.
     EXPECT_DOUBLE_EQ(report["worst_vs_fio"]["grid"]["ratio"].get<double>(), worst);
+    EXPECT_DOUBLE_EQ(report["worst_vs_fio"]["grid"]["cpu_ratio"].get<double>(), worst_cpu);
 
     std::ifstream svg_in(svg);
     ASSERT_TRUE(svg_in.good()) << svg;

@@ -78,7 +78,7 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
     // file's first write.
     ZINF_TRY(session.prepare_for_read());
     ZINF_ASSIGN_OR_RETURN(c.fio_startup_cpu_seconds, measure_fio_startup_cpu(job));
-    std::vector<double> ratios, ours_gbps, fio_gbps, ours_cpu, fio_cpu, fio_job_cpu;
+    std::vector<double> ratios, cpu_ratios, ours_gbps, fio_gbps, ours_cpu, fio_cpu, fio_job_cpu;
     const auto fio_pass = [&](std::string_view where) -> Result<FioFigures> {
         auto f = run_fio(job);
         if (!f.has_value()) return f.error().with_context(where);
@@ -104,7 +104,9 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
         const double cpu_after = fio_cpu[static_cast<std::size_t>(i)];
         pair.fio_cpu_s_per_gb = (cpu_before + cpu_after) / 2;
         pair.fio_job_cpu_s_per_gb = (before.cpu_seconds_per_gb + after.cpu_seconds_per_gb) / 2;
+        pair.cpu_ratio = pair.fio_cpu_s_per_gb > 0 ? pair.ours.cpu_seconds_per_gb / pair.fio_cpu_s_per_gb : 0;
         ratios.push_back(pair.ratio);
+        cpu_ratios.push_back(pair.cpu_ratio);
         ours_gbps.push_back(pair.ours.gb_per_s);
         ours_cpu.push_back(pair.ours.cpu_seconds_per_gb);
         c.pairs_json.push_back(Json{{"pair", i},
@@ -112,11 +114,14 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
                                     {"fio_before", fio_to_json(before, cpu_before)},
                                     {"fio_after", fio_to_json(after, cpu_after)},
                                     {"fio_gb_per_s", pair.fio_gb_per_s},
-                                    {"ratio", pair.ratio}});
+                                    {"ratio", pair.ratio},
+                                    {"fio_cpu_seconds_per_gb", pair.fio_cpu_s_per_gb},
+                                    {"cpu_ratio", pair.cpu_ratio}});
         if (on_pair) on_pair(pair);
         before = after;
     }
     c.ratio = spread_of(ratios);
+    c.cpu_ratio = spread_of(cpu_ratios);
     c.ours_gb_per_s = spread_of(ours_gbps);
     c.fio_gb_per_s = spread_of(fio_gbps);
     c.ours_cpu_s_per_gb = spread_of(ours_cpu);

@@ -248,28 +248,29 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         std::printf("CPU/GB: user + system seconds of the whole process per GB, every thread (for fio also the\n"
                     "kernel's io_uring workers, less its start-up); fio's own job figure in the last column\n");
         std::printf("fio GB/s: the geometric mean of the fio passes before and after ours; fio CPU: their mean\n");
-        std::printf("%5s %10s %11s %10s %10s %8s %12s %12s %12s\n", "pass", "ours GB/s", "fio before", "fio after",
-                    "fio GB/s", "ratio", "ours CPU/GB", "fio CPU/GB", "fio job CPU");
+        std::printf("%5s %10s %11s %10s %10s %8s %12s %12s %10s %12s\n", "pass", "ours GB/s", "fio before",
+                    "fio after", "fio GB/s", "ratio", "ours CPU/GB", "fio CPU/GB", "CPU ratio", "fio job CPU");
         ZINF_ASSIGN_OR_RETURN(
             const FioComparison c, compare_with_fio(*session, job, o.pairs, [](const FioPair& p) {
-                std::printf("%5d %10.3f %11.3f %10.3f %10.3f %8.3f %12.4f %12.4f %12.4f\n", p.index, p.ours.gb_per_s,
-                            p.fio_before.gb_per_s, p.fio_after.gb_per_s, p.fio_gb_per_s, p.ratio,
-                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.fio_job_cpu_s_per_gb);
+                std::printf("%5d %10.3f %11.3f %10.3f %10.3f %8.3f %12.4f %12.4f %10.3f %12.4f\n", p.index,
+                            p.ours.gb_per_s, p.fio_before.gb_per_s, p.fio_after.gb_per_s, p.fio_gb_per_s, p.ratio,
+                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.cpu_ratio, p.fio_job_cpu_s_per_gb);
                 std::fflush(stdout);
             }));
         std::printf("%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d passes); median GB/s ours %.3f, "
                     "fio %.3f\n",
                     std::string(io_op_name(op)).c_str(), c.ratio.median, c.ratio.min, c.ratio.max, o.pairs,
                     c.ours_gb_per_s.median, c.fio_gb_per_s.median);
-        std::printf("%s: median CPU s/GB ours %.4f, fio %.4f (ours/fio %.2f; fio start-up %.3f s removed)\n",
-                    std::string(io_op_name(op)).c_str(), c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median,
-                    c.fio_cpu_s_per_gb.median > 0 ? c.ours_cpu_s_per_gb.median / c.fio_cpu_s_per_gb.median : 0.0,
-                    c.fio_startup_cpu_seconds);
+        std::printf("%s: median CPU ratio ours/fio %.3f (min %.3f, max %.3f; each pass against the fio passes\n"
+                    "  around it); median CPU s/GB ours %.4f, fio %.4f (fio start-up %.3f s removed)\n",
+                    std::string(io_op_name(op)).c_str(), c.cpu_ratio.median, c.cpu_ratio.min, c.cpu_ratio.max,
+                    c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median, c.fio_startup_cpu_seconds);
         out[std::string(io_op_name(op))] = Json{
             {"aio", Json::parse(config::aio_to_json(engine::aio_config(aio)))},
             {"fio_command", fio_command_line(job)},
             {"pairs", c.pairs_json},
             {"ratio", spread_to_json(c.ratio)},
+            {"cpu_ratio", spread_to_json(c.cpu_ratio)},
             {"ours_gb_per_s", spread_to_json(c.ours_gb_per_s)},
             {"fio_gb_per_s", spread_to_json(c.fio_gb_per_s)},
             {"ours_cpu_seconds_per_gb", spread_to_json(c.ours_cpu_s_per_gb)},

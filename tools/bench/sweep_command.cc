@@ -319,6 +319,7 @@ Json point_to_json(const GridPoint& p) {
             if (!c->has_value()) continue;
             const FioComparison& f = **c;
             v[std::string(io_op_name(f.op))] = Json{{"ratio", spread_to_json(f.ratio)},
+                                                    {"cpu_ratio", spread_to_json(f.cpu_ratio)},
                                                     {"ours_gb_per_s", spread_to_json(f.ours_gb_per_s)},
                                                     {"fio_gb_per_s", spread_to_json(f.fio_gb_per_s)},
                                                     {"ours_cpu_seconds_per_gb", spread_to_json(f.ours_cpu_s_per_gb)},
@@ -336,8 +337,8 @@ Json point_to_json(const GridPoint& p) {
 
 
 void print_vs_fio_header() {
-    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s\n", "backend", "block", "qd", "threads", "op",
-                "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU");
+    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s\n", "backend", "block", "qd", "threads",
+                "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU", "CPU ratio");
 }
 
 void print_vs_fio_rows(const GridPoint& p) {
@@ -350,11 +351,11 @@ void print_vs_fio_rows(const GridPoint& p) {
     for (const auto* c : {&p.fio_write, &p.fio_read}) {
         if (!c->has_value()) continue;
         const FioComparison& f = **c;
-        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f\n",
+        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %9.3f\n",
                     p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
                     p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(), f.ours_gb_per_s.median,
                     f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max, f.ours_cpu_s_per_gb.median,
-                    f.fio_cpu_s_per_gb.median);
+                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median);
     }
     std::fflush(stdout);
 }
@@ -387,7 +388,8 @@ struct Worst {
     bool set = false;
 };
 
-// The lowest median GB/s ratio and the highest median CPU ratio (ours / fio) over `points`
+// The lowest median GB/s ratio and the highest median CPU ratio (ours / fio, both bracketed)
+// over `points`
 // measured on `storage` (every storage when empty).
 std::pair<Worst, Worst> worst_of(const std::vector<GridPoint>& points, const std::string& storage) {
     Worst ratio;
@@ -399,9 +401,8 @@ std::pair<Worst, Worst> worst_of(const std::vector<GridPoint>& points, const std
             const FioComparison& f = **c;
             const std::string where = str_cat(point_name(p), ", ", io_op_name(f.op));
             if (!ratio.set || f.ratio.median < ratio.value) ratio = Worst{f.ratio.median, where, true};
-            if (f.fio_cpu_s_per_gb.median > 0) {
-                const double r = f.ours_cpu_s_per_gb.median / f.fio_cpu_s_per_gb.median;
-                if (!cpu.set || r > cpu.value) cpu = Worst{r, where, true};
+            if (f.cpu_ratio.median > 0 && (!cpu.set || f.cpu_ratio.median > cpu.value)) {
+                cpu = Worst{f.cpu_ratio.median, where, true};
             }
         }
     }
@@ -597,7 +598,8 @@ Status run(const SweepOptions& o, bool tune) {
         std::printf("each point: %d of our passes per op, each between two of fio's (same file, engine, block\n"
                     "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the two; medians.\n"
                     "CPU: user + system seconds per GB of the whole process, every thread (fio's too, with the\n"
-                    "kernel's io_uring workers, less its start-up)\n",
+                    "kernel's io_uring workers, less its start-up); CPU ratio: the median of our passes' CPU over\n"
+                    "the mean of the two fio passes around each\n",
                     o.pairs);
     } else {
         std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
@@ -647,8 +649,11 @@ Status run(const SweepOptions& o, bool tune) {
         }
         const auto [ratio, cpu] = worst_of(points, "");
         if (!ratio.set) return Status::not_supported("no configuration of the grid could be measured");
-        std::printf("worst ratio ours/fio over the grid: %.3f (%s)\n", ratio.value, ratio.where.c_str());
-        worst_json["grid"] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where}};
+        std::printf("worst ratio ours/fio over the grid: %.3f (%s)", ratio.value, ratio.where.c_str());
+        if (cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", cpu.value, cpu.where.c_str());
+        std::printf("\n");
+        worst_json["grid"] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where},
+                                  {"cpu_ratio", cpu.value}, {"cpu_ratio_at", cpu.where}};
     }
     const GridPoint* best = pick_best(points);
     if (best == nullptr) return Status::not_supported("no configuration of the grid could be measured");
