@@ -253,38 +253,33 @@ IoHandle::~IoHandle() {
                     "IoHandle destroyed while its operation is in flight");
 }
 
-Status IoHandle::wait() {
-    for (;;) {
-        std::uint32_t s = state_.load(std::memory_order_acquire);
-        if (s == 0) break;
-        if ((s & kWaiterBit) == 0) {
-            if (!state_.compare_exchange_weak(s, s | kWaiterBit, std::memory_order_relaxed)) continue;
-            s |= kWaiterBit;
-        }
-        futex_wait(state_, s, nullptr);
+void IoHandle::sleep_once(const timespec* relative) noexcept {
+    std::uint32_t s = state_.load(std::memory_order_acquire);
+    // A failed exchange reloads s: stop once the operation is done or another waiter set the bit.
+    while (s != 0 && (s & kWaiterBit) == 0 &&
+           !state_.compare_exchange_weak(s, s | kWaiterBit, std::memory_order_relaxed)) {
     }
+    if (s != 0) futex_wait(state_, s | kWaiterBit, relative);
+}
+
+Status IoHandle::wait() {
+    while (!done()) sleep_once(nullptr);
     return error_;
 }
 
 Status IoHandle::wait_for(std::chrono::microseconds timeout) {
     if (done()) return error_;
     const auto deadline = Clock::now() + timeout;
-    for (;;) {
-        std::uint32_t s = state_.load(std::memory_order_acquire);
-        if (s == 0) break;
+    while (!done()) {
         const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
         if (left.count() <= 0) {
             return Status::timeout(str_cat("I/O operation of ", length_bytes_,
                                            " bytes still in flight after ", timeout.count(), " us"));
         }
-        if ((s & kWaiterBit) == 0) {
-            if (!state_.compare_exchange_weak(s, s | kWaiterBit, std::memory_order_relaxed)) continue;
-            s |= kWaiterBit;
-        }
         timespec ts{};
         ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
         ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
-        futex_wait(state_, s, &ts);
+        sleep_once(&ts);
     }
     return error_;
 }

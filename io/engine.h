@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -147,6 +148,9 @@ private:
     static constexpr std::uint32_t kBusy = 1;
     static constexpr std::uint32_t kWaiterBit = 2;
     std::atomic<std::uint32_t> state_{0};
+    // One sleep on state_ while the operation is in flight (sets kWaiterBit first); returns on
+    // completion, after `relative` (null: no limit), or spuriously. Callers loop on done().
+    void sleep_once(const timespec* relative) noexcept;
     // Pieces in flight plus one while the operation is still being cut into pieces (the
     // cutting token): whichever completion takes it to 0 completes the operation.
     std::atomic<std::uint32_t> pending_{0};

@@ -25,6 +25,38 @@ namespace {
 
 using Tristate = io::DirectMode;
 
+// Engine options whose requests are cut into `block`-byte pieces, `queue_depth` in flight on
+// each of `threads` workers.
+AioOptions pieces_of(std::uint64_t block, int queue_depth, int threads) {
+    AioOptions aio;
+    aio.block_size_bytes = block;
+    aio.queue_depth = queue_depth;
+    aio.intra_op_parallelism = threads;
+    return aio;
+}
+
+// An engine on the simulated device, each piece taking latency_us_min..latency_us_max, with
+// one file created on it.
+struct SimEngine {
+    std::unique_ptr<Engine> engine;
+    FileId file = 0;
+};
+Result<SimEngine> sim_engine_with_file(const std::string& name, std::uint32_t latency_us_min,
+                                       std::uint32_t latency_us_max, const AioOptions& aio = {}) {
+    EngineOptions o;
+    o.aio = aio;
+    SimOptions sim;
+    sim.latency_us_min = latency_us_min;
+    sim.latency_us_max = latency_us_max;
+    o.sim = sim;
+    SimEngine s;
+    ZINF_ASSIGN_OR_RETURN(s.engine, Engine::create(o));
+    FileOptions fo;
+    fo.create = true;
+    ZINF_ASSIGN_OR_RETURN(s.file, s.engine->open(name, fo));
+    return s;
+}
+
 TEST(Engine, StripesRoundRobinOverThreeDirectories) {
     zinf::test::TempDir a("s0"), b("s1"), c("s2");
     std::string skip;
@@ -90,95 +122,61 @@ TEST(Engine, PreallocationSplitsOverStripes) {
 // One worker, queue depth 8, 16 pieces of 5 ms each: with a full queue that is two rounds
 // (~10 ms); one piece at a time would be 80 ms.
 TEST(Engine, SmallRequestKeepsTheQueueFull) {
-    EngineOptions o;
-    o.aio.block_size_bytes = 4096;
-    o.aio.queue_depth = 8;
-    o.aio.intra_op_parallelism = 1;
-    SimOptions sim;
-    sim.latency_us_min = 5000;
-    sim.latency_us_max = 5000;
-    o.sim = sim;
-    auto engine = Engine::create(o);
-    ASSERT_TRUE(engine.has_value());
-    FileOptions fo;
-    fo.create = true;
-    auto file = (*engine)->open("q", fo);
-    ASSERT_TRUE(file.has_value());
+    auto sim = sim_engine_with_file("q", 5000, 5000, pieces_of(4096, 8, 1));
+    ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+    Engine& engine = *sim->engine;
+    const FileId file = sim->file;
     AlignedBuffer buffer = must_allocate(16 * 4096);
     const auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(ms, 45) << "pieces of one request did not overlap";
-    EXPECT_EQ((*engine)->stats().pieces_completed, 16u);
+    EXPECT_EQ(engine.stats().pieces_completed, 16u);
 }
 
 // Two workers with queue depth 2 share one 8-piece request: about 2 rounds (50 ms), not 4.
 TEST(Engine, PiecesSpreadOverWorkers) {
-    EngineOptions o;
-    o.aio.block_size_bytes = 4096;
-    o.aio.queue_depth = 2;
-    o.aio.intra_op_parallelism = 2;
-    SimOptions sim;
-    sim.latency_us_min = 25000;
-    sim.latency_us_max = 25000;
-    o.sim = sim;
-    auto engine = Engine::create(o);
-    ASSERT_TRUE(engine.has_value());
-    FileOptions fo;
-    fo.create = true;
-    auto file = (*engine)->open("w", fo);
-    ASSERT_TRUE(file.has_value());
+    auto sim = sim_engine_with_file("w", 25000, 25000, pieces_of(4096, 2, 2));
+    ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+    Engine& engine = *sim->engine;
+    const FileId file = sim->file;
     AlignedBuffer buffer = must_allocate(8 * 4096);
     const auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(ms, 90) << "the second worker did not take pieces of the request";
 }
 
 TEST(Engine, WaitForTimesOutWithoutLosingTheOperation) {
-    EngineOptions o;
-    SimOptions sim;
-    sim.latency_us_min = 200000;
-    sim.latency_us_max = 200000;
-    o.sim = sim;
-    auto engine = Engine::create(o);
-    ASSERT_TRUE(engine.has_value());
-    FileOptions fo;
-    fo.create = true;
-    auto file = (*engine)->open("slow", fo);
-    ASSERT_TRUE(file.has_value());
+    auto sim = sim_engine_with_file("slow", 200000, 200000);
+    ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+    Engine& engine = *sim->engine;
+    const FileId file = sim->file;
     AlignedBuffer buffer = must_allocate(4096);
     IoHandle h;
-    ASSERT_TRUE((*engine)->submit_write(h, *file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.submit_write(h, file, 0, buffer.span()).is_ok());
     EXPECT_FALSE(h.done());
     const Status early = h.wait_for(std::chrono::milliseconds(10));
     EXPECT_EQ(early.code(), StatusCode::kTimeout);
     // The handle cannot be reused while in flight.
-    const Status again = (*engine)->submit_write(h, *file, 0, buffer.span());
+    const Status again = engine.submit_write(h, file, 0, buffer.span());
     EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(h.wait().is_ok());
     EXPECT_TRUE(h.done());
     EXPECT_EQ(h.bytes(), 4096u);
     // Reuse after completion.
-    ASSERT_TRUE((*engine)->submit_read(h, *file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.submit_read(h, file, 0, buffer.span()).is_ok());
     EXPECT_TRUE(h.wait_for(kHangTimeout).is_ok());
 }
 
 TEST(Engine, SeveralThreadsWaitOnOneHandle) {
-    EngineOptions o;
-    SimOptions sim;
-    sim.latency_us_min = 50000;
-    sim.latency_us_max = 50000;
-    o.sim = sim;
-    auto engine = Engine::create(o);
-    ASSERT_TRUE(engine.has_value());
-    FileOptions fo;
-    fo.create = true;
-    auto file = (*engine)->open("shared", fo);
-    ASSERT_TRUE(file.has_value());
+    auto sim = sim_engine_with_file("shared", 50000, 50000);
+    ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+    Engine& engine = *sim->engine;
+    const FileId file = sim->file;
     AlignedBuffer buffer = must_allocate(4096);
     IoHandle h;
-    ASSERT_TRUE((*engine)->submit_write(h, *file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.submit_write(h, file, 0, buffer.span()).is_ok());
     // Blocking waiters, a waiter with a deadline long enough and one too short: every one that
     // sleeps on the handle is woken by the one completion, none misses it.
     std::atomic<int> ok{0};
@@ -201,30 +199,20 @@ TEST(Engine, HandleMayBeDestroyedAsSoonAsItsWaitReturns) {
     // Two workers complete the pieces of one operation concurrently; whichever finishes last
     // completes it, and the waiter frees the handle at once. Nothing may touch the handle after
     // that (AddressSanitizer reports a use after free if the completing worker does).
-    EngineOptions o;
-    o.aio.block_size_bytes = 4096;
-    o.aio.queue_depth = 4;
-    o.aio.intra_op_parallelism = 2;
-    SimOptions sim;
-    sim.latency_us_min = 0;
-    sim.latency_us_max = 20;
-    o.sim = sim;
-    auto engine = Engine::create(o);
-    ASSERT_TRUE(engine.has_value());
-    FileOptions fo;
-    fo.create = true;
-    auto file = (*engine)->open("free-after-wait", fo);
-    ASSERT_TRUE(file.has_value());
+    auto sim = sim_engine_with_file("free-after-wait", 0, 20, pieces_of(4096, 4, 2));
+    ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+    Engine& engine = *sim->engine;
+    const FileId file = sim->file;
     AlignedBuffer buffer = must_allocate(4 * 4096);
-    ASSERT_TRUE((*engine)->write(*file, 0, buffer.span()).is_ok());
+    ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());
     for (int i = 0; i < 2000; ++i) {
         auto h = std::make_unique<IoHandle>();
-        ASSERT_TRUE((*engine)->submit_read(*h, *file, 0, buffer.span()).is_ok());
+        ASSERT_TRUE(engine.submit_read(*h, file, 0, buffer.span()).is_ok());
         ASSERT_TRUE(h->wait().is_ok());
         h.reset();
     }
-    EXPECT_EQ((*engine)->stats().requests_completed, 2001u);
-    EXPECT_EQ((*engine)->stats().pieces_completed, 2001u * 4);
+    EXPECT_EQ(engine.stats().requests_completed, 2001u);
+    EXPECT_EQ(engine.stats().pieces_completed, 2001u * 4);
 }
 
 TEST(Engine, DestructorDrainsInFlightOperations) {
