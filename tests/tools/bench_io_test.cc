@@ -338,10 +338,13 @@ TEST(BenchIoTest, VsFioPrintsRatios) {
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_NE(r.out.find("median ratio ours/fio"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("fio GB/s"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("context switches, whole process"), std::string::npos) << r.out;
     std::ifstream in(json);
     ASSERT_TRUE(in.good()) << json;
     const auto report = nlohmann::json::parse(in);
     ASSERT_EQ(report["vs_fio"]["read"]["pairs"].size(), 2u) << report.dump(2);
+    EXPECT_GT(report["vs_fio"]["read"]["ours_context_switches_per_gb"]["median"].get<double>(), 0);
+    EXPECT_EQ(report["vs_fio"]["read"]["fio_command"].get<std::string>().rfind("fio", 0), 0u) << report.dump(2);
     if (zinf::transparent_huge_pages_available()) {
         // Running fio does not take the huge pages from our registered buffers (5 ops of 1 MiB
         // aligned to a huge page): a fork would have split their mappings (pinned by io_uring)
@@ -414,6 +417,7 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
     EXPECT_NE(r.out.find("worst ratio ours/fio over the grid"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("switches/pc"), std::string::npos) << r.out;
 
     std::ifstream in(json);
     ASSERT_TRUE(in.good()) << json;
@@ -426,6 +430,7 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
         for (const char* op : {"write", "read"}) {
             const auto& v = point["vs_fio"][op];
             std::vector<double> cpu_ratios;
+            std::vector<double> ours_switches_per_gb;
             ASSERT_EQ(v["pairs"].size(), 2u) << point.dump();
             for (std::size_t i = 0; i < v["pairs"].size(); ++i) {
                 const auto& pair = v["pairs"][i];
@@ -458,7 +463,34 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
                             pair["ours"]["cpu_seconds_per_gb"].get<double>() / fio_cpu, 1e-9)
                     << pair.dump();
                 cpu_ratios.push_back(pair["cpu_ratio"].get<double>());
+                // Context switches, counted alike: our whole process over our pass; fio's whole
+                // process less its start-up's, per GB, and the pair's figure is the mean of the
+                // two fio passes around ours.
+                const double ours_switches = pair["ours"]["context_switches"].get<double>();
+                EXPECT_GT(ours_switches, 0) << pair.dump();  // the caller sleeps on its reads
+                EXPECT_NEAR(pair["ours"]["context_switches_per_gb"].get<double>(),
+                            ours_switches / (pair["ours"]["bytes"].get<double>() / 1e9), 1e-6)
+                    << pair.dump();
+                const double startup = v["fio_startup_context_switches"].get<double>();
+                double fio_switches = 0;
+                for (const char* side : {"fio_before", "fio_after"}) {
+                    const auto& f = pair[side];
+                    EXPECT_GT(f["process_context_switches"].get<double>(), 0) << pair.dump();
+                    const double expected =
+                        std::max(0.0, f["process_context_switches"].get<double>() - startup) /
+                        (f["bytes"].get<double>() / 1e9);
+                    EXPECT_NEAR(f["context_switches_per_gb"].get<double>(), expected, 1e-6) << pair.dump();
+                    fio_switches += expected / 2;
+                }
+                EXPECT_NEAR(pair["fio_context_switches_per_gb"].get<double>(), fio_switches, 1e-6) << pair.dump();
+                ours_switches_per_gb.push_back(pair["ours"]["context_switches_per_gb"].get<double>());
             }
+            // fio's start-up (parsing, buffers, its job process) switches too: a start-up of 0
+            // would mean the median of its five small runs was never taken.
+            EXPECT_GT(v["fio_startup_context_switches"].get<double>(), 0) << v.dump();
+            ASSERT_EQ(ours_switches_per_gb.size(), 2u);
+            EXPECT_NEAR(v["ours_context_switches_per_gb"]["median"].get<double>(),
+                        (ours_switches_per_gb[0] + ours_switches_per_gb[1]) / 2, 1e-6);
             worst = std::min(worst, v["ratio"]["median"].get<double>());
             // Two pairs: the median is the mean of the two passes' ratios.
             ASSERT_EQ(cpu_ratios.size(), 2u);

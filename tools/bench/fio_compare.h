@@ -30,14 +30,15 @@ struct FioPair {
     double fio_cpu_s_per_gb = 0;     // mean of the two passes' whole-process figures (fio_cpu_seconds_per_gb)
     double fio_job_cpu_s_per_gb = 0; // mean of the two passes' own job figures
     double cpu_ratio = 0;            // ours CPU s/GB / fio_cpu_s_per_gb (bracketed, as ratio)
+    double fio_context_switches_per_gb = 0;  // mean of the two passes' (fio_context_switches_per_gb)
 };
 
 struct FioComparison {
     IoOp op = IoOp::kRead;
     int pairs = 0;  // our passes; fio ran pairs + 1
-    // fio's start-up: the least process CPU of three runs of the same job over one block per
-    // job, subtracted from each full run's process CPU.
+    // fio's start-up (FioStartup), subtracted from each full run's process figures.
     double fio_startup_cpu_seconds = 0;
+    double fio_startup_context_switches = 0;
     Spread ratio;
     Spread ours_gb_per_s;
     Spread fio_gb_per_s;          // over all pairs + 1 fio passes
@@ -50,8 +51,16 @@ struct FioComparison {
     // not the engine, taking most of it; a ratio of the two sides' medians mixes passes minutes
     // apart, the bracketed one compares neighbours.
     Spread cpu_ratio;
+    // Context switches per GB, whole process on both sides (fio's less its start-up's): how often
+    // a thread slept and was woken to move a GB. fio's one thread sleeps once per completion it
+    // waits for; the engine adds the hand-offs between its callers and its workers.
+    Spread ours_context_switches_per_gb;
+    Spread fio_context_switches_per_gb;  // over all pairs + 1 fio passes
     nlohmann::json pairs_json = nlohmann::json::array();
 };
+
+// The comparison's figures as JSON: spreads, fio's start-up and every pair.
+nlohmann::json comparison_to_json(const FioComparison& c);
 
 // The fio job matching one of our configurations on `files` (one path): same engine
 // (aio.backend: io_uring or libaio), block size, queue depth, threads as jobs, O_DIRECT, and
@@ -64,8 +73,19 @@ FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const
 // less its start-up; never below fio's own job-thread figure.
 double fio_cpu_seconds_per_gb(const FioFigures& f, double startup_cpu_seconds);
 
-// Measures fio's start-up CPU for `job` (see FioComparison::fio_startup_cpu_seconds).
-Result<double> measure_fio_startup_cpu(const FioJob& job);
+// The same per GB for context switches.
+double fio_context_switches_per_gb(const FioFigures& f, double startup_context_switches);
+
+// What a fio run of a job costs before and after its I/O (parsing, buffers, forking its job
+// processes, the report): the medians over five runs of the same job moving one block per job.
+// The median, not the least: each full run pays one draw of the start-up, and subtracting the
+// least of several draws would leave the rest of fio's start-up in its I/O figure (about 0.01 s
+// of CPU here, 6 % of a 1 GiB tmpfs pass).
+struct FioStartup {
+    double cpu_seconds = 0;
+    double context_switches = 0;
+};
+Result<FioStartup> measure_fio_startup(const FioJob& job);
 
 // Writes the file once untimed unless it holds data (so every timed pass reads written blocks
 // or overwrites them), then runs fio, ours, fio, ours, ..., fio: `pairs` of our passes of

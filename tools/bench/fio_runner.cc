@@ -210,6 +210,8 @@ Result<ProcessOutput> run_process(const std::vector<std::string>& argv) {
         return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
     };
     result.cpu_seconds = secs(usage.ru_utime) + secs(usage.ru_stime);
+    result.context_switches =
+        static_cast<std::uint64_t>(usage.ru_nvcsw) + static_cast<std::uint64_t>(usage.ru_nivcsw);
     if (WIFEXITED(wstatus)) {
         result.exit_code = WEXITSTATUS(wstatus);
     } else if (WIFSIGNALED(wstatus)) {
@@ -242,6 +244,7 @@ Result<FioFigures> run_fio(const FioJob& job) {
         return figures.error().with_context(str_cat("fio (", fio_command_line(job), ")"));
     }
     figures->process_cpu_seconds = out.cpu_seconds;
+    figures->process_context_switches = out.context_switches;
     return figures;
 }
 

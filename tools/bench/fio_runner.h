@@ -42,6 +42,8 @@ struct FioFigures {
     // kernel's io_uring workers that run the copies fio's job figure leaves out (tmpfs), and
     // fio's start-up. 0 when not run as a child (parse_fio_json alone).
     double process_cpu_seconds = 0;
+    // Voluntary + involuntary context switches of the same (wait4), start-up included.
+    std::uint64_t process_context_switches = 0;
 };
 
 // The argument vector (argv[0] is the binary) for `job`, with --output-format=json.
@@ -62,6 +64,7 @@ struct ProcessOutput {
     std::string out;
     std::string err;
     double cpu_seconds = 0;  // user + system of the child and all its threads (wait4)
+    std::uint64_t context_switches = 0;  // voluntary + involuntary, likewise
 };
 // Runs argv[0] (looked up in PATH) with argv, capturing stdout and stderr. Blocks until it exits.
 Result<ProcessOutput> run_process(const std::vector<std::string>& argv);

@@ -265,19 +265,17 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
                     "  around it); median CPU s/GB ours %.4f, fio %.4f (fio start-up %.3f s removed)\n",
                     std::string(io_op_name(op)).c_str(), c.cpu_ratio.median, c.cpu_ratio.min, c.cpu_ratio.max,
                     c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median, c.fio_startup_cpu_seconds);
-        out[std::string(io_op_name(op))] = Json{
-            {"aio", Json::parse(config::aio_to_json(engine::aio_config(aio)))},
-            {"fio_command", fio_command_line(job)},
-            {"pairs", c.pairs_json},
-            {"ratio", spread_to_json(c.ratio)},
-            {"cpu_ratio", spread_to_json(c.cpu_ratio)},
-            {"ours_gb_per_s", spread_to_json(c.ours_gb_per_s)},
-            {"fio_gb_per_s", spread_to_json(c.fio_gb_per_s)},
-            {"ours_cpu_seconds_per_gb", spread_to_json(c.ours_cpu_s_per_gb)},
-            {"fio_cpu_seconds_per_gb", spread_to_json(c.fio_cpu_s_per_gb)},
-            {"fio_job_cpu_seconds_per_gb", spread_to_json(c.fio_job_cpu_s_per_gb)},
-            {"fio_startup_cpu_seconds", c.fio_startup_cpu_seconds},
-        };
+        const double pieces_per_gb = kBytesPerGb / static_cast<double>(aio.block_size_bytes);
+        std::printf("%s: context switches, whole process: per GB ours %.0f, fio %.0f (medians; fio's start-up's\n"
+                    "  %.0f removed); per block-size piece ours %.2f, fio %.2f\n",
+                    std::string(io_op_name(op)).c_str(), c.ours_context_switches_per_gb.median,
+                    c.fio_context_switches_per_gb.median, c.fio_startup_context_switches,
+                    c.ours_context_switches_per_gb.median / pieces_per_gb,
+                    c.fio_context_switches_per_gb.median / pieces_per_gb);
+        Json figures = comparison_to_json(c);
+        figures["aio"] = Json::parse(config::aio_to_json(engine::aio_config(aio)));
+        figures["fio_command"] = fio_command_line(job);
+        out[std::string(io_op_name(op))] = std::move(figures);
     }
     if (o.fio_grid) out["fio_grid"] = grid;
     report["vs_fio"] = out;

@@ -179,6 +179,8 @@ PassFigures median_figures(const std::vector<PassFigures>& passes) {
     m.latency_us_p99 = median(&PassFigures::latency_us_p99);
     m.cpu_seconds = median(&PassFigures::cpu_seconds);
     m.cpu_seconds_per_gb = median(&PassFigures::cpu_seconds_per_gb);
+    m.context_switches_per_gb = median(&PassFigures::context_switches_per_gb);
+    m.context_switches = static_cast<std::uint64_t>(median(&PassFigures::context_switches));
     return m;
 }
 
@@ -194,6 +196,8 @@ Json pass_to_json(const PassFigures& f) {
                 {"latency_us_p99", f.latency_us_p99},
                 {"cpu_seconds", f.cpu_seconds},
                 {"cpu_seconds_per_gb", f.cpu_seconds_per_gb},
+                {"context_switches", f.context_switches},
+                {"context_switches_per_gb", f.context_switches_per_gb},
                 {"short_transfers", f.short_transfers},
                 {"retries", f.retries},
                 {"pieces_fixed_buffer", f.pieces_fixed_buffer},

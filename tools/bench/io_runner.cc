@@ -231,13 +231,14 @@ Spread spread_of(std::vector<double> values) {
     return s;
 }
 
-double process_cpu_seconds() {
+ProcessUsage process_usage() {
     struct rusage ru {};
-    if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;  // cannot fail with RUSAGE_SELF
+    if (::getrusage(RUSAGE_SELF, &ru) != 0) return {};  // cannot fail with RUSAGE_SELF
     const auto secs = [](const timeval& tv) {
         return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
     };
-    return secs(ru.ru_utime) + secs(ru.ru_stime);
+    return ProcessUsage{secs(ru.ru_utime) + secs(ru.ru_stime),
+                        static_cast<std::uint64_t>(ru.ru_nvcsw) + static_cast<std::uint64_t>(ru.ru_nivcsw)};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,7 +377,7 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
     };
 
     engine_->reset_stats();
-    const double cpu_start = process_cpu_seconds();
+    const ProcessUsage usage_start = process_usage();
     const auto start = std::chrono::steady_clock::now();
     first_error = refill();
     if (!first_error.is_ok()) stopping = true;
@@ -426,7 +427,7 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
         first_error = engine_->sync(file_);
     }
     const auto end = std::chrono::steady_clock::now();
-    const double cpu_end = process_cpu_seconds();
+    const ProcessUsage usage_end = process_usage();
     progress.finish();
 
     if (!first_error.is_ok()) return first_error;
@@ -449,8 +450,11 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
     f.iops = static_cast<double>(stats.pieces_completed) / f.seconds;
     f.latency_us_p50 = stats.latency_us_p50;
     f.latency_us_p99 = stats.latency_us_p99;
-    f.cpu_seconds = cpu_end - cpu_start;
-    f.cpu_seconds_per_gb = f.cpu_seconds / (static_cast<double>(bytes_done) / kBytesPerGb);
+    const double gb = static_cast<double>(bytes_done) / kBytesPerGb;
+    f.cpu_seconds = usage_end.cpu_seconds - usage_start.cpu_seconds;
+    f.cpu_seconds_per_gb = f.cpu_seconds / gb;
+    f.context_switches = usage_end.context_switches - usage_start.context_switches;
+    f.context_switches_per_gb = static_cast<double>(f.context_switches) / gb;
     f.short_transfers = stats.short_transfers_resubmitted;
     f.retries = stats.retries;
     f.pieces_fixed_buffer = stats.pieces_fixed_buffer_read + stats.pieces_fixed_buffer_written;

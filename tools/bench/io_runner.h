@@ -87,6 +87,11 @@ struct PassFigures {
     double latency_us_p99 = 0;
     double cpu_seconds = 0;       // whole process, user + system (getrusage RUSAGE_SELF)
     double cpu_seconds_per_gb = 0;
+    // Voluntary + involuntary context switches of the whole process (every thread, the kernel's
+    // io_uring workers too): each hand-off between the caller, the engine's workers and the
+    // kernel's costs one where a thread sleeps.
+    std::uint64_t context_switches = 0;
+    double context_switches_per_gb = 0;
     std::uint64_t short_transfers = 0;
     std::uint64_t retries = 0;
     // How the pieces went to the kernel (io::EngineStats), so that a silent fallback from
@@ -174,7 +179,11 @@ struct Spread {
 };
 Spread spread_of(std::vector<double> values);
 
-// CPU seconds (user + system) of this process so far, all threads.
-double process_cpu_seconds();
+// What this process has used so far, all threads (getrusage RUSAGE_SELF).
+struct ProcessUsage {
+    double cpu_seconds = 0;                // user + system
+    std::uint64_t context_switches = 0;    // voluntary + involuntary
+};
+ProcessUsage process_usage();
 
 }  // namespace zinf::bench

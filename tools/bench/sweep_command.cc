@@ -318,15 +318,7 @@ Json point_to_json(const GridPoint& p) {
         for (const auto* c : {&p.fio_write, &p.fio_read}) {
             if (!c->has_value()) continue;
             const FioComparison& f = **c;
-            v[std::string(io_op_name(f.op))] = Json{{"ratio", spread_to_json(f.ratio)},
-                                                    {"cpu_ratio", spread_to_json(f.cpu_ratio)},
-                                                    {"ours_gb_per_s", spread_to_json(f.ours_gb_per_s)},
-                                                    {"fio_gb_per_s", spread_to_json(f.fio_gb_per_s)},
-                                                    {"ours_cpu_seconds_per_gb", spread_to_json(f.ours_cpu_s_per_gb)},
-                                                    {"fio_cpu_seconds_per_gb", spread_to_json(f.fio_cpu_s_per_gb)},
-                                                    {"fio_job_cpu_seconds_per_gb", spread_to_json(f.fio_job_cpu_s_per_gb)},
-                                                    {"fio_startup_cpu_seconds", f.fio_startup_cpu_seconds},
-                                                    {"pairs", f.pairs_json}};
+            v[std::string(io_op_name(f.op))] = comparison_to_json(f);
         }
         j["vs_fio"] = v;
     }
@@ -337,8 +329,9 @@ Json point_to_json(const GridPoint& p) {
 
 
 void print_vs_fio_header() {
-    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s\n", "backend", "block", "qd", "threads",
-                "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU", "CPU ratio");
+    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s %13s\n", "backend", "block", "qd",
+                "threads", "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU", "CPU ratio",
+                "switches/pc");
 }
 
 void print_vs_fio_rows(const GridPoint& p) {
@@ -351,11 +344,14 @@ void print_vs_fio_rows(const GridPoint& p) {
     for (const auto* c : {&p.fio_write, &p.fio_read}) {
         if (!c->has_value()) continue;
         const FioComparison& f = **c;
-        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %9.3f\n",
+        // Context switches per block-size piece, ours / fio (medians).
+        const double pieces_per_gb = kBytesPerGb / static_cast<double>(p.aio.block_size_bytes);
+        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %9.3f %6.2f/%-6.2f\n",
                     p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
                     p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(), f.ours_gb_per_s.median,
                     f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max, f.ours_cpu_s_per_gb.median,
-                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median);
+                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median, f.ours_context_switches_per_gb.median / pieces_per_gb,
+                    f.fio_context_switches_per_gb.median / pieces_per_gb);
     }
     std::fflush(stdout);
 }
