@@ -75,7 +75,8 @@ Result<FioStartup> measure_fio_startup(const FioJob& job) {
         cpu.push_back(f->process_cpu_seconds);
         switches.push_back(static_cast<double>(f->process_context_switches));
     }
-    return FioStartup{spread_of(cpu).median, spread_of(switches).median};
+    const Spread c = spread_of(cpu);
+    return FioStartup{c.median, spread_of(switches).median, c.max - c.min};
 }
 
 Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, int pairs,
@@ -90,8 +91,9 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
     ZINF_ASSIGN_OR_RETURN(const FioStartup startup, measure_fio_startup(job));
     c.fio_startup_cpu_seconds = startup.cpu_seconds;
     c.fio_startup_context_switches = startup.context_switches;
+    c.fio_startup_cpu_spread_seconds = startup.cpu_spread_seconds;
     std::vector<double> ratios, cpu_ratios, ours_gbps, fio_gbps, ours_cpu, fio_cpu, fio_job_cpu;
-    std::vector<double> ours_switches, fio_switches;
+    std::vector<double> ours_switches, fio_switches, fio_io_cpu;
     const auto fio_pass = [&](std::string_view where) -> Result<FioFigures> {
         auto f = run_fio(job);
         if (!f.has_value()) return f.error().with_context(where);
@@ -99,6 +101,7 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
         fio_cpu.push_back(fio_cpu_seconds_per_gb(*f, startup.cpu_seconds));
         fio_job_cpu.push_back(f->cpu_seconds_per_gb);
         fio_switches.push_back(fio_context_switches_per_gb(*f, startup.context_switches));
+        fio_io_cpu.push_back(f->process_cpu_seconds - startup.cpu_seconds);
         return f;
     };
     ZINF_ASSIGN_OR_RETURN(FioFigures before, fio_pass("fio's first pass"));
@@ -148,6 +151,8 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
     c.fio_job_cpu_s_per_gb = spread_of(fio_job_cpu);
     c.ours_context_switches_per_gb = spread_of(ours_switches);
     c.fio_context_switches_per_gb = spread_of(fio_switches);
+    c.fio_io_cpu_seconds = spread_of(fio_io_cpu).median;
+    c.cpu_resolved = c.fio_io_cpu_seconds >= kStartupSpreadsPerIo * c.fio_startup_cpu_spread_seconds;
     return c;
 }
 
@@ -163,6 +168,9 @@ Json comparison_to_json(const FioComparison& c) {
                 {"fio_context_switches_per_gb", spread_to_json(c.fio_context_switches_per_gb)},
                 {"fio_startup_cpu_seconds", c.fio_startup_cpu_seconds},
                 {"fio_startup_context_switches", c.fio_startup_context_switches},
+                {"fio_startup_cpu_spread_seconds", c.fio_startup_cpu_spread_seconds},
+                {"fio_io_cpu_seconds", c.fio_io_cpu_seconds},
+                {"cpu_resolved", c.cpu_resolved},
                 {"pairs", c.pairs_json}};
 }
 

@@ -39,6 +39,15 @@ struct FioComparison {
     // fio's start-up (FioStartup), subtracted from each full run's process figures.
     double fio_startup_cpu_seconds = 0;
     double fio_startup_context_switches = 0;
+    // How far fio's start-up CPU varied over its five runs (greatest less least), and the median
+    // over fio's passes of the CPU left for its I/O (its run's less the start-up's).
+    double fio_startup_cpu_spread_seconds = 0;
+    double fio_io_cpu_seconds = 0;
+    // Whether the CPU ratio measures the I/O and not fio's start-up: the I/O's CPU is at least
+    // kStartupSpreadsPerIo times the start-up's spread. Large buffers make fio's start-up long
+    // and uneven (at 16 MiB x QD 32 it allocates and pins 512 MiB: 0.3 to 2.2 s of CPU between
+    // runs), more than a 1 GiB pass's I/O costs; a larger file resolves it.
+    bool cpu_resolved = false;
     Spread ratio;
     Spread ours_gb_per_s;
     Spread fio_gb_per_s;          // over all pairs + 1 fio passes
@@ -84,7 +93,11 @@ double fio_context_switches_per_gb(const FioFigures& f, double startup_context_s
 struct FioStartup {
     double cpu_seconds = 0;
     double context_switches = 0;
+    double cpu_spread_seconds = 0;  // greatest less least over the five runs
 };
+
+// See FioComparison::cpu_resolved.
+inline constexpr double kStartupSpreadsPerIo = 5;
 Result<FioStartup> measure_fio_startup(const FioJob& job);
 
 // Writes the file once untimed unless it holds data (so every timed pass reads written blocks

@@ -346,11 +346,12 @@ void print_vs_fio_rows(const GridPoint& p) {
         const FioComparison& f = **c;
         // Context switches per block-size piece, ours / fio (medians).
         const double pieces_per_gb = kBytesPerGb / static_cast<double>(p.aio.block_size_bytes);
-        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %9.3f %6.2f/%-6.2f\n",
+        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %8.3f%c %6.2f/%-6.2f\n",
                     p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
                     p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(), f.ours_gb_per_s.median,
                     f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max, f.ours_cpu_s_per_gb.median,
-                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median, f.ours_context_switches_per_gb.median / pieces_per_gb,
+                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median, f.cpu_resolved ? ' ' : '*',
+                    f.ours_context_switches_per_gb.median / pieces_per_gb,
                     f.fio_context_switches_per_gb.median / pieces_per_gb);
     }
     std::fflush(stdout);
@@ -384,12 +385,18 @@ struct Worst {
     bool set = false;
 };
 
-// The lowest median GB/s ratio and the highest median CPU ratio (ours / fio, both bracketed)
-// over `points`
-// measured on `storage` (every storage when empty).
-std::pair<Worst, Worst> worst_of(const std::vector<GridPoint>& points, const std::string& storage) {
+struct WorstOf {
     Worst ratio;
     Worst cpu;
+    int cpu_unresolved = 0;  // comparisons whose CPU ratio is not resolved (left out of cpu)
+};
+
+// The lowest median GB/s ratio and the highest resolved median CPU ratio (ours / fio, both
+// bracketed) over `points` measured on `storage` (every storage when empty).
+WorstOf worst_of(const std::vector<GridPoint>& points, const std::string& storage) {
+    Worst ratio;
+    Worst cpu;
+    int cpu_unresolved = 0;
     for (const auto& p : points) {
         if (!p.available || (!storage.empty() && p.storage != storage)) continue;
         for (const auto* c : {&p.fio_write, &p.fio_read}) {
@@ -397,12 +404,26 @@ std::pair<Worst, Worst> worst_of(const std::vector<GridPoint>& points, const std
             const FioComparison& f = **c;
             const std::string where = str_cat(point_name(p), ", ", io_op_name(f.op));
             if (!ratio.set || f.ratio.median < ratio.value) ratio = Worst{f.ratio.median, where, true};
-            if (f.cpu_ratio.median > 0 && (!cpu.set || f.cpu_ratio.median > cpu.value)) {
+            if (!f.cpu_resolved) {
+                ++cpu_unresolved;
+            } else if (f.cpu_ratio.median > 0 && (!cpu.set || f.cpu_ratio.median > cpu.value)) {
                 cpu = Worst{f.cpu_ratio.median, where, true};
             }
         }
     }
-    return {ratio, cpu};
+    return {ratio, cpu, cpu_unresolved};
+}
+
+void print_worst(const std::string& where, const WorstOf& w) {
+    std::printf("worst ratio ours/fio %s: %.3f (%s)", where.c_str(), w.ratio.value, w.ratio.where.c_str());
+    if (w.cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", w.cpu.value, w.cpu.where.c_str());
+    std::printf("\n");
+}
+
+Json worst_to_json(const WorstOf& w) {
+    return Json{{"ratio", w.ratio.value},       {"ratio_at", w.ratio.where},
+                {"cpu_ratio", w.cpu.value},     {"cpu_ratio_at", w.cpu.where},
+                {"cpu_unresolved", w.cpu_unresolved}};
 }
 
 // --- --tmpfs -------------------------------------------------------------------------------------
@@ -635,21 +656,20 @@ Status run(const SweepOptions& o, bool tune) {
     if (o.vs_fio) {
         std::printf("\n");
         for (const auto& storage : storages) {
-            const auto [ratio, cpu] = worst_of(points, storage);
-            if (!ratio.set) continue;
-            std::printf("worst ratio ours/fio on %s: %.3f (%s)", storage.c_str(), ratio.value, ratio.where.c_str());
-            if (cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", cpu.value, cpu.where.c_str());
-            std::printf("\n");
-            worst_json[storage] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where},
-                                       {"cpu_ratio", cpu.value}, {"cpu_ratio_at", cpu.where}};
+            const WorstOf w = worst_of(points, storage);
+            if (!w.ratio.set) continue;
+            print_worst(str_cat("on ", storage), w);
+            worst_json[storage] = worst_to_json(w);
         }
-        const auto [ratio, cpu] = worst_of(points, "");
-        if (!ratio.set) return Status::not_supported("no configuration of the grid could be measured");
-        std::printf("worst ratio ours/fio over the grid: %.3f (%s)", ratio.value, ratio.where.c_str());
-        if (cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", cpu.value, cpu.where.c_str());
-        std::printf("\n");
-        worst_json["grid"] = Json{{"ratio", ratio.value}, {"ratio_at", ratio.where},
-                                  {"cpu_ratio", cpu.value}, {"cpu_ratio_at", cpu.where}};
+        const WorstOf w = worst_of(points, "");
+        if (!w.ratio.set) return Status::not_supported("no configuration of the grid could be measured");
+        print_worst("over the grid", w);
+        worst_json["grid"] = worst_to_json(w);
+        if (w.cpu_unresolved > 0) {
+            std::printf("* CPU ratio not resolved at %d of the comparisons: fio's start-up CPU varied by more than\n"
+                        "  1/%.0f of its I/O's (large buffers); left out of the highest; a larger --size resolves it\n",
+                        w.cpu_unresolved, kStartupSpreadsPerIo);
+        }
     }
     const GridPoint* best = pick_best(points);
     if (best == nullptr) return Status::not_supported("no configuration of the grid could be measured");
