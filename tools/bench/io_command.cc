@@ -48,7 +48,9 @@ void declare_flags(cli::Args& args) {
                     "size, queue depth and O_DIRECT: fio, ours, fio, ..., ours, fio\n"
                     "(--pairs of our passes per op, each between two of fio's, whose\n"
                     "geometric mean it is divided by); prints our GB/s, fio's, the\n"
-                    "ratio, the median ratio with min/max, and CPU s/GB of both.\n"
+                    "ratio, the median ratio with min/max, CPU s/GB and context\n"
+                    "switches of both (fio's less its start-up's; a CPU ratio where\n"
+                    "fio's start-up varies too much beside its I/O is flagged).\n"
                     "Needs one --path and io_uring or libaio");
     args.add_switch("fio-grid",
                     "with --vs-fio: first run fio briefly over the grid below and\n"

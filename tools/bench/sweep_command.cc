@@ -101,8 +101,9 @@ void declare_flags(cli::Args& args, bool tune) {
                         "with the same engine, block size, queue depth and O_DIRECT\n"
                         "(fio, ours, fio, ..., ours, fio: --pairs of our passes per op,\n"
                         "each divided by the geometric mean of the fio passes around\n"
-                        "it); prints both GB/s, the median ratio\n"
-                        "with min/max and both CPU s/GB, then the worst ratio of the\n"
+                        "it); prints both GB/s, the median ratio with min/max, both\n"
+                        "CPU s/GB and context switches per piece (a * marks a CPU\n"
+                        "ratio that fio's start-up swamps), then the worst ratio of the\n"
                         "grid. Needs one --path; the grid defaults become backends\n"
                         "io_uring,libaio, queue depths 4,8,16,32, threads 1");
         args.add("pairs", "5", "our passes per op and point with --vs-fio, each between two of fio's");
