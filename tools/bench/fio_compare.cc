@@ -88,10 +88,8 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
     // A write pass then overwrites, as every later one does, instead of paying alone for the
     // file's first write.
     ZINF_TRY(session.prepare_for_read());
-    ZINF_ASSIGN_OR_RETURN(const FioStartup startup, measure_fio_startup(job));
-    c.fio_startup_cpu_seconds = startup.cpu_seconds;
-    c.fio_startup_context_switches = startup.context_switches;
-    c.fio_startup_cpu_spread_seconds = startup.cpu_spread_seconds;
+    ZINF_ASSIGN_OR_RETURN(c.fio_startup, measure_fio_startup(job));
+    const FioStartup& startup = c.fio_startup;
     std::vector<double> ratios, cpu_ratios, ours_gbps, fio_gbps, ours_cpu, fio_cpu, fio_job_cpu;
     std::vector<double> ours_switches, fio_switches, fio_io_cpu;
     const auto fio_pass = [&](std::string_view where) -> Result<FioFigures> {
@@ -152,7 +150,7 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
     c.ours_context_switches_per_gb = spread_of(ours_switches);
     c.fio_context_switches_per_gb = spread_of(fio_switches);
     c.fio_io_cpu_seconds = spread_of(fio_io_cpu).median;
-    c.cpu_resolved = c.fio_io_cpu_seconds >= kStartupSpreadsPerIo * c.fio_startup_cpu_spread_seconds;
+    c.cpu_resolved = c.fio_io_cpu_seconds >= kStartupSpreadsPerIo * startup.cpu_spread_seconds;
     return c;
 }
 
@@ -166,9 +164,9 @@ Json comparison_to_json(const FioComparison& c) {
                 {"fio_job_cpu_seconds_per_gb", spread_to_json(c.fio_job_cpu_s_per_gb)},
                 {"ours_context_switches_per_gb", spread_to_json(c.ours_context_switches_per_gb)},
                 {"fio_context_switches_per_gb", spread_to_json(c.fio_context_switches_per_gb)},
-                {"fio_startup_cpu_seconds", c.fio_startup_cpu_seconds},
-                {"fio_startup_context_switches", c.fio_startup_context_switches},
-                {"fio_startup_cpu_spread_seconds", c.fio_startup_cpu_spread_seconds},
+                {"fio_startup_cpu_seconds", c.fio_startup.cpu_seconds},
+                {"fio_startup_context_switches", c.fio_startup.context_switches},
+                {"fio_startup_cpu_spread_seconds", c.fio_startup.cpu_spread_seconds},
                 {"fio_io_cpu_seconds", c.fio_io_cpu_seconds},
                 {"cpu_resolved", c.cpu_resolved},
                 {"pairs", c.pairs_json}};

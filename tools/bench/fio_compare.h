@@ -11,6 +11,20 @@
 
 namespace zinf::bench {
 
+// What a fio run of a job costs before and after its I/O (parsing, buffers, forking its job
+// processes, the report): the medians over five runs of the same job moving one block per job.
+// The median, not the least: each full run pays one draw of the start-up, and subtracting the
+// least of several draws would leave the rest of fio's start-up in its I/O figure (about 0.01 s
+// of CPU here, 6 % of a 1 GiB tmpfs pass).
+struct FioStartup {
+    double cpu_seconds = 0;
+    double context_switches = 0;
+    double cpu_spread_seconds = 0;  // greatest less least over the five runs
+};
+
+// See FioComparison::cpu_resolved.
+inline constexpr double kStartupSpreadsPerIo = 5;
+
 // One of our passes and the two fio passes around it (fio, ours, fio), with fio's CPU counted as
 // ours is (whole process).
 //
@@ -36,12 +50,9 @@ struct FioPair {
 struct FioComparison {
     IoOp op = IoOp::kRead;
     int pairs = 0;  // our passes; fio ran pairs + 1
-    // fio's start-up (FioStartup), subtracted from each full run's process figures.
-    double fio_startup_cpu_seconds = 0;
-    double fio_startup_context_switches = 0;
-    // How far fio's start-up CPU varied over its five runs (greatest less least), and the median
-    // over fio's passes of the CPU left for its I/O (its run's less the start-up's).
-    double fio_startup_cpu_spread_seconds = 0;
+    // fio's start-up, subtracted from each full run's process figures, and the median over
+    // fio's passes of the CPU left for its I/O (its run's less the start-up's).
+    FioStartup fio_startup;
     double fio_io_cpu_seconds = 0;
     // Whether the CPU ratio measures the I/O and not fio's start-up: the I/O's CPU is at least
     // kStartupSpreadsPerIo times the start-up's spread. Large buffers make fio's start-up long
@@ -85,19 +96,7 @@ double fio_cpu_seconds_per_gb(const FioFigures& f, double startup_cpu_seconds);
 // The same per GB for context switches.
 double fio_context_switches_per_gb(const FioFigures& f, double startup_context_switches);
 
-// What a fio run of a job costs before and after its I/O (parsing, buffers, forking its job
-// processes, the report): the medians over five runs of the same job moving one block per job.
-// The median, not the least: each full run pays one draw of the start-up, and subtracting the
-// least of several draws would leave the rest of fio's start-up in its I/O figure (about 0.01 s
-// of CPU here, 6 % of a 1 GiB tmpfs pass).
-struct FioStartup {
-    double cpu_seconds = 0;
-    double context_switches = 0;
-    double cpu_spread_seconds = 0;  // greatest less least over the five runs
-};
-
-// See FioComparison::cpu_resolved.
-inline constexpr double kStartupSpreadsPerIo = 5;
+// Measures FioStartup for `job`.
 Result<FioStartup> measure_fio_startup(const FioJob& job);
 
 // Writes the file once untimed unless it holds data (so every timed pass reads written blocks

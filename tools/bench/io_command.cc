@@ -266,18 +266,18 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         std::printf("%s: median CPU ratio ours/fio %.3f (min %.3f, max %.3f; each pass against the fio passes\n"
                     "  around it); median CPU s/GB ours %.4f, fio %.4f (fio start-up %.3f s removed)\n",
                     std::string(io_op_name(op)).c_str(), c.cpu_ratio.median, c.cpu_ratio.min, c.cpu_ratio.max,
-                    c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median, c.fio_startup_cpu_seconds);
+                    c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median, c.fio_startup.cpu_seconds);
         if (!c.cpu_resolved) {
             std::printf("%s: CPU ratio not resolved: fio's start-up CPU varied by %.3f s over five runs, beside\n"
                         "  %.3f s for its I/O (needs %.0fx); a larger --size resolves it\n",
-                        std::string(io_op_name(op)).c_str(), c.fio_startup_cpu_spread_seconds, c.fio_io_cpu_seconds,
+                        std::string(io_op_name(op)).c_str(), c.fio_startup.cpu_spread_seconds, c.fio_io_cpu_seconds,
                         kStartupSpreadsPerIo);
         }
         const double pieces_per_gb = kBytesPerGb / static_cast<double>(aio.block_size_bytes);
         std::printf("%s: context switches, whole process: per GB ours %.0f, fio %.0f (medians; fio's start-up's\n"
                     "  %.0f removed); per block-size piece ours %.2f, fio %.2f\n",
                     std::string(io_op_name(op)).c_str(), c.ours_context_switches_per_gb.median,
-                    c.fio_context_switches_per_gb.median, c.fio_startup_context_switches,
+                    c.fio_context_switches_per_gb.median, c.fio_startup.context_switches,
                     c.ours_context_switches_per_gb.median / pieces_per_gb,
                     c.fio_context_switches_per_gb.median / pieces_per_gb);
         Json figures = comparison_to_json(c);

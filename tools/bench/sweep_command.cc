@@ -395,24 +395,22 @@ struct WorstOf {
 // The lowest median GB/s ratio and the highest resolved median CPU ratio (ours / fio, both
 // bracketed) over `points` measured on `storage` (every storage when empty).
 WorstOf worst_of(const std::vector<GridPoint>& points, const std::string& storage) {
-    Worst ratio;
-    Worst cpu;
-    int cpu_unresolved = 0;
+    WorstOf w;
     for (const auto& p : points) {
         if (!p.available || (!storage.empty() && p.storage != storage)) continue;
         for (const auto* c : {&p.fio_write, &p.fio_read}) {
             if (!c->has_value()) continue;
             const FioComparison& f = **c;
             const std::string where = str_cat(point_name(p), ", ", io_op_name(f.op));
-            if (!ratio.set || f.ratio.median < ratio.value) ratio = Worst{f.ratio.median, where, true};
+            if (!w.ratio.set || f.ratio.median < w.ratio.value) w.ratio = Worst{f.ratio.median, where, true};
             if (!f.cpu_resolved) {
-                ++cpu_unresolved;
-            } else if (f.cpu_ratio.median > 0 && (!cpu.set || f.cpu_ratio.median > cpu.value)) {
-                cpu = Worst{f.cpu_ratio.median, where, true};
+                ++w.cpu_unresolved;
+            } else if (f.cpu_ratio.median > 0 && (!w.cpu.set || f.cpu_ratio.median > w.cpu.value)) {
+                w.cpu = Worst{f.cpu_ratio.median, where, true};
             }
         }
     }
-    return {ratio, cpu, cpu_unresolved};
+    return w;
 }
 
 void print_worst(const std::string& where, const WorstOf& w) {
