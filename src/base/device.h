@@ -32,10 +32,13 @@ public:
     // "cpu" or "cuda:0 (NVIDIA H200)".
     virtual std::string name() const = 0;
 
-    // Device memory held to budget_bytes(). Fails with kNoSpace (naming the device, the request,
-    // the budget and the bytes in use) rather than exceeding the budget.
-    virtual Result<void*> allocate(std::size_t size_bytes) = 0;
-    // Frees memory from allocate(); nullptr is a no-op. The caller ensures no stream uses it.
+    // Device memory held to budget_bytes(); `what` names the allocation (kept while it lives).
+    // Fails with kNoSpace rather than exceeding the budget, naming the device, the allocation,
+    // its size, the budget and what holds the memory in use (by name, largest first).
+    virtual Result<void*> allocate(std::size_t size_bytes, std::string_view what) = 0;
+    // Frees memory from allocate(); nullptr is a no-op. Waits for the work already queued on
+    // every stream first (cudaFree's implicit synchronisation), so an error path may free what
+    // it just queued a copy or fill on; work queued after the call must not use the memory.
     virtual void free(void* ptr) noexcept = 0;
     virtual std::size_t budget_bytes() const noexcept = 0;
     virtual std::size_t used_bytes() const noexcept = 0;

@@ -13,12 +13,12 @@ namespace zinf {
 class DeviceBuffer {
 public:
     DeviceBuffer() noexcept = default;
-    // Allocates size_bytes of device memory (nothing for 0). Errors: Device::allocate's
-    // (kNoSpace when over the budget), with `what` prepended to the message.
+    // Allocates size_bytes of device memory (nothing for 0), named `what` in the device's
+    // accounting. Errors: Device::allocate's (kNoSpace when over the budget, naming `what`).
     static Result<DeviceBuffer> allocate(Device& device, std::size_t size_bytes, const char* what) {
         if (size_bytes == 0) return DeviceBuffer();
-        auto ptr = device.allocate(size_bytes);
-        if (!ptr.has_value()) return ptr.error().with_context(what);
+        auto ptr = device.allocate(size_bytes, what);
+        if (!ptr.has_value()) return ptr.error();
         return DeviceBuffer(&device, *ptr, size_bytes);
     }
     ~DeviceBuffer() { reset(); }

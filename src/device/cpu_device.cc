@@ -50,18 +50,21 @@ CpuDevice::~CpuDevice() {
                     "cpu device destroyed with host memory still registered");
 }
 
-Result<void*> CpuDevice::allocate(std::size_t size_bytes) {
-    if (size_bytes == 0) return Status::invalid_argument("cpu device: allocate of 0 bytes");
+Result<void*> CpuDevice::allocate(std::size_t size_bytes, std::string_view what) {
+    if (size_bytes == 0) {
+        return Status::invalid_argument(str_cat("cpu device: allocate of 0 bytes for ", what));
+    }
     const std::size_t rounded = align_up(size_bytes, options_.alignment_bytes);
     std::unique_lock lock(mutex_);
-    if (used_bytes_ + rounded > options_.budget_bytes) {
-        return Status::no_space(str_cat("cpu device: allocating ", rounded,
-                                        " bytes would exceed the budget of ", options_.budget_bytes,
-                                        " bytes (", used_bytes_, " in use)"));
+    if (rounded > options_.budget_bytes - used_bytes_) {
+        return ledger_.over_budget("cpu device", what, rounded, options_.budget_bytes,
+                                   used_bytes_);
     }
-    ZINF_ASSIGN_OR_RETURN(auto buffer, AlignedBuffer::allocate(rounded, options_.alignment_bytes));
-    void* ptr = buffer.data();
-    allocations_.emplace(reinterpret_cast<std::uintptr_t>(ptr), std::move(buffer));
+    auto buffer = AlignedBuffer::allocate(rounded, options_.alignment_bytes);
+    if (!buffer.has_value()) return buffer.error().with_context(str_cat("cpu device: ", what));
+    void* ptr = buffer->data();
+    allocations_.emplace(reinterpret_cast<std::uintptr_t>(ptr), std::move(buffer).value());
+    ledger_.add(ptr, rounded, what);
     used_bytes_ += rounded;
     if (used_bytes_ > peak_bytes_) peak_bytes_ = used_bytes_;
     ZINF_ASSERT_LE(used_bytes_, options_.budget_bytes);
@@ -71,10 +74,15 @@ Result<void*> CpuDevice::allocate(std::size_t size_bytes) {
 void CpuDevice::free(void* ptr) noexcept {
     if (ptr == nullptr) return;
     std::unique_lock lock(mutex_);
+    // As cudaFree does, wait for the work queued so far: a copy or fill queued on the memory
+    // (an error path that frees what it just filled) must not run on freed pages.
+    const std::uint64_t target = enqueued_seq_;
+    done_cv_.wait(lock, [&] { return completed_seq_ >= target; });
     auto it = allocations_.find(reinterpret_cast<std::uintptr_t>(ptr));
     ZINF_ASSERT_MSG(it != allocations_.end(), "cpu device: free of a pointer it did not allocate");
     ZINF_ASSERT_GE(used_bytes_, it->second.size());
     used_bytes_ -= it->second.size();
+    ledger_.remove(ptr);
     allocations_.erase(it);
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/base/aligned.h"
+#include "src/base/allocation_ledger.h"
 #include "src/base/device.h"
 #include "src/base/status.h"
 
@@ -59,7 +60,7 @@ public:
     std::string name() const override { return "cpu"; }
 
     // Allocates at init time (std::map node + aligned allocation); not for the hot path.
-    Result<void*> allocate(std::size_t size_bytes) override;
+    Result<void*> allocate(std::size_t size_bytes, std::string_view what) override;
     void free(void* ptr) noexcept override;
     std::size_t budget_bytes() const noexcept override { return options_.budget_bytes; }
     std::size_t used_bytes() const noexcept override;
@@ -114,6 +115,7 @@ private:
     std::condition_variable work_cv_;  // worker: there is work, or stop
     std::condition_variable done_cv_;  // callers: the worker completed something
     std::map<std::uintptr_t, AlignedBuffer> allocations_;  // keyed by base address
+    AllocationLedger ledger_;                              // what each allocation is for
     std::map<std::uintptr_t, std::size_t> host_regions_;
     std::size_t used_bytes_ = 0;
     std::size_t peak_bytes_ = 0;

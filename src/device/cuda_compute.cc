@@ -21,28 +21,25 @@ Result<std::unique_ptr<CudaCompute>> CudaCompute::create(CudaDevice& device,
                                                 kc::kReduceScratchBytesMin));
     }
     ZINF_TRY(device.make_current());
-    ZINF_ASSIGN_OR_RETURN(void* scratch, device.allocate(options.reduce_scratch_bytes));
-    auto cublas = kc::CublasHandle::create();
-    if (!cublas.has_value()) {
-        device.free(scratch);
-        return cublas.error();
-    }
+    ZINF_ASSIGN_OR_RETURN(auto scratch, DeviceBuffer::allocate(device, options.reduce_scratch_bytes,
+                                                               "cuda compute: reduction scratch"));
+    ZINF_ASSIGN_OR_RETURN(auto cublas, kc::CublasHandle::create());
     return std::unique_ptr<CudaCompute>(
-        new CudaCompute(device, std::move(cublas).value(),
-                        kc::ReduceScratch{scratch, options.reduce_scratch_bytes}));
+        new CudaCompute(device, std::move(cublas), std::move(scratch)));
 }
 
-CudaCompute::CudaCompute(CudaDevice& device, kc::CublasHandle cublas, kc::ReduceScratch scratch)
+CudaCompute::CudaCompute(CudaDevice& device, kc::CublasHandle cublas, DeviceBuffer scratch)
     : device_(device),
       cublas_(std::move(cublas)),
-      scratch_(scratch),
+      scratch_memory_(std::move(scratch)),
+      scratch_{scratch_memory_.data(), scratch_memory_.size_bytes()},
       name_(str_cat("cuda:", device.ordinal())) {}
 
 CudaCompute::~CudaCompute() {
-    // cudaFree (in free) waits for queued work that may still use the scratch.
+    // The scratch's DeviceBuffer frees it after this body: cudaFree waits for queued work that
+    // may still use it, on the device made current here.
     if (!device_.make_current().is_ok())
         log::error("CudaCompute: cudaSetDevice failed at teardown");
-    device_.free(scratch_.data);
 }
 
 Result<kc::Stream> CudaCompute::stream_of(StreamId stream) {

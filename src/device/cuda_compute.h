@@ -13,6 +13,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "src/base/compute.h"
+#include "src/base/device_buffer.h"
 #include "src/device/cuda_device.h"
 
 namespace zinf::device {
@@ -97,14 +98,14 @@ public:
                        StreamId stream) override;
 
 private:
-    CudaCompute(CudaDevice& device, kernels::cuda::CublasHandle cublas,
-                kernels::cuda::ReduceScratch scratch);
+    CudaCompute(CudaDevice& device, kernels::cuda::CublasHandle cublas, DeviceBuffer scratch);
     // The CUDA stream of `stream`, with the device made current on this thread.
     Result<kernels::cuda::Stream> stream_of(StreamId stream);
 
     CudaDevice& device_;
     kernels::cuda::CublasHandle cublas_;
-    kernels::cuda::ReduceScratch scratch_;
+    DeviceBuffer scratch_memory_;             // owns the reduction scratch
+    kernels::cuda::ReduceScratch scratch_;    // the kernels' view of it
     std::string name_;
 };
 

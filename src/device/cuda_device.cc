@@ -153,15 +153,14 @@ kernels::cuda::Stream CudaDevice::cuda_stream(StreamId stream) const noexcept {
     return streams_[stream];
 }
 
-Result<void*> CudaDevice::allocate(std::size_t size_bytes) {
+Result<void*> CudaDevice::allocate(std::size_t size_bytes, std::string_view what) {
     ZINF_ASSERT_GT(size_bytes, std::size_t{0});
     ZINF_TRY(make_current());
     {
         std::lock_guard lock(mutex_);
         if (size_bytes > budget_bytes_ - used_bytes_) {
-            return Status::no_space(str_cat("CudaDevice ", name_, ": allocating ", size_bytes,
-                                            " bytes would exceed the budget of ", budget_bytes_,
-                                            " bytes (", used_bytes_, " in use)"));
+            return ledger_.over_budget(str_cat("CudaDevice ", name_), what, size_bytes,
+                                       budget_bytes_, used_bytes_);
         }
         // Reserve under the lock so that two threads cannot both pass the check.
         used_bytes_ += size_bytes;
@@ -173,10 +172,11 @@ Result<void*> CudaDevice::allocate(std::size_t size_bytes) {
         used_bytes_ -= size_bytes;
         Status status = cuda_error_status(error, "cudaMalloc", __FILE__, __LINE__);
         return status.with_context(str_cat("CudaDevice ", name_, ": allocating ", size_bytes,
-                                           " bytes (budget ", budget_bytes_, ", ", used_bytes_,
-                                           " in use)"));
+                                           " bytes for ", what, " (budget ", budget_bytes_, ", ",
+                                           used_bytes_, " bytes ", ledger_.in_use(), ")"));
     }
     allocations_.emplace(ptr, size_bytes);
+    ledger_.add(ptr, size_bytes, what);
     if (used_bytes_ > peak_bytes_) peak_bytes_ = used_bytes_;
     return ptr;
 }
@@ -191,6 +191,7 @@ void CudaDevice::free(void* ptr) noexcept {
                         "CudaDevice::free of a pointer it did not allocate");
         size_bytes = it->second;
         allocations_.erase(it);
+        ledger_.remove(ptr);
         ZINF_ASSERT_GE(used_bytes_, size_bytes);
         used_bytes_ -= size_bytes;
     }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cuda/stream.h"
+#include "src/base/allocation_ledger.h"
 #include "src/base/device.h"
 #include "src/base/status.h"
 
@@ -71,7 +72,7 @@ public:
     // cudaMalloc behind a budget check; takes a lock and a hash-map node: init time only, not
     // the hot path. Out of budget or out of device memory: kNoSpace with the device, the request,
     // the budget and the bytes in use.
-    Result<void*> allocate(std::size_t size_bytes) override;
+    Result<void*> allocate(std::size_t size_bytes, std::string_view what) override;
     void free(void* ptr) noexcept override;
     std::size_t budget_bytes() const noexcept override { return budget_bytes_; }
     std::size_t used_bytes() const noexcept override;
@@ -123,6 +124,7 @@ private:
 
     mutable std::mutex mutex_;
     std::unordered_map<void*, std::size_t> allocations_;  // base -> bytes
+    AllocationLedger ledger_;                              // what each allocation is for
     std::map<std::uintptr_t, std::size_t> host_regions_;  // registered base -> bytes
     std::size_t used_bytes_ = 0;
     std::size_t peak_bytes_ = 0;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -12,14 +13,14 @@ namespace {
 
 TEST(CpuDevice, AllocationIsHeldToTheBudget) {
     auto device = CpuDevice::create({.budget_bytes = 64 * 1024}).value();
-    auto a = device->allocate(40 * 1024);
+    auto a = device->allocate(40 * 1024, "test");
     ASSERT_TRUE(a.has_value());
     EXPECT_EQ(device->used_bytes(), 40u * 1024);
-    auto b = device->allocate(32 * 1024);
+    auto b = device->allocate(32 * 1024, "test");
     ASSERT_FALSE(b.has_value());
     EXPECT_EQ(b.error().code(), StatusCode::kNoSpace);
     EXPECT_NE(b.error().message().find("budget"), std::string::npos);
-    auto c = device->allocate(1);  // rounded up to one 4 KiB unit
+    auto c = device->allocate(1, "test");  // rounded up to one 4 KiB unit
     ASSERT_TRUE(c.has_value());
     EXPECT_EQ(device->used_bytes(), 44u * 1024);
     device->free(*a);
@@ -29,6 +30,48 @@ TEST(CpuDevice, AllocationIsHeldToTheBudget) {
     device->free(nullptr);
 }
 
+TEST(CpuDevice, BudgetErrorNamesTheAllocationAndWhatHoldsTheMemory) {
+    auto device = CpuDevice::create({.budget_bytes = 64 * 1024}).value();
+    void* a = device->allocate(24 * 1024, "zero: parameters").value();
+    void* b = device->allocate(16 * 1024, "mlp: activations").value();
+    void* c = device->allocate(8 * 1024, "zero: parameters").value();
+    auto d = device->allocate(32 * 1024, "zero: fp32 scratch");
+    ASSERT_FALSE(d.has_value());
+    const std::string& m = d.error().message();
+    EXPECT_NE(m.find("32768 bytes for zero: fp32 scratch"), std::string::npos) << m;
+    EXPECT_NE(m.find("budget of 65536 bytes"), std::string::npos) << m;
+    // Labels summed, largest first.
+    EXPECT_NE(m.find("49152 bytes in use: 49152 bytes in 3 allocations: 32768 zero: parameters, "
+                     "16384 mlp: activations"),
+              std::string::npos)
+        << m;
+    device->free(a);
+    device->free(b);
+    device->free(c);
+}
+
+// An error path may free memory right after queueing a fill on it (as a failed engine set-up
+// does): free waits for the queued work, as cudaFree does, instead of letting the worker write
+// to unmapped pages. Large enough that the allocation is its own mapping, which free unmaps.
+TEST(CpuDevice, FreeWaitsForWorkQueuedOnTheMemory) {
+    constexpr std::size_t kBytes = 64u << 20;
+    auto device = CpuDevice::create({.budget_bytes = kBytes,
+                                     .op_delay = std::chrono::milliseconds(50)})
+                      .value();
+    for (int i = 0; i < 3; ++i) {
+        void* d = device->allocate(kBytes, "test").value();
+        ASSERT_TRUE(device->fill_zero(d, kBytes, 0).is_ok());
+        device->free(d);  // the fill has not started yet: op_delay holds it back
+        EXPECT_EQ(device->used_bytes(), 0u);
+    }
+    std::vector<std::byte> host(4096);
+    void* d = device->allocate(host.size(), "test").value();
+    ASSERT_TRUE(device->copy_to_device(d, host.data(), host.size(), 0).is_ok());
+    EXPECT_EQ(device->bytes_copied(), 0u);  // still queued behind op_delay
+    device->free(d);
+    EXPECT_EQ(device->bytes_copied(), host.size());  // free ran it first
+}
+
 class CpuDeviceModes : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CpuDeviceModes, CopiesRoundTripInOrder) {
@@ -36,8 +79,8 @@ TEST_P(CpuDeviceModes, CopiesRoundTripInOrder) {
     const std::size_t n = 100000;
     std::vector<std::byte> host(n), back(n, std::byte{0});
     for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<std::byte>(i * 7 + 3);
-    void* d1 = device->allocate(n).value();
-    void* d2 = device->allocate(n).value();
+    void* d1 = device->allocate(n, "test").value();
+    void* d2 = device->allocate(n, "test").value();
     const StreamId s = device->create_stream().value();
     ASSERT_TRUE(device->copy_to_device(d1, host.data(), n, s).is_ok());
     ASSERT_TRUE(device->copy_on_device(d2, d1, n, s).is_ok());
@@ -65,7 +108,7 @@ TEST_P(CpuDeviceModes, ManySmallCopiesThroughAFullQueue) {
                       .value();
     std::vector<std::uint32_t> host(4096);
     std::iota(host.begin(), host.end(), 0u);
-    auto* d = static_cast<std::uint32_t*>(device->allocate(host.size() * 4).value());
+    auto* d = static_cast<std::uint32_t*>(device->allocate(host.size() * 4, "test").value());
     for (std::size_t i = 0; i < host.size(); i += 16) {
         ASSERT_TRUE(device->copy_to_device(d + i, host.data() + i, 64, 0).is_ok());
     }
@@ -98,7 +141,7 @@ TEST(CpuDevice, HostRegistration) {
 TEST(CpuDeviceDeathTest, CopyOutsideAnAllocationAborts) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");  // the device runs a worker thread
     auto device = CpuDevice::create({.budget_bytes = 1 << 20}).value();
-    void* d = device->allocate(4096).value();
+    void* d = device->allocate(4096, "test").value();
     std::vector<std::byte> host(8192);
     EXPECT_DEATH((void)device->copy_to_device(d, host.data(), 8192, 0), "device allocation");
     device->free(d);

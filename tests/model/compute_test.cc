@@ -647,7 +647,7 @@ TEST(CpuCompute, OrdersAfterCopiesOnTheDeviceStream) {
     const std::size_t n = 1 << 20;
     auto stream = (*device)->create_stream();
     ASSERT_TRUE(stream.has_value());
-    auto memory = (*device)->allocate(n * sizeof(float));
+    auto memory = (*device)->allocate(n * sizeof(float), "test");
     ASSERT_TRUE(memory.has_value());
     auto* x = static_cast<float*>(*memory);
     const auto host = random_vector(n, 100);

@@ -51,8 +51,8 @@ protected:
                         std::memcpy(host.data() + i * 2, &b, 2);
                     }
                 }
-                auto send = device_->allocate(bytes);
-                auto recv = device_->allocate(bytes);
+                auto send = device_->allocate(bytes, "test");
+                auto recv = device_->allocate(bytes, "test");
                 ASSERT_TRUE(send.has_value());
                 ASSERT_TRUE(recv.has_value());
                 ASSERT_TRUE(device_->copy_to_device(*send, host.data(), bytes, *stream).is_ok());

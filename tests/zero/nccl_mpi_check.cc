@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                 rc = 1;
             } else {
                 const std::size_t n = 1 << 20;
-                auto buffer = (*device)->allocate(n * sizeof(float));
+                auto buffer = (*device)->allocate(n * sizeof(float), "test");
                 std::vector<float> host(n, static_cast<float>(rank));
                 Status s = (*device)->copy_to_device(*buffer, host.data(), n * sizeof(float), 0);
                 if (s.is_ok())

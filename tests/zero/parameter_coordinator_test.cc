@@ -197,14 +197,14 @@ TEST(CoordinatorStage3, AGatherMeetingNoSpaceFreesTheSpares) {
         }
     } filler{*f.device, {}};
     for (std::size_t chunk = std::size_t{32} << 20; chunk >= 64;) {
-        auto p = f.device->allocate(chunk);
+        auto p = f.device->allocate(chunk, "test");
         if (p.has_value()) {
             filler.ptrs.push_back(*p);
         } else {
             chunk /= 2;
         }
     }
-    ASSERT_FALSE(f.device->allocate(64).has_value());
+    ASSERT_FALSE(f.device->allocate(64, "test").has_value());
     const std::uint64_t allocations = coord.working_allocations();
     auto e = coord.fetch(3, 0);  // no spare of its size, no room: frees the spares, then fits
     ASSERT_TRUE(e.has_value()) << e.error().to_string();

@@ -23,8 +23,8 @@ TEST(SingleRankCommunicatorTest, CollectivesCopyOrLeaveInPlace) {
     EXPECT_EQ(comm.name(), "single-rank");
 
     const std::size_t n = 1027;
-    auto send = device.allocate(n * sizeof(float));
-    auto recv = device.allocate(n * sizeof(float));
+    auto send = device.allocate(n * sizeof(float), "test");
+    auto recv = device.allocate(n * sizeof(float), "test");
     ASSERT_TRUE(send.has_value());
     ASSERT_TRUE(recv.has_value());
     std::vector<float> host(n);

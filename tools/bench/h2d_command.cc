@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_status.h"
+#include "src/base/device_buffer.h"
 #include "src/base/log.h"
 #include "src/device/cuda_device.h"
 #include "swap/pinned_pool.h"
@@ -70,7 +71,9 @@ Status run(const H2dOptions& o) {
     device_options.local_rank = o.device_index;
     device_options.budget_bytes = o.size_bytes + (64ull << 20);
     ZINF_ASSIGN_OR_RETURN(auto device, device::CudaDevice::create(device_options));
-    ZINF_ASSIGN_OR_RETURN(void* device_buffer, device->allocate(o.size_bytes));
+    ZINF_ASSIGN_OR_RETURN(DeviceBuffer device_memory,
+                          DeviceBuffer::allocate(*device, o.size_bytes, "h2d bench"));
+    void* device_buffer = device_memory.data();
     ZINF_ASSIGN_OR_RETURN(StreamId stream, device->create_stream());
 
     // The pool path: the buffers the swap pipeline copies from, registered with the device.
@@ -178,7 +181,6 @@ Status run(const H2dOptions& o) {
         f_pool_h2d.median(), f_base_h2d.median(), f_pool_d2h.median(), f_base_d2h.median());
 
     buffers.clear();
-    device->free(device_buffer);
     pool.reset();  // unregisters from the device before the device goes
     return Status::ok();
 }

@@ -52,7 +52,7 @@ protected:
     }
     template <typename T>
     T* alloc(std::size_t n) {
-        auto p = device_->allocate(std::max<std::size_t>(n * sizeof(T), 1));
+        auto p = device_->allocate(std::max<std::size_t>(n * sizeof(T), 1), "test");
         EXPECT_TRUE(p.has_value());
         allocations_.push_back(*p);
         return static_cast<T*>(*p);

@@ -61,9 +61,9 @@ TEST(CudaDeviceTest, AllocationsAreHeldToTheBudget) {
     auto made = make_device(std::size_t{8} << 20);
     ASSERT_TRUE(made.has_value()) << made.error().to_string();
     CudaDevice& device = **made;
-    auto a = device.allocate(std::size_t{6} << 20);
+    auto a = device.allocate(std::size_t{6} << 20, "test");
     ASSERT_TRUE(a.has_value());
-    auto b = device.allocate(std::size_t{3} << 20);
+    auto b = device.allocate(std::size_t{3} << 20, "test");
     ASSERT_FALSE(b.has_value());
     EXPECT_EQ(b.error().code(), StatusCode::kNoSpace);
     EXPECT_NE(b.error().message().find("budget"), std::string::npos) << b.error().message();
@@ -92,8 +92,8 @@ TEST(CudaDeviceTest, CopiesRoundTripThroughRegisteredMemoryOnSeveralStreams) {
         ASSERT_TRUE(device.register_host_memory(host->span()).is_ok());
         ASSERT_TRUE(device.register_host_memory(back->span()).is_ok());
         EXPECT_EQ(device.register_host_memory(host->span()).code(), StatusCode::kInvalidArgument);
-        auto d1 = device.allocate(size);
-        auto d2 = device.allocate(size);
+        auto d1 = device.allocate(size, "test");
+        auto d2 = device.allocate(size, "test");
         ASSERT_TRUE(d1.has_value());
         ASSERT_TRUE(d2.has_value());
         // Upload on stream 0, then copy and download on the new stream after an event.
@@ -129,8 +129,8 @@ TEST(CudaDeviceTest, AnEventNotYetReachedLeavesNoErrorBehind) {
     auto made = make_device(2 * size);
     ASSERT_TRUE(made.has_value()) << made.error().to_string();
     CudaDevice& device = **made;
-    auto a = device.allocate(size);
-    auto b = device.allocate(size);
+    auto a = device.allocate(size, "test");
+    auto b = device.allocate(size, "test");
     ASSERT_TRUE(a.has_value() && b.has_value());
     bool saw_not_done = false;
     for (int attempt = 0; attempt < 8 && !saw_not_done; ++attempt) {
