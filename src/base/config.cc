@@ -96,6 +96,21 @@ public:
         return Status::ok();
     }
 
+    // true, false or "auto".
+    Status get_tristate(std::string_view key, Tristate& out) {
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
+        if (value == nullptr) return Status::ok();
+        if (value->is_boolean()) {
+            out = value->get<bool>() ? Tristate::kOn : Tristate::kOff;
+        } else if (value->is_string() && value->get<std::string>() == "auto") {
+            out = Tristate::kAuto;
+        } else {
+            return type_error(key, "true, false or \"auto\"", *value);
+        }
+        return Status::ok();
+    }
+
     template <typename Int>
     Status get_int(std::string_view key, Int& out, std::int64_t min, std::int64_t max) {
         const Json* value = nullptr;
@@ -320,17 +335,7 @@ Status read_aio(const Json& object, const std::string& path, std::vector<std::st
     ZINF_TRY(r.get_bool("single_submit", aio.single_submit));
     ZINF_TRY(r.get_bool("overlap_events", aio.overlap_events));
     ZINF_TRY(r.get_enum("backend", aio.backend, {"auto", "io_uring", "libaio", "posix"}));
-    if (const Json* v = r.find("use_direct")) {
-        if (v->is_boolean()) {
-            aio.use_direct = v->get<bool>() ? Tristate::kOn : Tristate::kOff;
-        } else if (v->is_string() && v->get<std::string>() == "auto") {
-            aio.use_direct = Tristate::kAuto;
-        } else {
-            return Status::invalid_argument(str_cat(r.path_of("use_direct"),
-                                                    ": expected true, false or \"auto\", got ",
-                                                    type_name(*v)));
-        }
-    }
+    ZINF_TRY(r.get_tristate("use_direct", aio.use_direct));
     ZINF_TRY(r.get_bool("register_buffers", aio.register_buffers));
     ZINF_TRY(r.get_bool("sqpoll", aio.sqpoll));
     return r.finish();
@@ -368,7 +373,7 @@ Status read_offload_optimizer(const Json& object, const std::string& path,
     ZINF_TRY(r.get_bool("pin_memory", c.pin_memory));
     ZINF_TRY(r.get_bool("pipeline_read", c.pipeline_read));
     ZINF_TRY(r.get_bool("pipeline_write", c.pipeline_write));
-    ZINF_TRY(r.get_bool("stream_gradients", c.stream_gradients));
+    ZINF_TRY(r.get_tristate("stream_gradients", c.stream_gradients));
     ZINF_TRY(r.finish());
     if (c.device == OffloadDevice::kNvme && c.nvme_path.empty()) {
         return Status::invalid_argument(

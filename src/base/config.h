@@ -51,8 +51,9 @@ struct OffloadOptimizerConfig {
     bool pipeline_read = false;
     bool pipeline_write = false;
     // zinfinity: stages 2-3 on the CPU device with device "nvme": the gradient partition goes to
-    // the swap files as backward produces it instead of staying in host memory.
-    bool stream_gradients = true;
+    // the swap files as backward produces it instead of staying in host memory. auto: only when
+    // it does not fit in device.host_memory_budget beside the pinned buffers.
+    Tristate stream_gradients = Tristate::kAuto;
 };
 
 // `zero_optimization`. Sizes in elements, as in DeepSpeed. Keys zinfinity does not implement

@@ -162,18 +162,13 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     plan.optimizer_states = home_of(zc.offload_optimizer.device);
     const bool cpu_device = in.device_kind == DeviceKind::kCpu;
     // DeepSpeed keeps the gradient partition in host memory under offload; on the CPU device
-    // that is registered host memory outside the budget, read in place by the optimizer.
+    // that is registered host memory outside the budget, read in place by the optimizer. Whether
+    // it streams to NVMe instead is decided once the pinned buffers are sized
+    // (choose_gradient_home).
     const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
                                 (plan.parameters_offloaded() ||
                                  plan.optimizer_states == Home::kNvme);
-    // Under NVMe optimizer offload the gradient partition streams to the swap files (stages
-    // 2-3 reduce each gradient as it arrives): host memory no longer grows with the model.
-    const bool stream_gradients = host_gradients && plan.optimizer_states == Home::kNvme &&
-                                  plan.stage_plan.gradients_partitioned &&
-                                  zc.offload_optimizer.stream_gradients;
-    plan.gradients = stream_gradients ? Home::kNvme
-                     : host_gradients ? Home::kHost
-                                      : Home::kDevice;
+    plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
     // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
     // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
     plan.gradients_copied_to_host = plan.optimizer_states == Home::kHost ||
@@ -205,8 +200,50 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     co.dtype = plan.dtype;
     co.persistence_threshold_numel = zc.stage3_param_persistence_threshold_numel;
     co.max_live_parameters_numel = zc.stage3_max_live_parameters_numel;
-    co.host_gradients = host_gradients && !stream_gradients;
+    co.host_gradients = host_gradients;
+}
 
+// Under NVMe optimizer offload (stages 2-3) the gradient partition may stream to the swap files
+// as backward produces it, so that host memory does not grow with the model. It is slower than
+// host memory (every gradient is written and read back once more), so by default
+// (stream_gradients "auto") it streams only when the partition does not fit in the host budget
+// beside the pinned buffers; true and false force either home.
+void choose_gradient_home(const config::EngineConfig& config, OffloadPlan& plan) {
+    const std::uint64_t bytes =
+        static_cast<std::uint64_t>(plan.domain_numel) * dtype_size_bytes(plan.dtype);
+    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;
+    const bool can_stream = plan.gradients == Home::kHost &&
+                            plan.optimizer_states == Home::kNvme &&
+                            plan.stage_plan.gradients_partitioned;
+    if (!can_stream) {
+        if (plan.gradients == Home::kHost) plan.gradients_reason = "the optimizer reads them there";
+        return;
+    }
+    const config::Tristate mode = config.zero.offload_optimizer.stream_gradients;
+    const bool fits = plan.host_budget_bytes == 0 || pinned + bytes <= plan.host_budget_bytes;
+    bool stream = false;
+    switch (mode) {
+        case config::Tristate::kOn:
+            stream = true;
+            plan.gradients_reason = "offload_optimizer.stream_gradients is true";
+            break;
+        case config::Tristate::kOff:
+            plan.gradients_reason = "offload_optimizer.stream_gradients is false";
+            break;
+        case config::Tristate::kAuto:
+            stream = !fits;
+            plan.gradients_reason =
+                plan.host_budget_bytes == 0
+                    ? std::string("no device.host_memory_budget limits them")
+                    : str_cat(format_bytes(bytes), " + ", format_bytes(pinned), " pinned ",
+                              fits ? "fit in" : "exceed", " the host budget of ",
+                              format_bytes(plan.host_budget_bytes));
+            break;
+    }
+    if (stream) {
+        plan.gradients = Home::kNvme;
+        plan.coordinator.host_gradients = false;
+    }
 }
 
 }  // namespace
@@ -288,6 +325,7 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
     plan.io.aio = aio_options(config.aio);
 
     plan.host_budget_bytes = config.device.host_memory_budget_bytes;
+    choose_gradient_home(config, plan);
     const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;
     if (plan.host_budget_bytes > 0 && pinned > plan.host_budget_bytes) {
         return Status::invalid_argument(str_cat(
@@ -331,6 +369,7 @@ std::string OffloadPlan::describe() const {
                                             : "device",
                  gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "",
                  ", ", format_bytes(domain_numel * eb), " in the optimizer domain");
+    if (!gradients_reason.empty()) s += str_cat(" (", gradients_reason, ")");
     s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " state",
                  state_count == 2 ? "" : "s", optimizer.amsgrad ? " with amsgrad's maximum" : "", ", ",
                  format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),

@@ -68,6 +68,7 @@ struct OffloadPlan {
     // ---- where each state lives ----
     Home parameters = Home::kDevice;  // the rank's parameter partition (stage 3) or all of them
     Home gradients = Home::kDevice;   // the optimizer domain's gradients
+    std::string gradients_reason;     // why host memory or NVMe (for the summary)
     Home optimizer_states = Home::kDevice;  // fp32 master + moments
     // The CPU optimizer reads a host copy of the gradients (made before each step).
     bool gradients_copied_to_host = false;

@@ -59,9 +59,16 @@ const Placement kPlacements[] = {
      R"( "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},)"},
     {"stage2-optimizer-nvme",
      R"("zero_optimization": {"stage": 2, "sub_group_size": 200,)"
-     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
+     R"( "stream_gradients": true}},)"},
     {"stage3-nvme", kNvmeZero},
-    // The gradient partition in host memory instead of streamed (the default) to the swap files.
+    // stream_gradients "auto" (the default) without a host budget: the gradient partition stays
+    // in host memory.
+    {"stage3-nvme-auto-host-gradients",
+     R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20,)"
+     R"( "sub_group_size": 300, "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
+    // The gradient partition in host memory instead of streamed to the swap files.
     {"stage3-nvme-host-gradients",
      R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20,)"
      R"( "sub_group_size": 300, "offload_param": {"device": "nvme", "nvme_path": "@NVME@"},)"

@@ -43,7 +43,7 @@ inline constexpr const char* kNvmeZero =
     R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 3,)"
     R"( "buffer_size": 1024, "max_in_cpu": 2048},)"
     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
-    R"( "pipeline_read": true, "pipeline_write": true}},)";
+    R"( "pipeline_read": true, "pipeline_write": true, "stream_gradients": true}},)";
 
 // "@NVME@" in a config → `path`.
 inline std::string with_nvme(std::string text, const std::string& path) {

@@ -77,19 +77,48 @@ TEST(OffloadPlan, CpuOptimizerOffloadKeepsAHostGradientCopy) {
     EXPECT_EQ(gpu.gradients, Home::kDevice);
 }
 
+// "auto": the gradient partition stays in host memory while it fits in the host budget beside
+// the pinned buffers, and streams to NVMe one byte beyond; the summary says which and why.
+TEST(OffloadPlan, GradientsStreamOnlyBeyondTheHostBudget) {
+    const OffloadPlan unbounded = plan_of(kNvmeBoth, {"bf16.enabled=true"});
+    const std::uint64_t pinned =
+        unbounded.parameter_host_tier_bytes + unbounded.optimizer_pinned_bytes;
+    const std::uint64_t gradients = unbounded.domain_numel * 2;
+    ASSERT_GT(pinned, 0u);
+    const auto with_budget = [&](std::uint64_t budget) {
+        return plan_of(kNvmeBoth,
+                       {"bf16.enabled=true", "device.host_memory_budget=" + std::to_string(budget)});
+    };
+    const OffloadPlan fits = with_budget(pinned + gradients);
+    EXPECT_EQ(fits.gradients, Home::kHost);
+    EXPECT_TRUE(fits.coordinator.host_gradients);
+    EXPECT_NE(fits.describe().find("fit in the host budget"), std::string::npos)
+        << fits.describe();
+    const OffloadPlan beyond = with_budget(pinned + gradients - 1);
+    EXPECT_EQ(beyond.gradients, Home::kNvme);
+    EXPECT_FALSE(beyond.coordinator.host_gradients);
+    EXPECT_NE(beyond.describe().find("exceed the host budget"), std::string::npos)
+        << beyond.describe();
+}
+
 TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
-    const OffloadPlan p = plan_of(kNvmeBoth, {"bf16.enabled=true"});
+    const OffloadPlan p = plan_of(
+        kNvmeBoth, {"bf16.enabled=true", "zero_optimization.offload_optimizer.stream_gradients=true"});
     EXPECT_EQ(p.parameters, Home::kNvme);
     EXPECT_EQ(p.optimizer_states, Home::kNvme);
-    // Stage 3 with the optimizer on NVMe: the gradients stream to the swap files.
+    // Stage 3 with the optimizer on NVMe, streaming asked for: the gradients go to the swap files.
     EXPECT_EQ(p.gradients, Home::kNvme);
     EXPECT_FALSE(p.coordinator.host_gradients);
     EXPECT_FALSE(p.gradients_copied_to_host);
-    // Unless asked to stay: the CPU device keeps them in registered host memory.
-    const OffloadPlan held = plan_of(kNvmeBoth, {"bf16.enabled=true",
-                                               "zero_optimization.offload_optimizer.stream_gradients=false"});
-    EXPECT_EQ(held.gradients, Home::kHost);
-    EXPECT_TRUE(held.coordinator.host_gradients);
+    // Asked to stay, or "auto" without a host budget: the CPU device keeps them in registered
+    // host memory.
+    for (const char* mode : {"false", "\"auto\""}) {
+        const OffloadPlan held = plan_of(
+            kNvmeBoth, {"bf16.enabled=true",
+                        std::string("zero_optimization.offload_optimizer.stream_gradients=") + mode});
+        EXPECT_EQ(held.gradients, Home::kHost) << mode;
+        EXPECT_TRUE(held.coordinator.host_gradients) << mode;
+    }
     EXPECT_EQ(p.parameter_update, ParameterUpdate::kThroughCoordinator);
     EXPECT_TRUE(p.needs_io);
     EXPECT_TRUE(p.stores_shared);
