@@ -149,6 +149,9 @@ struct Engine::Impl {
     std::atomic<std::uint64_t> pieces_fixed_buffer_written{0};
     std::atomic<std::uint64_t> pieces_fixed_file{0};
     std::atomic<std::uint64_t> pieces_plain{0};
+    std::atomic<std::uint64_t> ops_discarded{0};
+    // set_discard: operations complete at submit without touching a file or a buffer.
+    std::atomic<bool> discard{false};
     std::array<std::atomic<std::uint64_t>, kHistogramBuckets> latency{};
 
     Status run_on_workers(const std::function<Status(EngineWorker&)>& fn);
@@ -1053,9 +1056,22 @@ Status Engine::submit(std::span<const BatchItem> items) {
         }
         if (impl.stopping) return Status::invalid_argument("submit: engine is shutting down");
     }
+    if (impl.discard.load(std::memory_order_acquire)) {
+        for (const BatchItem& it : items) {
+            IoHandle& h = *it.handle;
+            h.error_ = Status();
+            h.length_bytes_ = it.buffer.size();
+            h.op_ = it.op;
+            h.discarded_ = true;
+            h.state_.store(0, std::memory_order_release);
+        }
+        impl.ops_discarded.fetch_add(items.size(), std::memory_order_relaxed);
+        return Status::ok();
+    }
     for (const BatchItem& it : items) {
         File* f = impl.file_locked(it.file);
         IoHandle& h = *it.handle;
+        h.discarded_ = false;
         // The handle is idle (checked above), so nothing else reads these until the worker
         // takes it from the queue under impl.mutex.
         h.error_ = Status();
@@ -1084,6 +1100,12 @@ Status Engine::submit(std::span<const BatchItem> items) {
     for (auto& w : impl.workers) w->wake_if_sleeping();
     return Status::ok();
 }
+
+void Engine::set_discard(bool on) noexcept {
+    impl_->discard.store(on, std::memory_order_release);
+}
+
+bool Engine::discarding() const noexcept { return impl_->discard.load(std::memory_order_acquire); }
 
 Status Engine::submit_read(IoHandle& handle, FileId file, std::uint64_t offset_bytes,
                            std::span<std::byte> buffer) {
@@ -1126,6 +1148,7 @@ EngineStats Engine::stats() const {
         impl.pieces_fixed_buffer_written.load(std::memory_order_relaxed);
     s.pieces_fixed_file = impl.pieces_fixed_file.load(std::memory_order_relaxed);
     s.pieces_plain = impl.pieces_plain.load(std::memory_order_relaxed);
+    s.ops_discarded = impl.ops_discarded.load(std::memory_order_relaxed);
     if (impl.fault_shared) {
         s.faults_injected = impl.fault_shared->faults_injected.load(std::memory_order_relaxed);
     }
@@ -1155,7 +1178,8 @@ void Engine::reset_stats() {
     for (auto* c :
          {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
           &impl.short_transfers, &impl.retries, &impl.pieces_fixed_buffer_read,
-          &impl.pieces_fixed_buffer_written, &impl.pieces_fixed_file, &impl.pieces_plain}) {
+          &impl.pieces_fixed_buffer_written, &impl.pieces_fixed_file, &impl.pieces_plain,
+          &impl.ops_discarded}) {
         c->store(0, std::memory_order_relaxed);
     }
     for (auto& b : impl.latency) b.store(0, std::memory_order_relaxed);

@@ -111,6 +111,8 @@ struct EngineStats {
     // Faults injected by EngineOptions::faults (0 without a plan): a sweep knows whether its
     // n-th piece was reached.
     std::uint64_t faults_injected = 0;
+    // Operations completed at submit without I/O while Engine::set_discard was on.
+    std::uint64_t ops_discarded = 0;
     double latency_us_p50 = 0;  // per caller-level operation, submit to completion
     double latency_us_p99 = 0;
 };
@@ -136,6 +138,9 @@ public:
     // As wait(), but gives up after `timeout` with Status::timeout (the operation continues).
     Status wait_for(std::chrono::microseconds timeout);
     std::uint64_t bytes() const noexcept { return length_bytes_; }
+    // True when the last operation completed without I/O (Engine::set_discard): a read left
+    // the buffer as it was, a write wrote nothing. Read after done().
+    bool discarded() const noexcept { return discarded_; }
 
 private:
     friend class Engine;
@@ -166,6 +171,7 @@ private:
     std::uint64_t offset_bytes_ = 0;
     std::uint64_t cursor_bytes_ = 0;
     OpKind op_ = OpKind::kRead;
+    bool discarded_ = false;
 };
 
 class Engine {
@@ -231,6 +237,15 @@ public:
 
     EngineStats stats() const;
     void reset_stats();
+
+    // While on, every submitted operation completes at once, successfully, without I/O: reads
+    // leave their buffers as they are, writes write nothing (IoHandle::discarded() tells).
+    // Operations already in flight are not affected. For timing everything but the I/O
+    // (zinfinity-train --measure-overlap's compute-only pass); the files' contents no longer
+    // match what the callers believe they wrote, so a caller that turns it on stops trusting
+    // what it reads back. Thread-safe.
+    void set_discard(bool on) noexcept;
+    bool discarding() const noexcept;
 
 private:
     friend class EngineWorker;

@@ -346,8 +346,11 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
                         "swap_out of a partition that is being swapped in");
         const State before = live.state.exchange(State::kWriting, std::memory_order_acq_rel);
         ZINF_ASSERT_MSG(before != State::kWriting, "two swap-outs of one partition in flight");
+        live.before_write = before;
     }
-    if (verify_) {
+    // A write the engine will discard leaves the disk as it was: its checksums must too.
+    handle.unhashed_ = engine_.discarding();
+    if (verify_ && !handle.unhashed_) {
         const std::uint64_t t0 = now_ns();
         for (std::uint32_t i = first; i < first + count; ++i) {
             const Partition& p = partitions_[i];
@@ -478,18 +481,24 @@ Status SwapStore::complete(SwapHandle& handle) {
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
     if (handle.op_ == io::OpKind::kWrite) {
-        // Only now, with every byte acknowledged, is the copy valid.
-        const State state = status.is_ok() ? State::kValid : State::kFailed;
+        // Only now, with every byte acknowledged, is the copy valid. A discarded write leaves
+        // each partition as it was on disk, with its checksums; where the engine's discarding
+        // changed between hashing and submitting, data and checksums disagree: no valid copy.
+        const bool discarded = handle.data_io_.discarded();
+        const bool consistent = discarded == handle.unhashed_ || !verify_;
+        const State state = status.is_ok() && consistent ? State::kValid : State::kFailed;
         for (std::uint32_t i = first; i < first + count; ++i) {
             ZINF_ASSERT(live_[i].state.load() == State::kWriting);
-            live_[i].state.store(state, std::memory_order_release);
+            live_[i].state.store(discarded && consistent ? live_[i].before_write : state,
+                                 std::memory_order_release);
         }
-        if (status.is_ok()) {
+        if (status.is_ok() && !discarded) {
             bytes_out_.fetch_add(b.offset_bytes + b.size_bytes - a.offset_bytes,
                                  std::memory_order_relaxed);
         }
     } else {
-        if (status.is_ok() && verify_) {
+        // A discarded read (io::Engine::set_discard) left the buffer as it was: nothing to verify.
+        if (status.is_ok() && verify_ && !handle.data_io_.discarded()) {
             const std::uint64_t t0 = now_ns();
             std::uint64_t hashed = 0;
             if (handle.range_) {

@@ -119,6 +119,9 @@ private:
     std::uint64_t range_offset_bytes_ = 0;
     std::uint64_t range_length_bytes_ = 0;
     std::byte* buffer_ = nullptr;
+    // A swap-out submitted while the engine discarded I/O (io::Engine::set_discard): its
+    // checksums were not computed, so that the table keeps describing what is on disk.
+    bool unhashed_ = false;
     io::IoHandle data_io_;
 };
 
@@ -211,6 +214,8 @@ private:
     struct Live {  // per-partition state touched by concurrent operations
         std::atomic<State> state{State::kEmpty};
         std::atomic<std::uint32_t> readers{0};
+        // The state before the swap-out in flight: what a discarded write returns it to.
+        State before_write = State::kEmpty;
     };
 
     SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions& options);

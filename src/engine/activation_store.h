@@ -47,6 +47,7 @@ public:
     Status restore(std::size_t index, void* dst, std::size_t bytes, StreamId stream) override;
     std::size_t bytes_written() const noexcept override { return bytes_written_; }
     std::size_t bytes_read() const noexcept override { return bytes_read_; }
+    void set_io_discard(bool on) noexcept override { io_->set_discard(on); }
 
 private:
     static constexpr std::size_t kSlots = 2;

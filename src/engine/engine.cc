@@ -359,6 +359,20 @@ Status Engine::build_summary() {
     return Status::ok();
 }
 
+void Engine::set_io_discard(bool on) {
+    if (offload_) offload_->set_io_discard(on);
+    model_.set_io_discard(on);
+    if (io_discard_ && !on) {
+        broken_ = "steps ran with their I/O discarded (set_io_discard: the compute-only pass of "
+                  "--measure-overlap), so the states are not the trained ones";
+    }
+    io_discard_ = on;
+}
+
+std::uint64_t Engine::io_ops_discarded() const {
+    return offload_ ? offload_->io_ops_discarded() : 0;
+}
+
 Status Engine::check_usable() const {
     if (broken_.empty()) return Status::ok();
     return Status::invalid_argument("engine unusable: " + broken_ +

@@ -205,6 +205,18 @@ public:
     // left out (a model's own store). Nothing to do without NVMe offload.
     Status io_only_step();
 
+    // Turns io::Engine::set_discard on or off for every I/O the engine and its model do, so
+    // that steps run their compute, copies and bookkeeping with no I/O (the compute-only pass
+    // of zinfinity-train --measure-overlap, within the same budgets as training). Reads then
+    // leave stale bytes and writes are dropped: from the moment it is turned on, the states are
+    // no longer the trained ones, so once it is turned off again the engine refuses to go on
+    // (as after a failed step) until load_checkpoint succeeds. forward/backward/step work
+    // while it is on (their results mean nothing); save_checkpoint refuses.
+    void set_io_discard(bool on);
+    bool io_discarding() const noexcept { return io_discard_; }
+    // Operations completed without I/O while discarding, since create.
+    std::uint64_t io_ops_discarded() const;
+
     // This rank's states against the seed's formulas.
     MemoryAccount memory_account() const;
     // The start-up summary (also logged by create): optimizer and variant, stage, where each
@@ -288,6 +300,7 @@ private:
     // A step or a checkpoint load failed part-way: the states may disagree with each other
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
+    bool io_discard_ = false;  // set_io_discard
     double optimizer_read_wait_seconds_ = 0.0;
     std::vector<double> norm_partials_;  // gradient_stats' partial sums
 

@@ -368,6 +368,10 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
             "save_checkpoint: only at a gradient accumulation boundary (after step())");
     }
     ZINF_TRY(check_usable());
+    if (io_discard_) {
+        return Status::invalid_argument(
+            "save_checkpoint: the engine's I/O is being discarded (set_io_discard)");
+    }
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     ZINF_TRY(device_.synchronize(stream()));
     if (communicator_.world_size() > 1) {

@@ -171,7 +171,9 @@ Status GradientSwap::io_only_pass(std::uint64_t micro_steps) {
             if (Status r = read.wait(); !r.is_ok()) {
                 return r.with_context(str_cat("gradient of parameter ", i));
             }
+            io_only_bytes_read_ += bytes;
             ZINF_TRY(store_.swap_out(partition(i), w.buffer.span().first(bytes), w.handle));
+            io_only_bytes_written_ += bytes;
         }
     }
     return wait_writes();

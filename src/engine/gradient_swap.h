@@ -79,8 +79,11 @@ public:
     // --measure-overlap): per micro-step, every partition stored in the last window is read and
     // written back with the same bytes. As many reads and writes as training does (backward
     // writes each micro-step, reads back to accumulate in all but the first, and the optimizer
-    // reads once); nothing changes on disk. Not counted in bytes_read/bytes_written.
+    // reads once); nothing changes on disk. Not counted in bytes_read/bytes_written, but in
+    // io_only_bytes_read/io_only_bytes_written (the partitions' bytes).
     Status io_only_pass(std::uint64_t micro_steps);
+    std::uint64_t io_only_bytes_read() const noexcept { return io_only_bytes_read_; }
+    std::uint64_t io_only_bytes_written() const noexcept { return io_only_bytes_written_; }
 
     std::size_t host_bytes() const noexcept { return host_bytes_; }
     std::uint64_t bytes_written() const noexcept { return bytes_written_; }
@@ -167,6 +170,8 @@ private:
     std::size_t host_bytes_ = 0;
     std::uint64_t bytes_written_ = 0;
     std::uint64_t bytes_read_ = 0;
+    std::uint64_t io_only_bytes_read_ = 0;
+    std::uint64_t io_only_bytes_written_ = 0;
     std::uint64_t accumulations_ = 0;
     std::uint64_t read_ahead_hits_ = 0;
 };

@@ -355,4 +355,10 @@ std::string Offload::summary() const {
     return s;
 }
 
+void Offload::set_io_discard(bool on) noexcept {
+    if (io_) io_->set_discard(on);
+}
+
+std::uint64_t Offload::io_ops_discarded() const { return io_ ? io_->stats().ops_discarded : 0; }
+
 }  // namespace zinf::engine

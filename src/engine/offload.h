@@ -138,6 +138,9 @@ public:
     TieredPartitionStorage* tiered_parameters() noexcept { return tiered_; }
 
     OffloadFigures figures() const;
+    // io::Engine::set_discard on the offload's I/O engine, and the operations it discarded.
+    void set_io_discard(bool on) noexcept;
+    std::uint64_t io_ops_discarded() const;
     // Parameter moves (demand and prefetch) go to `recorder` as spans (borrowed; null: none).
     void set_trace(TraceRecorder* recorder);
     // Lines for the engine's start-up summary (what the plan does not say: the I/O backend).

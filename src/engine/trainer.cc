@@ -435,14 +435,7 @@ Status Trainer::train_steps(Engine& engine, data::Batcher& batcher, std::uint64_
     return Status::ok();
 }
 
-Result<OverlapFigures> Trainer::measure_overlap(
-    std::uint64_t steps,
-    const std::function<Result<TrainingStack>(const config::EngineConfig&)>& make_stack) {
-    const config::EngineConfig& config = engine_.config();
-    if (engine_.world_size() > 1) {
-        return Status::not_supported(
-            "--measure-overlap: one rank only (its compute-only pass builds a second engine)");
-    }
+Result<OverlapFigures> Trainer::measure_overlap(std::uint64_t steps) {
     if (!engine_.plan().needs_io) {
         return Status::invalid_argument(
             "needs offload_param or offload_optimizer on \"nvme\" (without I/O there is no "
@@ -456,31 +449,22 @@ Result<OverlapFigures> Trainer::measure_overlap(
     t0 = Clock::now();
     for (std::uint64_t i = 0; i < steps; ++i) ZINF_TRY(engine_.io_only_step());
     f.io_only_seconds = seconds_since(t0) / static_cast<double>(steps);
-    // Compute-only: the same model and arithmetic with every state in memory.
-    config::EngineConfig c = config;
-    c.zero.offload_param.device = config::OffloadDevice::kNone;
-    c.zero.offload_optimizer.device = config::OffloadDevice::kCpu;
-    // Kept activations in device memory (the same recompute, no I/O, no second lock on the
-    // activations' directory).
-    c.activation_checkpointing.nvme_checkpointing = false;
-    c.activation_checkpointing.cpu_checkpointing = false;
-    // CPU device: a number (host memory is used as needed); GPU: what is free.
-    c.device.memory_budget_bytes = c.device.type == "cuda" ? 0 : std::uint64_t{1} << 40;
-    c.device.host_memory_budget_bytes = 0;
-    const log::Level level = log::level();
-    log::set_level(log::Level::kWarning);
-    auto stack = make_stack(c);
-    log::set_level(level);
-    if (!stack.has_value()) return stack.error().with_context("compute-only engine");
-    data::BatcherOptions bo;
-    bo.batch_rows = c.batch.train_micro_batch_size_per_gpu;
-    bo.shuffle = c.data.shuffle;
-    bo.seed = c.seed;
-    ZINF_ASSIGN_OR_RETURN(auto compute_batcher, data::Batcher::create(train_, bo));
-    ZINF_TRY(train_steps(*stack->engine, compute_batcher, 1));  // warm-up
+    // Compute-only: the same engine with its I/O discarded, so that it keeps to the budgets
+    // training keeps to (a second engine with every state in memory would not fit where
+    // offload is needed). One warm-up step, as for the other passes.
+    engine_.set_io_discard(true);
+    ZINF_TRY(train_steps(engine_, batcher_, 1));
+    const std::uint64_t discarded_before = engine_.io_ops_discarded();
+    const IoFigures io_before = engine_.io_figures();
     t0 = Clock::now();
-    ZINF_TRY(train_steps(*stack->engine, compute_batcher, steps));
+    const Status timed = train_steps(engine_, batcher_, steps);
     f.compute_only_seconds = seconds_since(t0) / static_cast<double>(steps);
+    const IoFigures io_after = engine_.io_figures();
+    f.compute_only_ops_discarded = engine_.io_ops_discarded() - discarded_before;
+    f.compute_only_bytes_moved = (io_after.bytes_read - io_before.bytes_read) +
+                                 (io_after.bytes_written - io_before.bytes_written);
+    engine_.set_io_discard(false);
+    ZINF_TRY(timed);
     return f;
 }
 

@@ -125,6 +125,10 @@ struct OverlapFigures {
     double real_seconds = 0;
     double io_only_seconds = 0;
     double compute_only_seconds = 0;
+    // The compute-only pass: I/O operations it discarded, and the bytes the engine still read
+    // or wrote during it (operations started before it, e.g. a prefetch; none on a quiet engine).
+    std::uint64_t compute_only_ops_discarded = 0;
+    std::uint64_t compute_only_bytes_moved = 0;
     double ratio() const noexcept {
         const double bound = std::max(io_only_seconds, compute_only_seconds);
         return bound > 0 ? real_seconds / bound : 0.0;
@@ -156,11 +160,11 @@ public:
     // `count` samples of the evaluation set, drawn without replacement by `seed`, predicted.
     Result<std::vector<Prediction>> predict(std::size_t count, std::uint64_t seed);
     // Trains `steps` steps on, then times `steps` I/O-only steps (the same reads and writes, no
-    // compute) and `steps` compute-only steps on a second engine with every state in memory,
-    // built by `make_stack` from this config with offload off. Needs NVMe offload.
-    Result<OverlapFigures> measure_overlap(
-        std::uint64_t steps,
-        const std::function<Result<TrainingStack>(const config::EngineConfig&)>& make_stack);
+    // compute) and `steps` compute-only steps: the same engine, buffers and budgets with its I/O
+    // discarded (Engine::set_io_discard), so that the measurement fits wherever training does.
+    // Needs NVMe offload. Afterwards the engine refuses to go on until a checkpoint is loaded
+    // (its states are the compute-only pass's).
+    Result<OverlapFigures> measure_overlap(std::uint64_t steps);
 
 private:
     Trainer(Engine& engine, const data::DataSource& train, const data::DataSource& eval,

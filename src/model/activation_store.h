@@ -31,6 +31,9 @@ public:
     // Bytes written and read since creation.
     virtual std::size_t bytes_written() const noexcept = 0;
     virtual std::size_t bytes_read() const noexcept = 0;
+    // io::Engine::set_discard on the store's I/O (Engine::set_io_discard); a store without I/O
+    // has nothing to discard.
+    virtual void set_io_discard(bool /*on*/) noexcept {}
 };
 
 }  // namespace zinf::model

@@ -117,6 +117,9 @@ public:
     std::size_t kept_activation_bytes() const noexcept { return kept_device_bytes_; }
     std::size_t host_checkpoint_bytes() const noexcept { return host_kept_.size(); }
     const ActivationStore* activation_store() const noexcept { return store_.get(); }
+    void set_io_discard(bool on) noexcept override {
+        if (store_) store_->set_io_discard(on);
+    }
     const CheckpointProfile& checkpoint_profile() const noexcept { return profile_; }
 
 private:

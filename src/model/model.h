@@ -69,6 +69,9 @@ public:
     virtual Status read_logits(StreamId /*stream*/, std::span<float> /*out*/) const {
         return Status::not_supported(str_cat(name(), ": reading the logits is not supported"));
     }
+    // io::Engine::set_discard on the I/O the model does itself (kept activations on NVMe), for
+    // Engine::set_io_discard. A model without I/O of its own has nothing to do.
+    virtual void set_io_discard(bool /*on*/) noexcept {}
 };
 
 }  // namespace zinf::model

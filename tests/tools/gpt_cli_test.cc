@@ -181,7 +181,7 @@ TEST(GptCliTest, CheckpointingOnDeviceInHostMemoryOrOnNvmeLeavesEveryLossBitwise
 }
 
 // Parameters, states and kept activations on NVMe, with --measure-overlap: its compute-only
-// engine keeps the activations on the device (a second store would meet the first's lock).
+// pass discards the kept activations' I/O too (the model's own store).
 TEST(GptCliTest, EverythingOnNvmeTrainsAndMeasuresOverlap) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");
@@ -190,7 +190,8 @@ TEST(GptCliTest, EverythingOnNvmeTrainsAndMeasuresOverlap) {
     const std::string extra = R"(, "bf16": {"enabled": true},
   "zero_optimization": {"stage": 3, "sub_group_size": 4096,
     "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("},
-    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("}},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"(",
+                          "stream_gradients": true}},
   "activation_checkpointing": {"nvme_checkpointing": true, "nvme_path": ")" +
                               dir.file("activations") + R"("})";
     const RunResult r = train(dir, tiny_gpt(dir, text, extra) +
@@ -200,6 +201,7 @@ TEST(GptCliTest, EverythingOnNvmeTrainsAndMeasuresOverlap) {
     EXPECT_NE(r.out.find("gradients: nvme (streamed"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("on NVMe: written"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("real / max(compute-only, I/O-only)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("its I/O discarded: "), std::string::npos) << r.out;
 }
 
 TEST(GptCliTest, CheckpointingKeysWithoutEffectWarn) {

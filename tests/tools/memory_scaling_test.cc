@@ -111,5 +111,57 @@ TEST(MemoryScaling, PeakRssIsFlatOverModelSizeWithStreamedGradients) {
     EXPECT_GE(held[2] - held[0], 40.0);
 }
 
+// --measure-overlap keeps to the budgets training keeps to: on a model whose optimizer states
+// (540 MiB) are four times the host budget (128 MiB), its three passes stay within the device
+// budget + the host budget + 512 MiB of peak RSS (on the CPU device the device budget is host
+// memory too). A compute-only pass with every state in memory (what the pass did before) would
+// hold the states, the parameters and the gradients at once: more than that bound.
+TEST(MemoryScaling, MeasureOverlapStaysWithinTheBudgets) {
+    test::TempDir dir("overlap");
+    const std::string config = dir.file("mlp.json");
+    const std::string swap = dir.file("swap");
+    {
+        std::FILE* f = std::fopen(config.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fputs(R"({
+  "train_micro_batch_size_per_gpu": 8,
+  "steps_per_print": 100,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.0001}},
+  "zero_optimization": {
+    "stage": 3, "sub_group_size": 1048576, "stage3_prefetch_bucket_size": 4194304,
+    "stage3_max_live_parameters": 8388608, "stage3_param_persistence_threshold": 0,
+    "offload_param": {"device": "nvme", "nvme_path": "SWAP", "buffer_count": 4,
+                      "buffer_size": 4194304, "max_in_cpu": 8388608},
+    "offload_optimizer": {"device": "nvme", "nvme_path": "SWAP"}
+  },
+  "model": {"type": "mlp", "layers": [512, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048,
+                                      2048, 2048, 2048, 2048, 10]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 64, "max_steps": 1},
+  "device": {"type": "cpu", "memory_budget": 134217728, "host_memory_budget": 134217728}
+})",
+                   f);
+        std::fclose(f);
+    }
+    const std::string log = dir.file("log");
+    const Child c = run_train({"--config", config, "--no-eval", "--measure-overlap",
+                               "--overlap-steps", "1", "--set",
+                               "zero_optimization.offload_param.nvme_path=" + swap, "--set",
+                               "zero_optimization.offload_optimizer.nvme_path=" + swap},
+                              log);
+    const std::string out = test::read_text(log);
+    ASSERT_EQ(c.exit_code, 0) << out;
+    std::printf("--measure-overlap, 540 MiB of optimizer states: peak RSS %.1f MiB\n",
+                c.peak_rss_mib);
+    EXPECT_NE(out.find("optimizer states (fp32 master + 2 states, 540.52 MiB): nvme"),
+              std::string::npos)
+        << out;
+    EXPECT_LE(c.peak_rss_mib, 128.0 + 128.0 + 512.0) << out;
+    // The compute-only pass ran with its I/O discarded, not skipped.
+    const auto at = out.find("its I/O discarded: ");
+    ASSERT_NE(at, std::string::npos) << out;
+    EXPECT_GT(std::stoull(out.substr(at + std::string("its I/O discarded: ").size())), 0u) << out;
+}
+
 }  // namespace
 }  // namespace zinf
