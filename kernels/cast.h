@@ -8,7 +8,7 @@
 #include <span>
 
 #include "kernels/cpu_features.h"
-#include "kernels/dtype.h"
+#include "src/base/dtype.h"
 
 namespace zinf::kernels {
 
@@ -96,9 +96,9 @@ inline std::uint16_t float_to_fp16(float value) noexcept {
 // Preconditions: src.size() == dst.size(); dst_dtype is not kFp32; isa_supported(isa).
 // Single-threaded, allocates nothing, any alignment. Results are identical for every variant.
 void cast_from_fp32(Isa isa, std::span<const float> src, std::span<std::uint16_t> dst,
-                    Dtype dst_dtype) noexcept;
+                    DType dst_dtype) noexcept;
 // Converts src (bf16 or fp16, src_dtype) to fp32; exact. Same contract as cast_from_fp32.
-void cast_to_fp32(Isa isa, std::span<const std::uint16_t> src, Dtype src_dtype,
+void cast_to_fp32(Isa isa, std::span<const std::uint16_t> src, DType src_dtype,
                   std::span<float> dst) noexcept;
 
 }  // namespace zinf::kernels

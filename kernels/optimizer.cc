@@ -165,8 +165,8 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
     int copy_index = 0;
     if (copy.data != nullptr) {
         ZINF_ASSERT_EQ(copy.numel, numel);
-        ZINF_ASSERT(copy.dtype != Dtype::kFp32);
-        copy_index = copy.dtype == Dtype::kBf16 ? 1 : 2;
+        ZINF_ASSERT(copy.dtype != DType::kFloat32);
+        copy_index = copy.dtype == DType::kBFloat16 ? 1 : 2;
     }
     // Adam without weight decay is AdamW without it; taking AdamW's path skips the 0 * p
     // term, which would turn an infinite parameter into NaN where PyTorch keeps it.

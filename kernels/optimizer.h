@@ -11,7 +11,7 @@
 
 #include "kernels/chunk_loop.h"
 #include "kernels/cpu_features.h"
-#include "kernels/dtype.h"
+#include "src/base/dtype.h"
 #include "src/base/status.h"
 
 namespace zinf::kernels {
@@ -77,16 +77,16 @@ struct OptimizerState {
 struct GradView {
     const void* data = nullptr;
     std::size_t numel = 0;
-    Dtype dtype = Dtype::kFp32;
+    DType dtype = DType::kFloat32;
 
     static GradView fp32(std::span<const float> grads) noexcept {
-        return {grads.data(), grads.size(), Dtype::kFp32};
+        return {grads.data(), grads.size(), DType::kFloat32};
     }
     static GradView bf16(std::span<const std::uint16_t> grads) noexcept {
-        return {grads.data(), grads.size(), Dtype::kBf16};
+        return {grads.data(), grads.size(), DType::kBFloat16};
     }
     static GradView fp16(std::span<const std::uint16_t> grads) noexcept {
-        return {grads.data(), grads.size(), Dtype::kFp16};
+        return {grads.data(), grads.size(), DType::kFloat16};
     }
 };
 
@@ -95,14 +95,14 @@ struct GradView {
 struct ParamCopy {
     std::uint16_t* data = nullptr;
     std::size_t numel = 0;
-    Dtype dtype = Dtype::kBf16;  // kBf16 or kFp16
+    DType dtype = DType::kBFloat16;  // kBf16 or kFp16
 
     static ParamCopy none() noexcept { return {}; }
     static ParamCopy bf16(std::span<std::uint16_t> copy) noexcept {
-        return {copy.data(), copy.size(), Dtype::kBf16};
+        return {copy.data(), copy.size(), DType::kBFloat16};
     }
     static ParamCopy fp16(std::span<std::uint16_t> copy) noexcept {
-        return {copy.data(), copy.size(), Dtype::kFp16};
+        return {copy.data(), copy.size(), DType::kFloat16};
     }
 };
 

@@ -78,10 +78,10 @@ T take(Result<T> result) {
     return std::move(result).value();
 }
 
-kernels::Dtype dtype_from(const std::string& name) {
-    if (name == "float32") return kernels::Dtype::kFp32;
-    if (name == "bfloat16") return kernels::Dtype::kBf16;
-    if (name == "float16") return kernels::Dtype::kFp16;
+DType dtype_from(const std::string& name) {
+    if (name == "float32") return DType::kFloat32;
+    if (name == "bfloat16") return DType::kBFloat16;
+    if (name == "float16") return DType::kFloat16;
     raise(Status::invalid_argument(
         str_cat("dtype ", name, ": expected float32, bfloat16 or float16")));
 }
@@ -194,7 +194,7 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
     kernels::ParamCopy c = kernels::ParamCopy::none();
     if (copy != 0) {
         c = {address<std::uint16_t>(copy), numel, dtype_from(copy_dtype)};
-        if (c.dtype == kernels::Dtype::kFp32) {
+        if (c.dtype == DType::kFloat32) {
             raise(Status::invalid_argument("optimizer_step: the parameter copy is bf16 or fp16"));
         }
     }
@@ -212,19 +212,19 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
 // Casts between fp32 and bf16/fp16 (torch's rounding: to nearest even).
 void cast(std::uintptr_t src, const std::string& src_dtype, std::uintptr_t dst,
           const std::string& dst_dtype, std::uint64_t numel) {
-    const kernels::Dtype s = dtype_from(src_dtype);
-    const kernels::Dtype d = dtype_from(dst_dtype);
+    const DType s = dtype_from(src_dtype);
+    const DType d = dtype_from(dst_dtype);
     const kernels::Isa isa = take(kernels::resolve_isa("auto"));
     py::gil_scoped_release release;
-    if (s == kernels::Dtype::kFp32 && d != kernels::Dtype::kFp32) {
+    if (s == DType::kFloat32 && d != DType::kFloat32) {
         kernels::cast_from_fp32(isa, {address<const float>(src), numel},
                                 {address<std::uint16_t>(dst), numel}, d);
-    } else if (s != kernels::Dtype::kFp32 && d == kernels::Dtype::kFp32) {
+    } else if (s != DType::kFloat32 && d == DType::kFloat32) {
         kernels::cast_to_fp32(isa, {address<const std::uint16_t>(src), numel}, s,
                               {address<float>(dst), numel});
     } else {
         std::memcpy(address<void>(dst), address<const void>(src),
-                    numel * kernels::dtype_size_bytes(s));
+                    numel * dtype_size_bytes(s));
     }
 }
 
@@ -435,9 +435,9 @@ private:
 // the swap store) and its gradient, for one step.
 struct Piece {
     std::uintptr_t param = 0;
-    kernels::Dtype param_dtype = kernels::Dtype::kFp32;
+    DType param_dtype = DType::kFloat32;
     std::uintptr_t grad = 0;
-    kernels::Dtype grad_dtype = kernels::Dtype::kFp32;
+    DType grad_dtype = DType::kFloat32;
     std::uint64_t numel = 0;
 };
 
@@ -453,15 +453,15 @@ std::vector<Piece> pieces_from(const py::list& list) {
         p.param_dtype = dtype_from(t[1].cast<std::string>());
         p.grad = t[2].cast<std::uintptr_t>();
         p.grad_dtype =
-            t[3].is_none() ? kernels::Dtype::kFp32 : dtype_from(t[3].cast<std::string>());
+            t[3].is_none() ? DType::kFloat32 : dtype_from(t[3].cast<std::string>());
         p.numel = t[4].cast<std::uint64_t>();
         out.push_back(p);
     }
     return out;
 }
 
-std::size_t dsize(kernels::Dtype d) {
-    return kernels::dtype_size_bytes(d);
+std::size_t dsize(DType d) {
+    return dtype_size_bytes(d);
 }
 
 // Walks the tensors covering [offset, offset + numel) of a group's flat layout (anything with a
@@ -487,8 +487,8 @@ void for_range(const std::vector<T>& pieces, std::uint64_t offset, std::uint64_t
 class TorchGradients final : public swap::GradientSource {
 public:
     // `grads` and `copy` are the optimizer's staging buffers, grown here on first need.
-    TorchGradients(const std::vector<Piece>& pieces, kernels::Dtype grad_dtype,
-                   kernels::Dtype param_dtype, std::uint64_t sub_group_numel,
+    TorchGradients(const std::vector<Piece>& pieces, DType grad_dtype,
+                   DType param_dtype, std::uint64_t sub_group_numel,
                    std::vector<std::byte>& grads, std::vector<std::uint16_t>& copy)
         : pieces_(pieces),
           grad_dtype_(grad_dtype),
@@ -498,7 +498,7 @@ public:
         if (grads_.size() < sub_group_numel * dsize(grad_dtype)) {
             grads_.resize(sub_group_numel * dsize(grad_dtype));
         }
-        if (param_dtype != kernels::Dtype::kFp32 && copy_.size() < sub_group_numel) {
+        if (param_dtype != DType::kFloat32 && copy_.size() < sub_group_numel) {
             copy_.resize(sub_group_numel);
         }
     }
@@ -521,7 +521,7 @@ public:
     }
 
     kernels::ParamCopy param_copy(std::size_t, std::uint64_t offset, std::uint64_t numel) override {
-        if (param_dtype_ == kernels::Dtype::kFp32) return kernels::ParamCopy::none();
+        if (param_dtype_ == DType::kFloat32) return kernels::ParamCopy::none();
         const Piece* one = single(offset, numel);
         std::uint16_t* dst = one != nullptr
                                  ? address<std::uint16_t>(one->param) + (offset - start_of(one))
@@ -531,7 +531,7 @@ public:
 
     Status updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
         const std::uint64_t numel = params.size();
-        if (param_dtype_ != kernels::Dtype::kFp32) {
+        if (param_dtype_ != DType::kFloat32) {
             if (single(offset, numel) != nullptr) return Status::ok();  // written in place
             for_range(pieces_, offset, numel,
                       [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
@@ -568,8 +568,8 @@ private:
     }
 
     const std::vector<Piece>& pieces_;
-    kernels::Dtype grad_dtype_;
-    kernels::Dtype param_dtype_;
+    DType grad_dtype_;
+    DType param_dtype_;
     std::vector<std::byte>& grads_;
     std::vector<std::uint16_t>& copy_;
 };
@@ -581,7 +581,7 @@ public:
     Status fill(std::size_t, std::uint64_t offset, std::span<float> params) override {
         for_range(pieces_, offset, params.size(),
                   [&](const Piece& p, std::uint64_t po, std::uint64_t ro, std::uint64_t n) {
-                      if (p.param_dtype == kernels::Dtype::kFp32) {
+                      if (p.param_dtype == DType::kFloat32) {
                           std::memcpy(params.data() + ro, address<const float>(p.param) + po,
                                       n * sizeof(float));
                       } else {
@@ -701,8 +701,8 @@ public:
                 break;
             }
         }
-        const kernels::Dtype gd = first->grad_dtype;
-        const kernels::Dtype pd = first->param_dtype;
+        const DType gd = first->grad_dtype;
+        const DType pd = first->param_dtype;
         for (std::size_t i = 0; i < pieces.size(); ++i) {
             if (pieces[i].numel == 0) continue;
             if (pieces[i].grad == 0) {

@@ -85,7 +85,7 @@ void sum_in_rank_order(const std::byte* pieces, std::size_t stride_bytes, int co
                        DType dtype, std::vector<float>& acc, std::vector<float>& tmp) {
     acc.resize(n);
     const kernels::Isa isa = kernels::best_isa();
-    const kernels::Dtype kd = dtype == DType::kBFloat16 ? kernels::Dtype::kBf16 : kernels::Dtype::kFp16;
+    const DType kd = dtype == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
     for (int r = 0; r < count; ++r) {
         const std::byte* piece = pieces + static_cast<std::size_t>(r) * stride_bytes;
         const float* values = nullptr;
@@ -117,7 +117,7 @@ void store_sum(std::vector<float>& acc, float div, DType dtype, void* out) {
     }
     kernels::cast_from_fp32(kernels::best_isa(), std::span<const float>(acc),
                             std::span(static_cast<std::uint16_t*>(out), acc.size()),
-                            dtype == DType::kBFloat16 ? kernels::Dtype::kBf16 : kernels::Dtype::kFp16);
+                            dtype == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat16);
 }
 
 // MPI counts are int: a collective larger than INT_MAX elements is refused by name.

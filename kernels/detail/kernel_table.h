@@ -61,9 +61,9 @@ using CastFromFp32Fn = void (*)(const float* src, std::uint16_t* dst, std::size_
 using CastToFp32Fn = void (*)(const std::uint16_t* src, float* dst, std::size_t numel) noexcept;
 
 struct KernelTable {
-    // [kind][amsgrad][grad Dtype][copy: none, bf16, fp16]
+    // [kind][amsgrad][grad DType][copy: none, bf16, fp16]
     StepChunkFn step[kKindCount][kAmsgradCount][3][kCopyCount];
-    SumSquaresChunkFn sum_squares[3];  // [grad Dtype]
+    SumSquaresChunkFn sum_squares[3];  // [grad DType]
     CastFromFp32Fn from_fp32[2];       // [bf16, fp16]
     CastToFp32Fn to_fp32[2];           // [bf16, fp16]
     int sum_lanes;

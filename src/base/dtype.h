@@ -1,4 +1,4 @@
-// Element types of tensors and partitions.
+// Element types of tensors, partitions, gradients and kernel operands.
 #pragma once
 
 #include <cstddef>
@@ -7,7 +7,12 @@
 
 namespace zinf {
 
-enum class DType : std::uint8_t { kFloat32, kBFloat16, kFloat16 };
+// The one element-type enum of the project: tensors, partitions, gradients and the kernels'
+// 16-bit copies. bf16 and fp16 values travel as their raw 16-bit patterns (std::uint16_t): C++20
+// has no arithmetic 16-bit float type, and the kernels only ever convert them. The values index
+// the kernels' tables.
+enum class DType : std::uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+inline constexpr int kDTypeCount = 3;
 
 constexpr std::size_t dtype_size_bytes(DType dtype) noexcept {
     return dtype == DType::kFloat32 ? 4 : 2;

@@ -18,7 +18,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/cpu_features.h"
-#include "kernels/dtype.h"
+#include "src/base/dtype.h"
 #include "src/device/cpu_math.h"
 #include "src/base/log.h"
 #include "src/base/philox.h"
@@ -39,17 +39,6 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
 // BLAS takes int sizes; the shapes of one operation stay far below 2^31 in this project.
-kernels::Dtype kernel_dtype(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::kFloat32:
-            return kernels::Dtype::kFp32;
-        case DType::kBFloat16:
-            return kernels::Dtype::kBf16;
-        case DType::kFloat16:
-            return kernels::Dtype::kFp16;
-    }
-    return kernels::Dtype::kFp32;
-}
 
 int blas_int(std::size_t value) {
     ZINF_ASSERT_LE(value, static_cast<std::size_t>(std::numeric_limits<int>::max()));
@@ -631,7 +620,7 @@ Status CpuCompute::cast(const void* src, DType src_dtype, void* dst, DType dst_d
     if (src_dtype == DType::kFloat32) {
         const auto* in = static_cast<const float*>(src);
         auto* out = static_cast<std::uint16_t*>(dst);
-        const kernels::Dtype to = kernel_dtype(dst_dtype);
+        const DType to = dst_dtype;
         parallel_tiles(numel, kElementwiseTileNumel, [&](std::size_t i0, std::size_t i1) {
             kernels::cast_from_fp32(isa, {in + i0, i1 - i0}, {out + i0, i1 - i0}, to);
         });
@@ -640,7 +629,7 @@ Status CpuCompute::cast(const void* src, DType src_dtype, void* dst, DType dst_d
     if (dst_dtype == DType::kFloat32) {
         const auto* in = static_cast<const std::uint16_t*>(src);
         auto* out = static_cast<float*>(dst);
-        const kernels::Dtype from = kernel_dtype(src_dtype);
+        const DType from = src_dtype;
         parallel_tiles(numel, kElementwiseTileNumel, [&](std::size_t i0, std::size_t i1) {
             kernels::cast_to_fp32(isa, {in + i0, i1 - i0}, from, {out + i0, i1 - i0});
         });

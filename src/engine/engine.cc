@@ -19,17 +19,6 @@ namespace {
 // in order, whatever the optimizer's sub-groups: offloading must not change the arithmetic.
 using engine::kNormChunkNumel;  // src/engine/gradient_swap.h: the streamed norm uses it too
 
-kernels::Dtype kernel_dtype(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::kFloat32:
-            return kernels::Dtype::kFp32;
-        case DType::kBFloat16:
-            return kernels::Dtype::kBf16;
-        case DType::kFloat16:
-            return kernels::Dtype::kFp16;
-    }
-    return kernels::Dtype::kFp32;
-}
 
 std::string mib(std::size_t bytes) {
     char buf[32];
@@ -498,7 +487,7 @@ Result<kernels::GradStats> Engine::gradient_stats() {
         for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
             const std::size_t len = std::min(kNormChunkNumel, n - at);
             const auto s = kernel_.grad_stats(
-                kernels::GradView{grads + (offset + at) * eb, len, kernel_dtype(d.dtype)});
+                kernels::GradView{grads + (offset + at) * eb, len, d.dtype});
             if (s.has_inf_nan) partials.back() += 1.0;
             sum += s.sum_squares;
         }

@@ -12,17 +12,6 @@ namespace {
 
 constexpr std::size_t kWriteSlots = 4;
 
-kernels::Dtype kernel_dtype(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::kFloat32:
-            return kernels::Dtype::kFp32;
-        case DType::kBFloat16:
-            return kernels::Dtype::kBf16;
-        case DType::kFloat16:
-            return kernels::Dtype::kFp16;
-    }
-    return kernels::Dtype::kFp32;
-}
 
 }  // namespace
 
@@ -142,7 +131,7 @@ void GradientSwap::take_partial(std::size_t i, const std::byte* values) {
     for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
         const std::size_t len = std::min(kNormChunkNumel, n - at);
         const auto s =
-            kernel_.grad_stats(kernels::GradView{values + at * eb_, len, kernel_dtype(dtype_)});
+            kernel_.grad_stats(kernels::GradView{values + at * eb_, len, dtype_});
         if (s.has_inf_nan) ++nonfinite;
         sum += s.sum_squares;
     }
@@ -219,7 +208,7 @@ void GradientSwap::drop_reads() noexcept {
 void GradientSwap::add_rounded(std::byte* out, const std::byte* a, const std::byte* b,
                                std::size_t numel) const {
     const bool fp32 = dtype_ == DType::kFloat32;
-    const kernels::Dtype kd = kernel_dtype(dtype_);
+    const DType kd = dtype_;
     const kernels::Isa isa = kernel_.isa();
     for (std::size_t j = 0; j < numel; j += kAddChunk) {
         const std::size_t n = std::min(kAddChunk, numel - j);

@@ -9,14 +9,6 @@
 namespace zinf::engine {
 namespace {
 
-kernels::Dtype kernel_dtype(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::kFloat32: return kernels::Dtype::kFp32;
-        case DType::kBFloat16: return kernels::Dtype::kBf16;
-        case DType::kFloat16: return kernels::Dtype::kFp16;
-    }
-    return kernels::Dtype::kFp32;
-}
 
 // The states in one flat array each, in host-addressable memory: what the device and host
 // stores share. They differ only in where the arrays come from.
@@ -297,11 +289,11 @@ Result<kernels::GradView> OptimizerIo::gradients(std::size_t, std::uint64_t offs
     if (streamed_ != nullptr) {
         ZINF_ASSIGN_OR_RETURN(const std::span<const std::byte> g,
                               streamed_->gradients(offset_numel, numel));
-        return kernels::GradView{g.data(), static_cast<std::size_t>(numel), kernel_dtype(dtype_)};
+        return kernels::GradView{g.data(), static_cast<std::size_t>(numel), dtype_};
     }
     ZINF_ASSERT(grads_ != nullptr);  // prepare() came first
     return kernels::GradView{grads_ + offset_numel * dtype_size_bytes(dtype_),
-                             static_cast<std::size_t>(numel), kernel_dtype(dtype_)};
+                             static_cast<std::size_t>(numel), dtype_};
 }
 
 kernels::ParamCopy OptimizerIo::param_copy(std::size_t, std::uint64_t offset_numel,
@@ -313,10 +305,10 @@ kernels::ParamCopy OptimizerIo::param_copy(std::size_t, std::uint64_t offset_num
             auto* params = static_cast<std::byte*>(coordinator_.domain().parameters);
             return kernels::ParamCopy{
                 reinterpret_cast<std::uint16_t*>(params + offset_numel * dtype_size_bytes(dtype_)),
-                n, kernel_dtype(dtype_)};
+                n, dtype_};
         }
         case ParameterUpdate::kThroughCoordinator:
-            return kernels::ParamCopy{staging_.as<std::uint16_t>(), n, kernel_dtype(dtype_)};
+            return kernels::ParamCopy{staging_.as<std::uint16_t>(), n, dtype_};
         case ParameterUpdate::kCopyMaster:
             break;
     }

@@ -181,12 +181,12 @@ protected:
 TEST_P(CastVariantTest, MatchesScalarFunctionsBitwise) {
     for (const int kept_bits : {16, 19}) {
         const std::vector<float> src = boundary_values(kept_bits);
-        for (const Dtype dtype : {Dtype::kBf16, Dtype::kFp16}) {
+        for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
             std::vector<std::uint16_t> dst(src.size());
             cast_from_fp32(GetParam(), src, dst, dtype);
             for (std::size_t i = 0; i < src.size(); ++i) {
                 const std::uint16_t expected =
-                    dtype == Dtype::kBf16 ? float_to_bf16(src[i]) : float_to_fp16(src[i]);
+                    dtype == DType::kBFloat16 ? float_to_bf16(src[i]) : float_to_fp16(src[i]);
                 ASSERT_EQ(dst[i], expected)
                     << dtype_name(dtype) << " of " << std::hex << float_bits(src[i]);
             }
@@ -194,12 +194,12 @@ TEST_P(CastVariantTest, MatchesScalarFunctionsBitwise) {
     }
     std::vector<std::uint16_t> all(65536);
     for (std::size_t h = 0; h < all.size(); ++h) all[h] = static_cast<std::uint16_t>(h);
-    for (const Dtype dtype : {Dtype::kBf16, Dtype::kFp16}) {
+    for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
         std::vector<float> dst(all.size());
         cast_to_fp32(GetParam(), all, dtype, dst);
         for (std::size_t h = 0; h < all.size(); ++h) {
             const float expected =
-                dtype == Dtype::kBf16 ? bf16_to_float(all[h]) : fp16_to_float(all[h]);
+                dtype == DType::kBFloat16 ? bf16_to_float(all[h]) : fp16_to_float(all[h]);
             ASSERT_EQ(float_bits(dst[h]), float_bits(expected))
                 << dtype_name(dtype) << " " << std::hex << h;
         }
@@ -211,11 +211,11 @@ TEST_P(CastVariantTest, TailsWriteOnlyTheirElements) {
         std::vector<float> src(numel + 1, 1.5f);
         std::vector<std::uint16_t> dst(numel + 1, 0xbeef);
         cast_from_fp32(GetParam(), std::span(src).first(numel), std::span(dst).first(numel),
-                       Dtype::kFp16);
+                       DType::kFloat16);
         for (std::size_t i = 0; i < numel; ++i) ASSERT_EQ(dst[i], 0x3e00);
         EXPECT_EQ(dst[numel], 0xbeef) << "wrote past the end at numel " << numel;
         std::vector<float> back(numel + 1, -7.0f);
-        cast_to_fp32(GetParam(), std::span<const std::uint16_t>(dst).first(numel), Dtype::kFp16,
+        cast_to_fp32(GetParam(), std::span<const std::uint16_t>(dst).first(numel), DType::kFloat16,
                      std::span(back).first(numel));
         for (std::size_t i = 0; i < numel; ++i) ASSERT_EQ(back[i], 1.5f);
         EXPECT_EQ(back[numel], -7.0f) << "wrote past the end at numel " << numel;

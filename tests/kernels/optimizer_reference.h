@@ -144,24 +144,24 @@ struct StepInputs {
     std::vector<float> params, exp_avg, exp_avg_sq, max_exp_avg_sq, grads_fp32;
     std::vector<std::uint16_t> grads_bf16, grads_fp16;
 
-    GradView grad_view(Dtype dtype) const {
+    GradView grad_view(DType dtype) const {
         switch (dtype) {
-            case Dtype::kFp32:
+            case DType::kFloat32:
                 return GradView::fp32(grads_fp32);
-            case Dtype::kBf16:
+            case DType::kBFloat16:
                 return GradView::bf16(grads_bf16);
-            case Dtype::kFp16:
+            case DType::kFloat16:
                 return GradView::fp16(grads_fp16);
         }
         return {};
     }
-    double grad_value(Dtype dtype, std::size_t i) const {
+    double grad_value(DType dtype, std::size_t i) const {
         switch (dtype) {
-            case Dtype::kFp32:
+            case DType::kFloat32:
                 return grads_fp32[i];
-            case Dtype::kBf16:
+            case DType::kBFloat16:
                 return bf16_to_float(grads_bf16[i]);
-            case Dtype::kFp16:
+            case DType::kFloat16:
                 return fp16_to_float(grads_fp16[i]);
         }
         return 0;

@@ -36,7 +36,7 @@ std::string isa_param_name(const ::testing::TestParamInfo<Isa>& param_info) {
 }
 constexpr OptimizerKind kAllKinds[] = {OptimizerKind::kAdam, OptimizerKind::kAdamW,
                                        OptimizerKind::kAdagrad, OptimizerKind::kLion};
-constexpr Dtype kAllGradDtypes[] = {Dtype::kFp32, Dtype::kBf16, Dtype::kFp16};
+constexpr DType kAllGradDtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
 OptimizerKernel make_kernel(Isa isa, int threads) {
     auto kernel = OptimizerKernel::create(isa, threads);
@@ -70,19 +70,19 @@ OptimizerState state_of(StepOutputs& out, const OptimizerParams& params) {
 }
 
 StepOutputs run_step(const OptimizerKernel& kernel, const OptimizerParams& params,
-                     const StepInputs& in, Dtype grad_dtype, Dtype copy_dtype, bool with_copy) {
+                     const StepInputs& in, DType grad_dtype, DType copy_dtype, bool with_copy) {
     StepOutputs out{in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq, {}};
     out.copy.assign(in.params.size(), 0xdead);
     ParamCopy copy = ParamCopy::none();
     if (with_copy)
-        copy = copy_dtype == Dtype::kBf16 ? ParamCopy::bf16(out.copy) : ParamCopy::fp16(out.copy);
+        copy = copy_dtype == DType::kBFloat16 ? ParamCopy::bf16(out.copy) : ParamCopy::fp16(out.copy);
     const Status status =
         kernel.step(params, state_of(out, params), in.grad_view(grad_dtype), copy);
     EXPECT_TRUE(status.is_ok()) << status.to_string();
     return out;
 }
 
-std::string describe(std::size_t i, const StepInputs& in, Dtype grad_dtype) {
+std::string describe(std::size_t i, const StepInputs& in, DType grad_dtype) {
     return str_cat("element ", i, ": p=", in.params[i], " m=", in.exp_avg[i],
                    " v=", in.exp_avg_sq[i], " v_max=", in.max_exp_avg_sq[i],
                    " g=", in.grad_value(grad_dtype, i));
@@ -90,8 +90,8 @@ std::string describe(std::size_t i, const StepInputs& in, Dtype grad_dtype) {
 
 // Checks every output of a step against the oracle; stops after a few failures.
 void expect_matches_reference(const OptimizerParams& params, const StepInputs& in,
-                              const StepOutputs& out, Dtype grad_dtype, bool with_copy,
-                              Dtype copy_dtype) {
+                              const StepOutputs& out, DType grad_dtype, bool with_copy,
+                              DType copy_dtype) {
     int failures = 0;
     const bool uses_exp_avg = params.kind != OptimizerKind::kAdagrad;
     const bool uses_exp_avg_sq = params.kind != OptimizerKind::kLion;
@@ -133,7 +133,7 @@ void expect_matches_reference(const OptimizerParams& params, const StepInputs& i
                 << "max_exp_avg_sq changed without amsgrad";
         }
         if (with_copy) {
-            const std::uint16_t expected = copy_dtype == Dtype::kBf16
+            const std::uint16_t expected = copy_dtype == DType::kBFloat16
                                                ? float_to_bf16(out.params[i])
                                                : float_to_fp16(out.params[i]);
             EXPECT_EQ(out.copy[i], expected) << describe(i, in, grad_dtype) << ": param copy";
@@ -160,7 +160,7 @@ void expect_bitwise_equal(const StepOutputs& a, const StepOutputs& b, std::size_
         << "copy, from offset " << offset;
 }
 
-void expect_bitwise_across_thread_counts(Isa isa, const OptimizerParams& params, Dtype grad_dtype,
+void expect_bitwise_across_thread_counts(Isa isa, const OptimizerParams& params, DType grad_dtype,
                                          std::uint64_t seed) {
     // Let oneTBB run more threads than this machine's cores, so that 7 really means 7.
     tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
@@ -170,7 +170,7 @@ void expect_bitwise_across_thread_counts(Isa isa, const OptimizerParams& params,
     for (const int threads : {1, 2, 7}) {
         const auto kernel = make_kernel(isa, threads);
         ASSERT_EQ(kernel.threads(), threads);
-        results.push_back(run_step(kernel, params, in, grad_dtype, Dtype::kBf16, true));
+        results.push_back(run_step(kernel, params, in, grad_dtype, DType::kBFloat16, true));
     }
     for (std::size_t r = 1; r < results.size(); ++r) {
         SCOPED_TRACE(str_cat("threads: 1 vs result ", r));
@@ -180,12 +180,12 @@ void expect_bitwise_across_thread_counts(Isa isa, const OptimizerParams& params,
 
 // The same values at a different offset fall in different chunks, vectors and tails, and are
 // misaligned; each element must still get the same bits.
-void expect_bitwise_across_offsets(Isa isa, const OptimizerParams& params, Dtype grad_dtype,
+void expect_bitwise_across_offsets(Isa isa, const OptimizerParams& params, DType grad_dtype,
                                    std::uint64_t seed) {
     const std::size_t numel = 2 * kChunkNumel + 21;
     const StepInputs in = make_inputs(numel, seed);
     const auto kernel = make_kernel(isa, 2);
-    const StepOutputs whole = run_step(kernel, params, in, grad_dtype, Dtype::kFp16, true);
+    const StepOutputs whole = run_step(kernel, params, in, grad_dtype, DType::kFloat16, true);
     for (const std::size_t offset : {std::size_t{1}, std::size_t{5}, kChunkNumel - 3}) {
         StepOutputs part{in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq,
                          std::vector<std::uint16_t>(numel)};
@@ -205,7 +205,7 @@ void expect_bitwise_across_offsets(Isa isa, const OptimizerParams& params, Dtype
 }
 
 class OptimizerVariantTest
-    : public ::testing::TestWithParam<std::tuple<Isa, OptimizerKind, Dtype>> {
+    : public ::testing::TestWithParam<std::tuple<Isa, OptimizerKind, DType>> {
 protected:
     void SetUp() override {
         isa_ = std::get<0>(GetParam());
@@ -218,7 +218,7 @@ protected:
     }
     Isa isa_ = Isa::kScalar;
     OptimizerKind kind_ = OptimizerKind::kAdamW;
-    Dtype grad_dtype_ = Dtype::kFp32;
+    DType grad_dtype_ = DType::kFloat32;
 };
 
 TEST_P(OptimizerVariantTest, MatchesReferenceOnAwkwardSizesAndValues) {
@@ -232,7 +232,7 @@ TEST_P(OptimizerVariantTest, MatchesReferenceOnAwkwardSizesAndValues) {
             const StepInputs in = make_inputs(numel, ++seed);
             const OptimizerParams params = default_params(kind_, step);
             const bool with_copy = round % 3 != 0;
-            const Dtype copy_dtype = round % 3 == 1 ? Dtype::kBf16 : Dtype::kFp16;
+            const DType copy_dtype = round % 3 == 1 ? DType::kBFloat16 : DType::kFloat16;
             ++round;
             const StepOutputs out =
                 run_step(kernel, params, in, grad_dtype_, copy_dtype, with_copy);
@@ -248,8 +248,8 @@ TEST_P(OptimizerVariantTest, MatchesReferenceWithoutWeightDecayOrBiasCorrection)
     params.bias_correction = false;
     params.grad_scale = 1.0;
     const StepInputs in = make_inputs(1000, zinf::test::seed() + 17);
-    const StepOutputs out = run_step(kernel, params, in, grad_dtype_, Dtype::kBf16, false);
-    expect_matches_reference(params, in, out, grad_dtype_, false, Dtype::kBf16);
+    const StepOutputs out = run_step(kernel, params, in, grad_dtype_, DType::kBFloat16, false);
+    expect_matches_reference(params, in, out, grad_dtype_, false, DType::kBFloat16);
 }
 
 // The kind's default step, and for Adam and AdamW also with amsgrad (bias correction changes only
@@ -278,7 +278,7 @@ TEST_P(OptimizerVariantTest, ElementResultsDoNotDependOnOffsetOrChunking) {
 }
 
 std::string variant_name(
-    const ::testing::TestParamInfo<std::tuple<Isa, OptimizerKind, Dtype>>& info) {
+    const ::testing::TestParamInfo<std::tuple<Isa, OptimizerKind, DType>>& info) {
     return str_cat(isa_name(std::get<0>(info.param)), "_",
                    optimizer_kind_name(std::get<1>(info.param)), "_",
                    dtype_name(std::get<2>(info.param)));
@@ -292,7 +292,7 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, OptimizerVariantTest,
 
 // Adam and AdamW with amsgrad on and off and bias correction on and off: the options that change
 // the Adam kinds' arithmetic, on every variant and gradient dtype.
-using AdamOptions = std::tuple<Isa, OptimizerKind, Dtype, bool /*amsgrad*/, bool /*bias_corr*/>;
+using AdamOptions = std::tuple<Isa, OptimizerKind, DType, bool /*amsgrad*/, bool /*bias_corr*/>;
 
 class AdamOptionsTest : public ::testing::TestWithParam<AdamOptions> {
 protected:
@@ -308,7 +308,7 @@ protected:
         }
     }
     Isa isa_ = Isa::kScalar;
-    Dtype grad_dtype_ = Dtype::kFp32;
+    DType grad_dtype_ = DType::kFloat32;
     OptimizerParams params_;
 };
 
@@ -327,8 +327,8 @@ TEST_P(AdamOptionsTest, MatchesReferenceOverStepsOnAwkwardSizes) {
             params.weight_decay = step % 2 == 1 ? 0.01 : 0.0;
             const bool with_copy = step % 2 == 0;
             const StepOutputs out =
-                run_step(kernel, params, in, grad_dtype_, Dtype::kBf16, with_copy);
-            expect_matches_reference(params, in, out, grad_dtype_, with_copy, Dtype::kBf16);
+                run_step(kernel, params, in, grad_dtype_, DType::kBFloat16, with_copy);
+            expect_matches_reference(params, in, out, grad_dtype_, with_copy, DType::kBFloat16);
             if (HasFailure()) return;
             // The next step starts from this one's state, with new gradients.
             const StepInputs fresh = make_inputs(numel, ++seed);
@@ -372,8 +372,8 @@ TEST_P(OptimizerIsaTest, MatchesReferenceOnAMillionElements) {
     const StepInputs in = make_inputs(numel, zinf::test::seed() + 37);
     const OptimizerParams params = default_params(OptimizerKind::kAdamW, 11);
     const auto kernel = make_kernel(GetParam(), 0);
-    const StepOutputs out = run_step(kernel, params, in, Dtype::kFp32, Dtype::kBf16, true);
-    expect_matches_reference(params, in, out, Dtype::kFp32, true, Dtype::kBf16);
+    const StepOutputs out = run_step(kernel, params, in, DType::kFloat32, DType::kBFloat16, true);
+    expect_matches_reference(params, in, out, DType::kFloat32, true, DType::kBFloat16);
 }
 
 // The same size through the new arithmetic: Adam (L2) with amsgrad and without bias correction,
@@ -387,8 +387,8 @@ TEST_P(OptimizerIsaTest, AmsgradMatchesReferenceOnAMillionElements) {
         OptimizerParams params = default_params(kind, 11);
         params.amsgrad = true;
         params.bias_correction = kind == OptimizerKind::kAdamW;
-        const StepOutputs out = run_step(kernel, params, in, Dtype::kBf16, Dtype::kFp16, true);
-        expect_matches_reference(params, in, out, Dtype::kBf16, true, Dtype::kFp16);
+        const StepOutputs out = run_step(kernel, params, in, DType::kBFloat16, DType::kFloat16, true);
+        expect_matches_reference(params, in, out, DType::kBFloat16, true, DType::kFloat16);
     }
 }
 
@@ -418,7 +418,7 @@ double expect_tracks_reference(const OptimizerKernel& kernel, const OptimizerPar
         }
         const Status status =
             kernel.step(params, {in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq},
-                        in.grad_view(Dtype::kFp32));
+                        in.grad_view(DType::kFloat32));
         EXPECT_TRUE(status.is_ok()) << status.to_string();
         for (std::size_t i = 0; i < numel; ++i) {
             const auto r = reference_step(params, ref[i], in.grads_fp32[i]);
@@ -577,7 +577,7 @@ TEST_P(OptimizerIsaTest, AmsgradIsRejectedForAdagradAndLionAndChangesNothing) {
         OptimizerParams params = default_params(kind, 1);
         params.amsgrad = true;
         const Status status =
-            kernel.step(params, state_of(run, params), in.grad_view(Dtype::kFp32));
+            kernel.step(params, state_of(run, params), in.grad_view(DType::kFloat32));
         EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << optimizer_kind_name(kind);
         EXPECT_NE(status.message().find("optimizer amsgrad"), std::string::npos)
             << status.message();
@@ -626,7 +626,7 @@ TEST_P(OptimizerIsaTest, RejectsOutOfRangeParamsAndChangesNothing) {
     bad[4].eps = -1e-8;
     bad[5].grad_scale = std::numeric_limits<double>::infinity();
     for (const auto& params : bad) {
-        const Status status = kernel.step(params, {p, m, v}, in.grad_view(Dtype::kFp32));
+        const Status status = kernel.step(params, {p, m, v}, in.grad_view(DType::kFloat32));
         EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
         EXPECT_NE(status.message().find("optimizer "), std::string::npos) << status.message();
     }
@@ -648,7 +648,7 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
     const auto avx512 = make_kernel(Isa::kAvx512, 2);
     for (const OptimizerKind kind : kAllKinds) {
         const bool adam = kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW;
-        for (const Dtype grad_dtype : kAllGradDtypes) {
+        for (const DType grad_dtype : kAllGradDtypes) {
             // Adam kinds: every combination of amsgrad, bias correction and torch rounding.
             for (int options = 0; options < (adam ? 8 : 1); ++options) {
                 OptimizerParams params = default_params(kind, 9);
@@ -660,8 +660,8 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
                                      params.bias_correction, " torch_rounding ",
                                      params.torch_rounding));
                 const StepInputs in = make_inputs(numel, zinf::test::seed() + 53);
-                const StepOutputs a = run_step(avx2, params, in, grad_dtype, Dtype::kBf16, true);
-                const StepOutputs b = run_step(avx512, params, in, grad_dtype, Dtype::kBf16, true);
+                const StepOutputs a = run_step(avx2, params, in, grad_dtype, DType::kBFloat16, true);
+                const StepOutputs b = run_step(avx512, params, in, grad_dtype, DType::kBFloat16, true);
                 expect_bitwise_equal(a, b, 0);
             }
         }
@@ -714,7 +714,7 @@ TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
                                      params.amsgrad, " bias_correction ", params.bias_correction));
                 const StepInputs in = make_inputs(numel, zinf::test::seed() + 61);
                 const StepOutputs out =
-                    run_step(kernel, params, in, Dtype::kFp32, Dtype::kBf16, false);
+                    run_step(kernel, params, in, DType::kFloat32, DType::kBFloat16, false);
                 std::size_t mismatches = 0;
                 for (std::size_t i = 0; i < numel; ++i) {
                     const TorchElement t =
@@ -725,7 +725,7 @@ TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
                                       std::memcmp(&t.v, &out.exp_avg_sq[i], 4) == 0;
                     if (!same && ++mismatches <= 3) {
                         ADD_FAILURE()
-                            << describe(i, in, Dtype::kFp32) << ": torch p " << t.p << " m " << t.m
+                            << describe(i, in, DType::kFloat32) << ": torch p " << t.p << " m " << t.m
                             << " v " << t.v << ", kernel p " << out.params[i] << " m "
                             << out.exp_avg[i] << " v " << out.exp_avg_sq[i];
                     }
@@ -735,7 +735,7 @@ TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
                 OptimizerParams own = params;
                 own.torch_rounding = false;
                 const StepOutputs mine =
-                    run_step(kernel, own, in, Dtype::kFp32, Dtype::kBf16, false);
+                    run_step(kernel, own, in, DType::kFloat32, DType::kBFloat16, false);
                 EXPECT_NE(std::memcmp(mine.params.data(), out.params.data(), numel * 4), 0);
             }
         }

@@ -25,14 +25,13 @@
 namespace zinf::bench {
 namespace {
 
-using kernels::Dtype;
 using kernels::Isa;
 using kernels::OptimizerKind;
 
 struct AdamOptions {
     std::uint64_t params_numel = 256'000'000;
     OptimizerKind kind = OptimizerKind::kAdamW;
-    Dtype grad_dtype = Dtype::kFp32;
+    DType grad_dtype = DType::kFloat32;
     std::string variant = "auto";
     int threads = 2;
     int pairs = 5;
@@ -73,7 +72,7 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     }
     ZINF_ASSIGN_OR_RETURN(const std::string dtype,
                           args.get_choice("grad-dtype", {"fp32", "bf16", "fp16"}));
-    o.grad_dtype = dtype == "fp32" ? Dtype::kFp32 : dtype == "bf16" ? Dtype::kBf16 : Dtype::kFp16;
+    o.grad_dtype = dtype == "fp32" ? DType::kFloat32 : dtype == "bf16" ? DType::kBFloat16 : DType::kFloat16;
     ZINF_ASSIGN_OR_RETURN(o.variant,
                           args.get_choice("variant", {"auto", "avx512", "avx2", "scalar"}));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t threads, args.get_int("threads", 0, 4096));
@@ -152,7 +151,7 @@ Status run(const AdamOptions& o) {
 
     const std::size_t n = o.params_numel;
     const bool two_states = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW;
-    const std::size_t grad_bytes = kernels::dtype_size_bytes(o.grad_dtype);
+    const std::size_t grad_bytes = dtype_size_bytes(o.grad_dtype);
     const std::size_t bytes_per_param = (two_states ? 24 : 16) + grad_bytes + (o.bf16_copy ? 2 : 0);
     const double bytes_per_step = static_cast<double>(bytes_per_param) * static_cast<double>(n);
 
@@ -186,13 +185,13 @@ Status run(const AdamOptions& o) {
             if (s2 != nullptr) s2[i] = 0.0f;
             const float g = 1e-2f * hashed_unit(i, 2);
             switch (o.grad_dtype) {
-                case Dtype::kFp32:
+                case DType::kFloat32:
                     grads.as<float>()[i] = g;
                     break;
-                case Dtype::kBf16:
+                case DType::kBFloat16:
                     grads.as<std::uint16_t>()[i] = kernels::float_to_bf16(g);
                     break;
-                case Dtype::kFp16:
+                case DType::kFloat16:
                     grads.as<std::uint16_t>()[i] = kernels::float_to_fp16(g);
                     break;
             }
@@ -234,13 +233,13 @@ Status run(const AdamOptions& o) {
         "threads\n",
         std::string(kernels::optimizer_kind_name(o.kind)).c_str(),
         o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(n),
-        std::string(kernels::dtype_name(o.grad_dtype)).c_str(),
+        std::string(dtype_name(o.grad_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
         std::string(kernels::isa_name(isa)).c_str(), o.variant.c_str(), kernel.threads());
     std::printf("cpu: %s\n", kernels::cpu_features().to_string().c_str());
     std::printf("bytes/param: %zu (%d fp32 streams read and written in place, %s grads read%s)\n",
                 bytes_per_param, two_states ? 3 : 2,
-                std::string(kernels::dtype_name(o.grad_dtype)).c_str(),
+                std::string(dtype_name(o.grad_dtype)).c_str(),
                 o.bf16_copy ? ", bf16 copy written" : "");
     std::printf(
         "bound: the same streams with plain %s loads/stores and no arithmetic, same %zu-element "

@@ -14,7 +14,7 @@
 
 namespace {
 
-using zinf::kernels::Dtype;
+using zinf::DType;
 using zinf::kernels::Isa;
 
 // Arrays for one size, filled once per benchmark (first touch outside the timed loop).
@@ -36,7 +36,7 @@ struct Arrays {
     std::vector<std::uint16_t> grads_bf16, copy;
 };
 
-void bm_adamw_step(benchmark::State& state, Isa isa, Dtype grad_dtype, int threads) {
+void bm_adamw_step(benchmark::State& state, Isa isa, DType grad_dtype, int threads) {
     const auto numel = static_cast<std::size_t>(state.range(0));
     auto kernel = zinf::kernels::OptimizerKernel::create(isa, threads);
     if (!kernel.has_value()) {
@@ -46,7 +46,7 @@ void bm_adamw_step(benchmark::State& state, Isa isa, Dtype grad_dtype, int threa
     Arrays a(numel);
     zinf::kernels::OptimizerParams params;
     params.weight_decay = 0.01;
-    const auto grads = grad_dtype == Dtype::kFp32 ? zinf::kernels::GradView::fp32(a.grads)
+    const auto grads = grad_dtype == DType::kFloat32 ? zinf::kernels::GradView::fp32(a.grads)
                                                   : zinf::kernels::GradView::bf16(a.grads_bf16);
     for (auto _ : state) {
         const zinf::Status s = kernel->step(params, {a.params, a.exp_avg, a.exp_avg_sq}, grads);
@@ -55,7 +55,7 @@ void bm_adamw_step(benchmark::State& state, Isa isa, Dtype grad_dtype, int threa
         benchmark::ClobberMemory();
     }
     const auto bytes_per_param =
-        static_cast<std::int64_t>(24 + zinf::kernels::dtype_size_bytes(grad_dtype));
+        static_cast<std::int64_t>(24 + zinf::dtype_size_bytes(grad_dtype));
     state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(numel));
     state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(numel) *
                             bytes_per_param);
@@ -82,9 +82,9 @@ void register_all() {
         const std::string isa_name(zinf::kernels::isa_name(isa));
         for (const int threads : {1, 0}) {
             const std::string t = threads == 0 ? "all" : "1";
-            for (const Dtype g : {Dtype::kFp32, Dtype::kBf16}) {
+            for (const DType g : {DType::kFloat32, DType::kBFloat16}) {
                 const std::string name = "adamw/" + isa_name + "/grad_" +
-                                         std::string(zinf::kernels::dtype_name(g)) + "/threads_" +
+                                         std::string(zinf::dtype_name(g)) + "/threads_" +
                                          t;
                 benchmark::RegisterBenchmark(name.c_str(), bm_adamw_step, isa, g, threads)
                     ->RangeMultiplier(4)
