@@ -9,6 +9,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -243,6 +244,23 @@ Status remove_tree_at(FileSystem& fs, const Directory& parent, std::string_view 
     ZINF_ASSIGN_OR_RETURN(const std::vector<std::string> entries, list_directory(dir));
     for (const auto& entry : entries) ZINF_TRY(remove_tree_at(fs, dir, entry));
     return fs.remove_at(parent, name, /*directory=*/true);
+}
+
+Result<Directory> open_trusted_directory(FileSystem& fs, const std::string& path,
+                                         std::string_view key, bool create) {
+    if (create) {
+        std::error_code ec;
+        std::filesystem::create_directories(path, ec);
+        if (ec && !std::filesystem::is_directory(path)) {
+            return Status::io_error(str_cat(key, ": create directory ", path, ": ", ec.message()),
+                                    ec.value());
+        }
+    }
+    ZINF_TRY(check_writable_directory(path).with_context(key));
+    auto dir = fs.open_directory(path, /*follow_last=*/true);
+    if (!dir.has_value()) return dir.error().with_context(key);
+    ZINF_TRY(check_trusted_directory(*dir, key));
+    return std::move(dir).value();
 }
 
 Status check_trusted_directory(const Directory& dir, std::string_view key) {

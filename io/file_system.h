@@ -102,6 +102,15 @@ Status remove_tree_at(FileSystem& fs, const Directory& parent, std::string_view 
 // directory, its owner and its mode.
 Status check_trusted_directory(const Directory& dir, std::string_view key);
 
+// The one sequence every directory the project writes into goes through: with `create`, makes
+// `path` and its missing parents (as DeepSpeed does for its folders); checks that it is a
+// writable directory; opens it through `fs` (a symbolic link as its last component is followed:
+// a trusted owner may point a base path elsewhere) and checks it is trusted
+// (check_trusted_directory). Errors are prefixed with `key` (the config key or flag that named
+// the path): kNotFound, kInvalidArgument (not a directory, untrusted), kIo.
+Result<Directory> open_trusted_directory(FileSystem& fs, const std::string& path,
+                                         std::string_view key, bool create);
+
 // The absolute path of an open directory with every symbolic link resolved (from /proc).
 Result<std::string> resolved_path(const Directory& dir);
 

@@ -96,11 +96,11 @@ Result<RunDir> RunDir::create(io::FileSystem& fs, std::span<const std::string> b
     dir.fs_ = &fs;
     std::vector<std::string> resolved;
     for (const std::string& base : base_paths) {
-        ZINF_TRY(check_writable_directory(base));
-        // The base path itself may be a symbolic link of a trusted owner (the check below looks
-        // at every link and directory on the way); everything inside is opened without links.
-        ZINF_ASSIGN_OR_RETURN(io::Directory opened, fs.open_directory(base, /*follow_last=*/true));
-        ZINF_TRY(io::check_trusted_directory(opened, "swap: nvme_path"));
+        // The base path itself may be a symbolic link of a trusted owner (the check looks at
+        // every link and directory on the way); everything inside is opened without links.
+        ZINF_ASSIGN_OR_RETURN(io::Directory opened,
+                              io::open_trusted_directory(fs, base, "swap: nvme_path",
+                                                         /*create=*/false));
         ZINF_ASSIGN_OR_RETURN(std::string real, io::resolved_path(opened));
         for (std::size_t i = 0; i < resolved.size(); ++i) {
             if (resolved[i] == real) {

@@ -1,7 +1,6 @@
 // NvmeActivationStore: double-buffered writes behind the forward, one-ahead reads in backward.
 #include "src/engine/activation_store.h"
 
-#include <filesystem>
 
 #include "io/file_system.h"
 #include "src/base/file.h"
@@ -22,11 +21,8 @@ Result<std::unique_ptr<NvmeActivationStore>> NvmeActivationStore::create(
         return Status::invalid_argument(str_cat(kKey, ": required with nvme_checkpointing"));
     }
     for (const std::string& p : options.paths) {
-        std::error_code ec;
-        std::filesystem::create_directories(p, ec);  // a failure shows in the check below
-        ZINF_TRY(check_writable_directory(p).with_context(kKey));
-        ZINF_ASSIGN_OR_RETURN(auto dir, io::posix_file_system().open_directory(p, true));
-        ZINF_TRY(io::check_trusted_directory(dir, kKey));
+        ZINF_TRY(io::open_trusted_directory(io::posix_file_system(), p, kKey, /*create=*/true)
+                     .status());
     }
     auto s = std::unique_ptr<NvmeActivationStore>(new NvmeActivationStore(options, device));
     io::EngineOptions eo;

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <filesystem>
 #include <sstream>
 
 #include "src/base/file.h"
@@ -19,7 +18,6 @@
 namespace zinf::engine {
 namespace {
 
-namespace fs = std::filesystem;
 
 constexpr std::size_t kManifestBytesMax = 64u << 20;
 constexpr std::string_view kManifestName = "manifest.txt";
@@ -107,16 +105,10 @@ Result<std::string> read_latest_tag(io::FileSystem& fs, const std::string& dir) 
 Result<CheckpointWriter> CheckpointWriter::create(io::FileSystem& fs, const std::string& dir,
                                                   const std::string& tag) {
     ZINF_TRY(check_tag(tag, "checkpoint"));
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec)
-        return Status::io_error("checkpoint: create directory " + dir + ": " + ec.message(),
-                                ec.value());
-    ZINF_TRY(check_writable_directory(dir));
     CheckpointWriter w;
     w.fs_ = &fs;
-    ZINF_ASSIGN_OR_RETURN(w.dir_, fs.open_directory(dir, /*follow_last=*/true));
-    ZINF_TRY(io::check_trusted_directory(w.dir_, "checkpoint directory"));
+    ZINF_ASSIGN_OR_RETURN(w.dir_, io::open_trusted_directory(fs, dir, "checkpoint directory",
+                                                             /*create=*/true));
     w.tag_ = tag;
     w.temp_name_ = "." + tag + ".tmp." + std::to_string(::getpid());
     // A directory of this name was left by a writer of this pid that died: ours to remove.

@@ -19,14 +19,9 @@ namespace {
 // a writable directory; errors name the key.
 Status check_paths(const std::vector<std::string>& paths, const std::string& key) {
     for (const auto& p : paths) {
-        std::error_code ec;
-        std::filesystem::create_directories(p, ec);  // failures surface in the check below
-        const Status s = check_writable_directory(p);
-        if (!s.is_ok()) return Status(s.code(), key + ": " + s.message());
         // Refused here, naming the key, before anything is allocated; RunDir checks again.
-        auto dir = io::posix_file_system().open_directory(p, /*follow_last=*/true);
-        if (!dir.has_value()) return dir.error().with_context(key);
-        ZINF_TRY(io::check_trusted_directory(*dir, key));
+        ZINF_TRY(io::open_trusted_directory(io::posix_file_system(), p, key, /*create=*/true)
+                     .status());
     }
     return Status::ok();
 }

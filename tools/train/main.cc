@@ -9,7 +9,6 @@
 #include <optional>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -225,14 +224,11 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
     }
     const std::string save_dir = args.get("save-dir");
     if (!save_dir.empty()) {
-        std::error_code ec;
-        std::filesystem::create_directories(save_dir, ec);
-        ZINF_TRY(zinf::check_writable_directory(save_dir).with_context("--save-dir"));
         // Refused before training, not at the first save: another user must not be able to
         // replace the checkpoints (io::check_trusted_directory).
-        ZINF_ASSIGN_OR_RETURN(auto opened,
-                              zinf::io::posix_file_system().open_directory(save_dir, true));
-        ZINF_TRY(zinf::io::check_trusted_directory(opened, "--save-dir"));
+        ZINF_TRY(zinf::io::open_trusted_directory(zinf::io::posix_file_system(), save_dir,
+                                                  "--save-dir", /*create=*/true)
+                     .status());
     }
     return f;
 }
