@@ -3,6 +3,10 @@
 #include "kernels/optimizer.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <string>
+#include <vector>
 #include <cmath>
 
 #include "kernels/detail/kernel_table.h"
@@ -17,8 +21,18 @@ namespace {
 // depend on the round size either.
 constexpr std::size_t kReductionRoundChunks = 4096;
 
-int kind_index(OptimizerKind kind) noexcept {
-    return static_cast<int>(kind);
+static_assert(detail::kStepMoments == static_cast<int>(kMaxMoments));
+static_assert(detail::kKindCount == kBuiltinOptimizerCount);
+
+// The chunk functions of registered optimizers, per variant, by kind. Written once at
+// registration (release), read by every step (acquire): no lock on the step's path.
+struct RegisteredKernels {
+    std::array<std::atomic<const OptimizerKernelEntries*>, kIsaCount> per_isa{};
+};
+
+std::array<RegisteredKernels, kMaxOptimizers>& registered_kernels() noexcept {
+    static std::array<RegisteredKernels, kMaxOptimizers> kernels;
+    return kernels;
 }
 
 bool in_unit_interval(double x) noexcept {
@@ -64,24 +78,11 @@ detail::StepConstants detail::step_constants(const OptimizerParams& p) noexcept 
             c.l2_weight_decay = static_cast<float>(p.weight_decay);
             break;
         case OptimizerKind::kLion:
+        default:  // registered optimizers: the generic constants (OptimizerKernelEntries)
             c.decay_factor = static_cast<float>(1.0 - p.lr * p.weight_decay);
             break;
     }
     return c;
-}
-
-std::string_view optimizer_kind_name(OptimizerKind kind) noexcept {
-    switch (kind) {
-        case OptimizerKind::kAdam:
-            return "adam";
-        case OptimizerKind::kAdamW:
-            return "adamw";
-        case OptimizerKind::kAdagrad:
-            return "adagrad";
-        case OptimizerKind::kLion:
-            return "lion";
-    }
-    return "unknown";
 }
 
 Status validate(const OptimizerParams& p) {
@@ -97,14 +98,22 @@ Status validate(const OptimizerParams& p) {
     ZINF_TRY(check("eps", p.eps, p.eps >= 0.0));
     ZINF_TRY(check("weight_decay", p.weight_decay, p.weight_decay >= 0.0));
     ZINF_TRY(check("grad_scale", p.grad_scale, true));
-    if (p.torch_rounding && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
+    if (!optimizer_registered(p.kind)) {
         return Status::invalid_argument(
-            str_cat("optimizer torch_rounding: only Adam and AdamW have it, ", "not ",
-                    optimizer_kind_name(p.kind)));
+            str_cat("optimizer kind ", static_cast<int>(p.kind), ": not registered"));
     }
-    if (p.amsgrad && p.kind != OptimizerKind::kAdam && p.kind != OptimizerKind::kAdamW) {
-        return Status::invalid_argument(str_cat("optimizer amsgrad: only Adam and AdamW have it, ",
-                                                "got true for ", optimizer_kind_name(p.kind)));
+    const OptimizerDescriptor& d = optimizer_descriptor(p.kind);
+    if (p.torch_rounding && !d.has_torch_rounding) {
+        return Status::invalid_argument(
+            str_cat("optimizer torch_rounding: only ",
+                    optimizer_names_where(&has_torch_rounding),
+                    " have it, not ", d.name));
+    }
+    if (p.amsgrad && !d.has_amsgrad) {
+        return Status::invalid_argument(
+            str_cat("optimizer amsgrad: only ",
+                    optimizer_names_where(&has_amsgrad),
+                    " have it, got true for ", d.name));
     }
     return Status::ok();
 }
@@ -150,17 +159,36 @@ int OptimizerKernel::sum_lanes() const noexcept {
     return table_->sum_lanes;
 }
 
+// The chunk function of one step: the built-in kinds' from the variant's table, registered
+// ones' from their entries (the variant's own, else the scalar ones).
+detail::StepChunkFn OptimizerKernel::step_function(OptimizerKind kind, bool amsgrad,
+                                                   DType grad_dtype,
+                                                   int copy_index) const noexcept {
+    const auto index = static_cast<std::size_t>(kind);
+    if (index < kBuiltinOptimizerCount) {
+        return table_->step[index][amsgrad ? 1 : 0][static_cast<int>(grad_dtype)][copy_index];
+    }
+    const RegisteredKernels& r = registered_kernels()[index];
+    const OptimizerKernelEntries* e = r.per_isa[static_cast<int>(isa_)].load(
+        std::memory_order_acquire);
+    if (e == nullptr) e = r.per_isa[static_cast<int>(Isa::kScalar)].load(std::memory_order_acquire);
+    if (e == nullptr) return nullptr;
+    return e->step[amsgrad ? 1 : 0][static_cast<int>(grad_dtype)][copy_index];
+}
+
 Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState& state,
                              GradView grads, ParamCopy copy) const noexcept {
     ZINF_TRY(validate(params));
     const std::size_t numel = state.params.size();
-    const bool uses_exp_avg = params.kind != OptimizerKind::kAdagrad;
-    const bool uses_exp_avg_sq = params.kind != OptimizerKind::kLion;
+    const std::size_t kept = optimizer_descriptor(params.kind).kept_moment_count(params.amsgrad);
     ZINF_ASSERT_EQ(grads.numel, numel);
-    if (uses_exp_avg) ZINF_ASSERT_EQ(state.exp_avg.size(), numel);
-    if (uses_exp_avg_sq) ZINF_ASSERT_EQ(state.exp_avg_sq.size(), numel);
-    // validate() has limited amsgrad to Adam and AdamW.
-    if (params.amsgrad) ZINF_ASSERT_EQ(state.max_exp_avg_sq.size(), numel);
+    for (std::size_t i = 0; i < kMaxMoments; ++i) {
+        if (i < kept) {
+            ZINF_ASSERT_EQ(state.moments[i].size(), numel);
+        } else {
+            ZINF_ASSERT(state.moments[i].empty());
+        }
+    }
     if (numel > 0) ZINF_ASSERT(grads.data != nullptr);
     int copy_index = 0;
     if (copy.data != nullptr) {
@@ -173,21 +201,36 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
     OptimizerKind kind = params.kind;
     if (kind == OptimizerKind::kAdam && params.weight_decay == 0.0) kind = OptimizerKind::kAdamW;
 
-    const detail::StepChunkFn fn = table_->step[kind_index(kind)][params.amsgrad ? 1 : 0]
-                                               [static_cast<int>(grads.dtype)][copy_index];
-    ZINF_ASSERT(fn != nullptr);
-    const detail::StepArgs args{state.params.data(),
-                                uses_exp_avg ? state.exp_avg.data() : nullptr,
-                                uses_exp_avg_sq ? state.exp_avg_sq.data() : nullptr,
-                                params.amsgrad ? state.max_exp_avg_sq.data() : nullptr,
-                                grads.data,
-                                copy.data,
-                                detail::step_constants(params)};
+    const detail::StepChunkFn fn = step_function(kind, params.amsgrad, grads.dtype, copy_index);
+    if (fn == nullptr) {
+        return Status::not_supported(str_cat("optimizer ", optimizer_kind_name(kind),
+                                             ": no kernel for ", dtype_name(grads.dtype),
+                                             " gradients", params.amsgrad ? " with amsgrad" : "",
+                                             copy_index == 0 ? "" : " and a 16-bit copy"));
+    }
+    detail::StepArgs args{};
+    args.params = state.params.data();
+    for (std::size_t i = 0; i < kept; ++i) args.moments[i] = state.moments[i].data();
+    args.grads = grads.data;
+    args.param_copy = copy.data;
+    args.c = detail::step_constants(params);
     loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kChunkNumel;
         fn(args, begin, std::min(begin + kChunkNumel, numel));
     });
     return Status::ok();
+}
+
+Result<OptimizerKind> register_optimizer(const OptimizerDescriptor& descriptor,
+                                         const OptimizerKernelEntries& scalar,
+                                         const OptimizerKernelEntries* avx2,
+                                         const OptimizerKernelEntries* avx512) {
+    ZINF_ASSIGN_OR_RETURN(const OptimizerKind kind, register_optimizer_descriptor(descriptor));
+    RegisteredKernels& r = registered_kernels()[static_cast<std::size_t>(kind)];
+    r.per_isa[static_cast<int>(Isa::kAvx2)].store(avx2, std::memory_order_release);
+    r.per_isa[static_cast<int>(Isa::kAvx512)].store(avx512, std::memory_order_release);
+    r.per_isa[static_cast<int>(Isa::kScalar)].store(&scalar, std::memory_order_release);
+    return kind;
 }
 
 GradStats OptimizerKernel::grad_stats(GradView grads) const noexcept {

@@ -4,6 +4,7 @@
 // One OptimizerKernel picks its SIMD variant and threads at init; see kernels/README.md.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -11,7 +12,9 @@
 
 #include "kernels/chunk_loop.h"
 #include "kernels/cpu_features.h"
+#include "kernels/step_args.h"
 #include "src/base/dtype.h"
+#include "src/base/optimizer_descriptor.h"
 #include "src/base/status.h"
 
 namespace zinf::kernels {
@@ -20,15 +23,9 @@ namespace detail {
 struct KernelTable;
 }
 
-enum class OptimizerKind : std::uint8_t {
-    kAdam = 0,     // L2 mode: weight decay is added to the gradient (torch.optim.Adam)
-    kAdamW = 1,    // decoupled weight decay (torch.optim.AdamW, DeepSpeed's adam_w_mode)
-    kAdagrad = 2,  // torch.optim.Adagrad with lr_decay 0 and initial accumulator 0
-    kLion = 3,     // Chen et al. 2023: sign of an interpolated momentum, decoupled decay
-};
-inline constexpr int kOptimizerKindCount = 4;
-
-std::string_view optimizer_kind_name(OptimizerKind kind) noexcept;
+// The optimizers' ids and descriptors live in src/base/optimizer_descriptor.h (the config
+// parser reads them too); the kernels attach the arithmetic.
+using zinf::OptimizerKind;
 
 // The hyperparameters of one step. Double precision here; the kernel rounds the derived
 // per-step constants to fp32 once per call.
@@ -56,21 +53,18 @@ struct OptimizerParams {
 };
 
 // Checks ranges: step >= 1, lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0, all finite,
-// grad_scale finite; amsgrad only with Adam or AdamW (torch's Adagrad and Lion have none, and a
-// flag that silently did nothing would hide a config mistake). Returns kInvalidArgument naming
-// the field and value.
+// grad_scale finite; amsgrad and torch_rounding only where the optimizer's descriptor has them
+// (torch's Adagrad and Lion have no amsgrad, and a flag that silently did nothing would hide a
+// config mistake). Returns kInvalidArgument naming the field and value.
 Status validate(const OptimizerParams& params);
 
-// The fp32 master parameters and optimizer states, borrowed for one call. Adam, AdamW and Lion
-// use exp_avg; Adam, AdamW and Adagrad use exp_avg_sq; Adam and AdamW with amsgrad also use
-// max_exp_avg_sq (start it at zero, as torch does); a state the optimizer does not use is
-// ignored and may be empty.
+// The fp32 master parameters and the optimizer's moments, borrowed for one call: moments[i] is
+// the i-th kept moment of the optimizer's descriptor (Adam and AdamW: exp_avg, exp_avg_sq, then
+// max_exp_avg_sq with amsgrad, which starts at zero as torch's does; Adagrad: its running sum;
+// Lion: exp_avg); the spans past the kept ones are empty.
 struct OptimizerState {
     std::span<float> params;
-    std::span<float> exp_avg;
-    std::span<float> exp_avg_sq;
-    // Defaulted so that callers without AMSGrad keep writing {params, exp_avg, exp_avg_sq}.
-    std::span<float> max_exp_avg_sq = {};
+    std::array<std::span<float>, kMaxMoments> moments{};
 };
 
 // Gradients of one of the three dtypes, borrowed for one call.
@@ -137,9 +131,9 @@ public:
     int sum_lanes() const noexcept;
 
     // Applies one optimizer step in place to every element, and writes `copy` when it has data.
-    // Preconditions (asserted): state.params, the states the kind uses (max_exp_avg_sq when
-    // params.amsgrad), grads and copy (when given) have the same numel; copy is bf16 or fp16; no
-    // output overlaps another array.
+    // Preconditions (asserted): state.params, the moments the optimizer keeps (its descriptor's,
+    // with amsgrad's when params.amsgrad), grads and copy (when given) have the same numel; copy
+    // is bf16 or fp16; no output overlaps another array.
     // Returns kInvalidArgument (from validate) and changes nothing when params are out of range.
     // Elements are independent: the result of each is bitwise the same for any thread count,
     // chunking or alignment. Allocates nothing of its own; blocks until done.
@@ -152,11 +146,30 @@ public:
 
 private:
     OptimizerKernel(Isa isa, const detail::KernelTable& table, ChunkLoop loop) noexcept;
+    detail::StepChunkFn step_function(OptimizerKind kind, bool amsgrad, DType grad_dtype,
+                                      int copy_index) const noexcept;
 
     Isa isa_;
     const detail::KernelTable* table_;
     ChunkLoop loop_;
 };
+
+// The arithmetic of an optimizer registered from outside kernels/: its chunk functions per
+// [amsgrad][gradient dtype][copy: none, bf16, fp16] (null where unsupported, e.g. amsgrad on an
+// optimizer without it). The constants a chunk function gets are detail::step_constants' generic
+// ones: step_size -lr, decay_factor 1 - lr * weight_decay, the betas, eps and grad_scale.
+struct OptimizerKernelEntries {
+    detail::StepChunkFn step[2][kDTypeCount][3] = {};
+};
+
+// Registers `descriptor` (register_optimizer_descriptor) with its arithmetic: `scalar` serves
+// every variant, unless `avx2` / `avx512` give that variant's own. The entries must outlive the
+// process (static tables). Call before other threads use optimizers (start-up, or a test
+// binary's static initialisation). Returns the optimizer's kind. Errors: the descriptor's.
+Result<OptimizerKind> register_optimizer(const OptimizerDescriptor& descriptor,
+                                         const OptimizerKernelEntries& scalar,
+                                         const OptimizerKernelEntries* avx2 = nullptr,
+                                         const OptimizerKernelEntries* avx512 = nullptr);
 
 // The table of `isa`'s chunk functions; asserts isa_supported(isa). For casts and tests.
 const detail::KernelTable& kernel_table(Isa isa) noexcept;

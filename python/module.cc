@@ -86,13 +86,13 @@ DType dtype_from(const std::string& name) {
         str_cat("dtype ", name, ": expected float32, bfloat16 or float16")));
 }
 
-kernels::OptimizerKind kind_from(const std::string& name) {
-    if (name == "adam") return kernels::OptimizerKind::kAdam;
-    if (name == "adamw") return kernels::OptimizerKind::kAdamW;
-    if (name == "adagrad") return kernels::OptimizerKind::kAdagrad;
-    if (name == "lion") return kernels::OptimizerKind::kLion;
-    raise(Status::invalid_argument(
-        str_cat("optimizer ", name, ": expected adam, adamw, adagrad or lion")));
+OptimizerKind kind_from(const std::string& name) {
+    const OptimizerDescriptor* d = find_optimizer(name);
+    if (d == nullptr) {
+        raise(Status::invalid_argument(
+            str_cat("optimizer ", name, ": expected one of ", optimizer_names())));
+    }
+    return d->kind;
 }
 
 template <typename T>
@@ -178,15 +178,21 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
     auto floats = [numel](std::uintptr_t a) {
         return a == 0 ? std::span<float>() : std::span<float>(address<float>(a), numel);
     };
+    // The kept moments in the descriptor's order, each taken from the argument of its name.
+    const OptimizerDescriptor& d = optimizer_descriptor(p.kind);
     kernels::OptimizerState state;
     state.params = floats(params);
-    state.exp_avg = floats(exp_avg);
-    state.exp_avg_sq = floats(exp_avg_sq);
-    state.max_exp_avg_sq = floats(max_exp_avg_sq);
-    const bool needs_avg = p.kind != kernels::OptimizerKind::kAdagrad;
-    const bool needs_sq = p.kind != kernels::OptimizerKind::kLion;
-    if (state.params.empty() || grads == 0 || (needs_avg && state.exp_avg.empty()) ||
-        (needs_sq && state.exp_avg_sq.empty()) || (p.amsgrad && state.max_exp_avg_sq.empty())) {
+    bool complete = !state.params.empty() && grads != 0;
+    for (std::size_t i = 0; i < d.kept_moment_count(p.amsgrad); ++i) {
+        const std::string_view name = d.moments[i].name;
+        const std::uintptr_t a = name == "exp_avg"      ? exp_avg
+                                 : name == "exp_avg_sq" ? exp_avg_sq
+                                 : name == "max_exp_avg_sq" ? max_exp_avg_sq
+                                                            : 0;
+        state.moments[i] = floats(a);
+        complete = complete && a != 0;
+    }
+    if (!complete) {
         raise(Status::invalid_argument(
             str_cat("optimizer_step: ", kind, " needs params, grads and its states")));
     }
@@ -690,7 +696,7 @@ public:
         const std::vector<Piece> pieces = pieces_from(list);
         swap::OptimizerSwapper& s = swapper(group, pieces);
         const kernels::OptimizerParams p =
-            hyper_from(std::string(kernels::optimizer_kind_name(kind_)), step, lr, beta1, beta2,
+            hyper_from(std::string(optimizer_kind_name(kind_)), step, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, amsgrad_, grad_scale, torch_rounding);
         // The dtypes of the group's first non-empty parameter (an empty one has no gradient
         // storage and takes no part).
@@ -776,32 +782,34 @@ private:
         std::uintptr_t arrays[4];
     };
 
+    // Target arrays: [0] the master, then exp_avg, exp_avg_sq, max_exp_avg_sq (0 where absent);
+    // the swapper's are the master, then the kept moments in the descriptor's order.
     Status stream(swap::OptimizerSwapper& s, const std::vector<Target>& ts, bool write) {
-        const bool avg = kind_ != kernels::OptimizerKind::kAdagrad;
-        const bool sq = kind_ != kernels::OptimizerKind::kLion;
+        const OptimizerDescriptor& d = optimizer_descriptor(kind_);
+        const std::size_t kept = d.kept_moment_count(amsgrad_);
+        std::size_t target_of[1 + kMaxMoments] = {0};
+        for (std::size_t i = 0; i < kept; ++i) {
+            const std::string_view name = d.moments[i].name;
+            target_of[i + 1] = name == "exp_avg" ? 1 : name == "exp_avg_sq" ? 2 : 3;
+        }
         Status status;
         const std::uint64_t n = s.options().sub_group_numel;
-        const bool used[4] = {true, avg, sq, amsgrad_};
-        std::vector<float> buf[4];
-        for (int k = 0; k < 4; ++k) {
-            if (used[k]) buf[k].resize(n);
-        }
+        std::vector<float> buf[1 + kMaxMoments];
+        for (std::size_t k = 0; k <= kept; ++k) buf[k].resize(n);
         for (std::size_t g = 0; g < s.sub_group_count() && status.is_ok(); ++g) {
             const std::uint64_t numel = s.sub_group_numel(g);
             const std::uint64_t offset = s.sub_group_offset_numel(g);
-            std::span<float> spans[4] = {
-                {buf[0].data(), numel},
-                avg ? std::span<float>(buf[1].data(), numel) : std::span<float>(),
-                sq ? std::span<float>(buf[2].data(), numel) : std::span<float>(),
-                amsgrad_ ? std::span<float>(buf[3].data(), numel) : std::span<float>()};
+            std::span<float> spans[1 + kMaxMoments];
+            for (std::size_t k = 0; k <= kept; ++k) spans[k] = {buf[k].data(), numel};
             auto walk = [&](bool into_targets) {
                 for_range(
                     ts, offset, numel,
                     [&](const Target& t, std::uint64_t po, std::uint64_t ro, std::uint64_t n_copy) {
-                        for (int k = 0; k < 4; ++k) {
-                            if (spans[k].empty() || t.arrays[k] == 0) continue;
+                        for (std::size_t k = 0; k <= kept; ++k) {
+                            const std::uintptr_t theirs_at = t.arrays[target_of[k]];
+                            if (theirs_at == 0) continue;
                             float* mine = spans[k].data() + ro;
-                            float* theirs = address<float>(t.arrays[k]) + po;
+                            float* theirs = address<float>(theirs_at) + po;
                             if (into_targets)
                                 std::memcpy(theirs, mine, n_copy * sizeof(float));
                             else
@@ -810,13 +818,15 @@ private:
                     });
             };
             if (write) {
-                for (int k = 1; k < 4; ++k) {
-                    if (!spans[k].empty()) std::fill(spans[k].begin(), spans[k].end(), 0.0f);
+                for (std::size_t k = 1; k <= kept; ++k) {
+                    std::fill(spans[k].begin(), spans[k].end(), 0.0f);
                 }
                 walk(false);
-                status = s.write_sub_group(g, spans[0], spans[1], spans[2], spans[3]);
+                std::span<const float> moments[kMaxMoments];
+                for (std::size_t k = 0; k < kept; ++k) moments[k] = spans[k + 1];
+                status = s.write_sub_group(g, spans[0], {moments, kept});
             } else {
-                status = s.read_sub_group(g, spans[0], spans[1], spans[2], spans[3]);
+                status = s.read_sub_group(g, spans[0], {spans + 1, kept});
                 if (status.is_ok()) walk(true);
             }
         }
@@ -838,7 +848,7 @@ private:
         return *swappers_[group];
     }
 
-    kernels::OptimizerKind kind_ = kernels::OptimizerKind::kAdamW;
+    OptimizerKind kind_ = OptimizerKind::kAdamW;
     bool amsgrad_ = false;
     kernels::Isa isa_ = kernels::Isa::kScalar;
     std::unique_ptr<kernels::OptimizerKernel> kernel_;

@@ -20,16 +20,7 @@ double seconds_since(Clock::time_point t0) {
 }  // namespace
 
 std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind, bool amsgrad) {
-    switch (kind) {
-        case kernels::OptimizerKind::kAdam:
-        case kernels::OptimizerKind::kAdamW:
-            return amsgrad ? 4 : 3;
-        case kernels::OptimizerKind::kAdagrad:
-        case kernels::OptimizerKind::kLion:
-            return 2;
-    }
-    ZINF_ASSERT_MSG(false, "unknown optimizer kind");
-    return 0;
+    return optimizer_descriptor(kind).state_count(amsgrad);
 }
 
 std::uint64_t OptimizerSwapper::buffer_size_bytes(std::uint64_t sub_group_numel,
@@ -57,12 +48,10 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                                                 ") and sub_group_size (", options.sub_group_numel,
                                                 ") must be positive"));
     }
-    const bool adam = options.kind == kernels::OptimizerKind::kAdam ||
-                      options.kind == kernels::OptimizerKind::kAdamW;
-    if (options.amsgrad && !adam) {
+    if (options.amsgrad && !optimizer_descriptor(options.kind).has_amsgrad) {
         return Status::invalid_argument(str_cat("optimizer swapper: amsgrad with ",
-                                                kernels::optimizer_kind_name(options.kind),
-                                                "; only Adam and AdamW have it"));
+                                                optimizer_kind_name(options.kind),
+                                                ", which has none"));
     }
     const std::uint64_t need_bytes =
         buffer_size_bytes(options.sub_group_numel, options.kind, options.amsgrad);
@@ -168,23 +157,10 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
         ZINF_ASSERT_EQ(bytes.size(), numel * sizeof(float));
         return std::span<float>(reinterpret_cast<float*>(bytes.data()), numel);
     };
+    // The sub-group's partitions: the master, then the kept moments in the descriptor's order.
     kernels::OptimizerState state;
     state.params = as_floats(0);
-    // AMSGrad's running maximum is the last state of the sub-group.
-    if (options_.amsgrad) state.max_exp_avg_sq = as_floats(state_count_ - 1);
-    switch (options_.kind) {
-        case kernels::OptimizerKind::kAdam:
-        case kernels::OptimizerKind::kAdamW:
-            state.exp_avg = as_floats(1);
-            state.exp_avg_sq = as_floats(2);
-            break;
-        case kernels::OptimizerKind::kAdagrad:
-            state.exp_avg_sq = as_floats(1);
-            break;
-        case kernels::OptimizerKind::kLion:
-            state.exp_avg = as_floats(1);
-            break;
-    }
+    for (std::size_t k = 1; k < state_count_; ++k) state.moments[k - 1] = as_floats(k);
     ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, grads.gradients(sub_group, offset, numel));
     if (g.numel != numel || g.data == nullptr) {
         return Status::invalid_argument(str_cat("optimizer swapper: gradients of sub-group ",
@@ -201,9 +177,9 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
 Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
     if (params.kind != options_.kind || params.amsgrad != options_.amsgrad) {
         return Status::invalid_argument(str_cat(
-            "optimizer swapper: step with ", kernels::optimizer_kind_name(params.kind),
+            "optimizer swapper: step with ", optimizer_kind_name(params.kind),
             params.amsgrad ? " (amsgrad)" : "", " on states laid out for ",
-            kernels::optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
+            optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
     }
     // Reject bad hyperparameters before any sub-group changes.
     ZINF_TRY(kernels::validate(params));
@@ -272,9 +248,9 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
 }
 
 Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> params,
-                                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                                        std::span<float> max_exp_avg_sq) {
+                                        std::span<const std::span<float>> moments) {
     ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    ZINF_ASSERT_LE(moments.size(), state_count_ - 1);
     const std::uint64_t numel = sub_group_numel(sub_group);
     ZINF_ASSERT_EQ(params.size(), numel);
     SwapTicket& ticket = tickets_[0];
@@ -282,22 +258,10 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
     if (status.is_ok()) status = ticket.wait();
     if (status.is_ok()) {
         std::memcpy(params.data(), ticket.data(0).data(), numel * sizeof(float));
-        std::size_t k = 1;
-        if (options_.kind != kernels::OptimizerKind::kAdagrad) {
-            if (!exp_avg.empty()) {
-                ZINF_ASSERT_EQ(exp_avg.size(), numel);
-                std::memcpy(exp_avg.data(), ticket.data(k).data(), numel * sizeof(float));
-            }
-            ++k;
-        }
-        if (k < state_count_ && !exp_avg_sq.empty()) {
-            ZINF_ASSERT_EQ(exp_avg_sq.size(), numel);
-            std::memcpy(exp_avg_sq.data(), ticket.data(k).data(), numel * sizeof(float));
-        }
-        if (options_.amsgrad && !max_exp_avg_sq.empty()) {
-            ZINF_ASSERT_EQ(max_exp_avg_sq.size(), numel);
-            std::memcpy(max_exp_avg_sq.data(), ticket.data(state_count_ - 1).data(),
-                        numel * sizeof(float));
+        for (std::size_t k = 0; k < moments.size(); ++k) {
+            if (moments[k].empty()) continue;
+            ZINF_ASSERT_EQ(moments[k].size(), numel);
+            std::memcpy(moments[k].data(), ticket.data(k + 1).data(), numel * sizeof(float));
         }
     }
     drain();
@@ -305,10 +269,9 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
 }
 
 Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const float> params,
-                                         std::span<const float> exp_avg,
-                                         std::span<const float> exp_avg_sq,
-                                         std::span<const float> max_exp_avg_sq) {
+                                         std::span<const std::span<const float>> moments) {
     ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    ZINF_ASSERT_LE(moments.size(), state_count_ - 1);
     const std::uint64_t numel = sub_group_numel(sub_group);
     ZINF_ASSERT_EQ(params.size(), numel);
     SwapTicket& ticket = tickets_[0];
@@ -328,10 +291,9 @@ Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const 
             std::memcpy(to.data(), from.data(), numel * sizeof(float));
         };
         put(0, params);
-        std::size_t k = 1;
-        if (options_.kind != kernels::OptimizerKind::kAdagrad) put(k++, exp_avg);
-        if (options_.kind != kernels::OptimizerKind::kLion) put(k++, exp_avg_sq);
-        if (options_.amsgrad) put(k, max_exp_avg_sq);
+        for (std::size_t k = 1; k < state_count_; ++k) {
+            put(k, k - 1 < moments.size() ? moments[k - 1] : std::span<const float>());
+        }
         status = swapper_->write_back(ticket);
         if (status.is_ok()) status = ticket.wait();
     }

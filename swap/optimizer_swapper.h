@@ -1,7 +1,7 @@
 // OptimizerSwapper: the optimizer step for NVMe-resident optimizer states. The fp32 master
 // parameters and the optimizer's states are split into sub-groups of `sub_group_size`
-// parameters; each sub-group is one run of consecutive partitions in the swap store (params,
-// then exp_avg and/or exp_avg_sq), so it moves in one read and one write. The step streams over
+// parameters; each sub-group is one run of consecutive partitions in the swap store (the
+// master, then the optimizer's moments), so it moves in one read and one write. The step streams over
 // the sub-groups through pinned pool buffers: read group i+1, update group i with the
 // kernels/ optimizer, write group i-1 (`pipeline_read` / `pipeline_write` of the
 // `offload_optimizer` config turn each overlap on). The step is I/O-bound by design; the
@@ -88,10 +88,11 @@ public:
     static std::uint64_t buffer_size_bytes(std::uint64_t sub_group_numel,
                                            kernels::OptimizerKind kind, bool amsgrad = false);
     static std::size_t buffers_needed(const OptimizerSwapperOptions& options);
-    // 1 + the states the optimizer keeps: 3 for Adam/AdamW (4 with amsgrad), 2 for Adagrad and
-    // Lion. In this order in a sub-group: master, exp_avg, exp_avg_sq, max_exp_avg_sq.
+    // 1 + the moments the optimizer keeps (its descriptor's): 3 for Adam/AdamW (4 with
+    // amsgrad), 2 for Adagrad and Lion. In a sub-group: the master, then the moments in the
+    // descriptor's order.
     static std::size_t state_count(kernels::OptimizerKind kind, bool amsgrad = false);
-    static constexpr std::size_t kMaxStates = 4;
+    static constexpr std::size_t kMaxStates = 1 + kMaxMoments;
 
     // Writes the initial master parameters (from `source`) and zeroed states of every
     // sub-group, overlapping the writes. Blocks until all are on disk.
@@ -108,16 +109,17 @@ public:
     // the step is measured against (zinfinity-bench optimizer). Leaves the states unchanged.
     Status io_only_pass();
 
-    // Reads one sub-group's master parameters and states (tests, checkpoints). A state span may
-    // be empty when the optimizer keeps no such state (or the caller wants none). Blocks.
-    Status read_sub_group(std::size_t sub_group, std::span<float> params, std::span<float> exp_avg,
-                          std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq = {});
+    // Reads one sub-group's master parameters and moments (tests, checkpoints): `moments` holds
+    // the kept moments in the optimizer descriptor's order, as many as the caller wants (at
+    // most the kept ones); an empty span skips that moment. Blocks.
+    Status read_sub_group(std::size_t sub_group, std::span<float> params,
+                          std::span<const std::span<float>> moments);
 
-    // Writes one sub-group's master parameters and states (checkpoint load); the same shapes
-    // as read_sub_group (an empty state span writes zeros). Blocks until it is on disk.
+    // Writes one sub-group's master parameters and moments (checkpoint load); the same shapes
+    // as read_sub_group (a missing or empty moment span writes zeros). Blocks until it is on
+    // disk.
     Status write_sub_group(std::size_t sub_group, std::span<const float> params,
-                           std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
-                           std::span<const float> max_exp_avg_sq = {});
+                           std::span<const std::span<const float>> moments);
 
     std::size_t sub_group_count() const noexcept { return sub_group_count_; }
     std::uint64_t sub_group_numel(std::size_t sub_group) const noexcept;

@@ -7,37 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/step_args.h"
+
 namespace zinf::kernels::detail {
-
-// The per-step constants, already in fp32, computed once per step in double precision by
-// kernels/optimizer.cc (bias corrections use std::pow on the 64-bit step count).
-struct StepConstants {
-    float grad_scale;  // gradient multiplier: unscale and clip in the same pass
-    float beta1;
-    float one_minus_beta1;
-    float beta2;
-    float one_minus_beta2;
-    float eps;
-    float step_size;                  // negative: -lr / (1 - beta1^t) for Adam; -lr otherwise
-    float inv_sqrt_bias_correction2;  // 1 / sqrt(1 - beta2^t); 1 without bias correction
-    float sqrt_bias_correction2;      // sqrt(1 - beta2^t): torch divides by it
-    std::uint32_t torch_rounding;     // 1: Adam/AdamW in torch's operation order
-    float l2_weight_decay;            // added to the gradient as wd * p (Adam, Adagrad)
-    float decay_factor;               // p *= 1 - lr * wd before the update (AdamW, Lion)
-};
-
-// The operands of one step. Spans were checked by the caller; chunk functions index them with
-// [begin, end). Pointers the optimizer does not use are null (exp_avg_sq for Lion,
-// max_exp_avg_sq without AMSGrad, ...).
-struct StepArgs {
-    float* params;
-    float* exp_avg;
-    float* exp_avg_sq;
-    float* max_exp_avg_sq;  // AMSGrad (Adam, AdamW): the running maximum of exp_avg_sq
-    const void* grads;  // float or uint16_t (bf16, fp16): the table entry fixes which
-    void* param_copy;   // uint16_t (bf16, fp16) or null
-    StepConstants c;
-};
 
 // The optimizer kinds, in the order of the table's first index.
 inline constexpr int kKindAdam = 0;
@@ -50,8 +22,6 @@ inline constexpr int kCopyCount = 3;
 // The table's second index: 0 plain, 1 AMSGrad (set for Adam and AdamW only; null otherwise).
 inline constexpr int kAmsgradCount = 2;
 
-// Updates elements [begin, end). Per-element results do not depend on begin or end.
-using StepChunkFn = void (*)(const StepArgs& args, std::size_t begin, std::size_t end) noexcept;
 // Returns the sum of squares of grads[begin, end) in double, in the order documented in
 // kernels/README.md: element i goes to lane i % sum_lanes of the chunk (counted from begin),
 // each lane sums in index order, and the lanes are then added in lane order.

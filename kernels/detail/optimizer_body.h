@@ -144,16 +144,31 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
     store_copy<V, kCopy>(copy, index, p);
 }
 
+// Where each built-in kind keeps its moments in StepArgs::moments (the order of its
+// OptimizerDescriptor): Adam and AdamW exp_avg, exp_avg_sq, max_exp_avg_sq; Adagrad its running
+// sum (exp_avg_sq); Lion exp_avg.
+template <int kKind>
+struct MomentSlots {
+    static constexpr int kExpAvg = kKind == kKindAdagrad ? -1 : 0;
+    static constexpr int kExpAvgSq = kKind == kKindLion ? -1 : kKind == kKindAdagrad ? 0 : 1;
+    static constexpr int kMaxExpAvgSq = 2;
+};
+
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void step_chunk(const StepArgs& a, std::size_t begin, std::size_t end) noexcept {
     constexpr std::size_t kLanes = V::kLanes;
-    constexpr bool kUsesExpAvg = kKind != kKindAdagrad;
-    constexpr bool kUsesExpAvgSq = kKind != kKindLion;
+    using Slots = MomentSlots<kKind>;
+    constexpr bool kUsesExpAvg = Slots::kExpAvg >= 0;
+    constexpr bool kUsesExpAvgSq = Slots::kExpAvgSq >= 0;
+    float* const exp_avg = kUsesExpAvg ? a.moments[kUsesExpAvg ? Slots::kExpAvg : 0] : nullptr;
+    float* const exp_avg_sq =
+        kUsesExpAvgSq ? a.moments[kUsesExpAvgSq ? Slots::kExpAvgSq : 0] : nullptr;
+    float* const max_exp_avg_sq = kAmsgrad ? a.moments[Slots::kMaxExpAvgSq] : nullptr;
     const VectorConstants<V> k(a.c);
     std::size_t i = begin;
     for (; i + kLanes <= end; i += kLanes) {
-        step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, a.params, a.exp_avg, a.exp_avg_sq,
-                                                     a.max_exp_avg_sq, a.grads, a.param_copy, i);
+        step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, a.params, exp_avg, exp_avg_sq,
+                                                     max_exp_avg_sq, a.grads, a.param_copy, i);
     }
     if (i == end) return;
     // The tail runs the same vector code on zero-padded copies: every element then sees the
@@ -167,15 +182,15 @@ void step_chunk(const StepArgs& a, std::size_t begin, std::size_t end) noexcept 
     alignas(64) G g[kLanes] = {};
     alignas(64) std::uint16_t copy[kLanes] = {};
     std::memcpy(p, a.params + i, rest * sizeof(float));
-    if constexpr (kUsesExpAvg) std::memcpy(m, a.exp_avg + i, rest * sizeof(float));
-    if constexpr (kUsesExpAvgSq) std::memcpy(v, a.exp_avg_sq + i, rest * sizeof(float));
-    if constexpr (kAmsgrad) std::memcpy(v_max, a.max_exp_avg_sq + i, rest * sizeof(float));
+    if constexpr (kUsesExpAvg) std::memcpy(m, exp_avg + i, rest * sizeof(float));
+    if constexpr (kUsesExpAvgSq) std::memcpy(v, exp_avg_sq + i, rest * sizeof(float));
+    if constexpr (kAmsgrad) std::memcpy(v_max, max_exp_avg_sq + i, rest * sizeof(float));
     std::memcpy(g, static_cast<const G*>(a.grads) + i, rest * sizeof(G));
     step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, p, m, v, v_max, g, copy, 0);
     std::memcpy(a.params + i, p, rest * sizeof(float));
-    if constexpr (kUsesExpAvg) std::memcpy(a.exp_avg + i, m, rest * sizeof(float));
-    if constexpr (kUsesExpAvgSq) std::memcpy(a.exp_avg_sq + i, v, rest * sizeof(float));
-    if constexpr (kAmsgrad) std::memcpy(a.max_exp_avg_sq + i, v_max, rest * sizeof(float));
+    if constexpr (kUsesExpAvg) std::memcpy(exp_avg + i, m, rest * sizeof(float));
+    if constexpr (kUsesExpAvgSq) std::memcpy(exp_avg_sq + i, v, rest * sizeof(float));
+    if constexpr (kAmsgrad) std::memcpy(max_exp_avg_sq + i, v_max, rest * sizeof(float));
     if constexpr (kCopy != kCopyNone) {
         std::memcpy(static_cast<std::uint16_t*>(a.param_copy) + i, copy,
                     rest * sizeof(std::uint16_t));

@@ -500,13 +500,18 @@ Status read_optimizer_params(const Json& params, const std::string& ppath,
     ZINF_TRY(p.get_double("eps", o.eps, 0.0, 1.0));
     ZINF_TRY(p.get_double("weight_decay", o.weight_decay, 0.0, 1e3));
     ZINF_TRY(p.get_bool("adam_w_mode", o.adam_w_mode));
-    const bool adam = o.type == OptimizerType::kAdam || o.type == OptimizerType::kAdamW;
-    for (const char* key : {"bias_correction", "amsgrad"}) {
-        const Json* v = p.find(key);
-        if (v != nullptr && !adam) {
-            return Status::invalid_argument(str_cat(ppath, ".", key, ": only Adam and AdamW have it, "
-                                                    "and the optimizer is ",
-                                                    optimizer_type_name(o.type)));
+    // Keys the optimizer's descriptor says it has no use for are refused, not ignored.
+    const OptimizerDescriptor& d = optimizer_descriptor(o.type);
+    const std::pair<const char*, bool> owned[] = {{"bias_correction", d.has_bias_correction},
+                                                  {"amsgrad", d.has_amsgrad}};
+    for (const auto& [key, has] : owned) {
+        if (p.find(key) != nullptr && !has) {
+            return Status::invalid_argument(str_cat(
+                ppath, ".", key, ": only ",
+                key == std::string_view("amsgrad") ? optimizer_names_where(&has_amsgrad)
+                                                   : optimizer_names_where(&has_bias_correction),
+                " have it, "
+                "and the optimizer is ", d.display_name));
         }
     }
     ZINF_TRY(p.get_bool("bias_correction", o.bias_correction));
@@ -517,21 +522,22 @@ Status read_optimizer_params(const Json& params, const std::string& ppath,
 Status read_optimizer(const Json& object, const std::string& path,
                       std::vector<std::string>& warnings, OptimizerConfig& o) {
     ObjectReader r(object, path, warnings);
-    std::string type = std::string(optimizer_type_name(o.type));
-    ZINF_TRY(r.get_enum("type", type, {"Adam", "AdamW", "Adagrad", "Lion", "adam", "adamw",
-                                       "adagrad", "lion"}));
-    std::string lower = type;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) {
-        return static_cast<char>(std::tolower(ch));
-    });
-    o.type = lower == "adam"    ? OptimizerType::kAdam
-             : lower == "adamw" ? OptimizerType::kAdamW
-             : lower == "adagrad" ? OptimizerType::kAdagrad
-                                  : OptimizerType::kLion;
-    if (o.type == OptimizerType::kLion) {
-        o.beta1 = 0.9;
-        o.beta2 = 0.99;
+    if (const Json* t = r.find("type")) {
+        if (!t->is_string()) {
+            return Status::invalid_argument(str_cat(r.path_of("type"), ": expected one of ",
+                                                    optimizer_names(), ", got ", type_name(*t)));
+        }
+        const OptimizerDescriptor* d = find_optimizer(t->get<std::string>());
+        if (d == nullptr) {
+            return Status::invalid_argument(str_cat(r.path_of("type"), ": \"",
+                                                    t->get<std::string>(), "\" is not one of ",
+                                                    optimizer_names(), " (any case)"));
+        }
+        o.type = d->kind;
     }
+    const OptimizerDescriptor& d = optimizer_descriptor(o.type);
+    o.beta1 = d.default_beta1;
+    o.beta2 = d.default_beta2;
     const Json* params = nullptr;
     ZINF_TRY(r.get_object("params", params));
     ZINF_TRY(r.finish());
@@ -1172,16 +1178,6 @@ std::string_view offload_device_name(OffloadDevice device) noexcept {
         case OffloadDevice::kNvme: return "nvme";
     }
     return "none";
-}
-
-std::string_view optimizer_type_name(OptimizerType type) noexcept {
-    switch (type) {
-        case OptimizerType::kAdam: return "Adam";
-        case OptimizerType::kAdamW: return "AdamW";
-        case OptimizerType::kAdagrad: return "Adagrad";
-        case OptimizerType::kLion: return "Lion";
-    }
-    return "AdamW";
 }
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {

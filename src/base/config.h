@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/base/optimizer_descriptor.h"
 #include "src/base/status.h"
 
 namespace zinf::config {
@@ -82,11 +83,10 @@ struct Fp16Config {
     double min_loss_scale = 1;
 };
 
-enum class OptimizerType : std::uint8_t { kAdam, kAdamW, kAdagrad, kLion };
-std::string_view optimizer_type_name(OptimizerType type) noexcept;
 
 struct OptimizerConfig {
-    OptimizerType type = OptimizerType::kAdamW;
+    // Any registered optimizer (src/base/optimizer_descriptor.h), by its name in any case.
+    OptimizerKind type = OptimizerKind::kAdamW;
     double lr = 1e-3;
     double beta1 = 0.9;
     double beta2 = 0.999;

@@ -323,7 +323,7 @@ Result<std::string> Engine::memory_table() const {
 Status Engine::build_summary() {
     const auto& part = coordinator_->partitioning();
     std::string s = str_cat(
-        "zinfinity engine: ", kernels::optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
+        "zinfinity engine: ", optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
         kernels::isa_name(kernel_.isa()), ", ", kernel_.threads(), " threads), lr ",
         exact(config_.optimizer.lr), "; model ", model_.name(), "; ZeRO stage ", plan_.stage,
         " over ", part.world_size(), " rank(s) (", communicator_.name(), ")");
@@ -545,7 +545,7 @@ Status Engine::run_optimizer(double unscale) {
     // OneCycle cycles the momentum: DeepSpeed writes betas = (momentum, 0.99) into every
     // optimizer that has betas (Adagrad has none, and keeps its own).
     if (const auto beta1 = engine::momentum(config_.scheduler, optimizer_updates_);
-        beta1.has_value() && p.kind != kernels::OptimizerKind::kAdagrad) {
+        beta1.has_value() && optimizer_descriptor(p.kind).uses_betas) {
         p.beta1 = *beta1;
         p.beta2 = engine::kOneCycleBeta2;
     }

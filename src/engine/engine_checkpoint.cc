@@ -4,7 +4,8 @@
 // or stage by re-partitioning the saved layout element by element.
 //
 // Files of one rank (a whole checkpoint at world size 1, <tag>/rank<r> at N ranks):
-// master.fp32, exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 (those the optimizer keeps) and
+// master.fp32 and <moment>.fp32 per moment the optimizer keeps (its descriptor's names:
+// exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 for Adam with amsgrad), and
 // parameters.<dtype>, each the rank's optimizer domain in order: under stages 1-3 its partition
 // (every parameter's slice r, padding included), under stage 0 the whole padded layout.
 #include <algorithm>
@@ -23,20 +24,15 @@
 namespace zinf {
 namespace {
 
-constexpr const char* kStateFileNames[4] = {"master.fp32", "exp_avg.fp32", "exp_avg_sq.fp32",
-                                            "max_exp_avg_sq.fp32"};
+// The state files of a layout: the master, then each kept moment by its descriptor's name.
+constexpr std::size_t kMaxStateFiles = 1 + kMaxMoments;
 
-std::span<float> state_span(const engine::StateChunk& c, std::size_t i) {
-    switch (i) {
-        case 0: return c.master;
-        case 1: return c.exp_avg;
-        case 2: return c.exp_avg_sq;
-        default: return c.max_exp_avg_sq;
-    }
+std::string state_file_name(const engine::StateLayout& l, std::size_t i) {
+    return i == 0 ? std::string("master.fp32") : str_cat(l.moment(i - 1).name, ".fp32");
 }
 
-bool kept(const engine::StateLayout& l, std::size_t i) {
-    return i == 0 || (i == 1 && l.exp_avg) || (i == 2 && l.exp_avg_sq) || (i == 3 && l.max_exp_avg_sq);
+std::span<float> state_span(const engine::StateChunk& c, std::size_t i) {
+    return i == 0 ? c.master : c.moments[i - 1];
 }
 
 std::string exact(double v) {
@@ -113,21 +109,19 @@ private:
 Status Engine::save_states(engine::CheckpointWriter& w) {
     const engine::StateLayout layout = states_->layout();
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
-    engine::CheckpointFile files[4];
-    for (std::size_t i = 0; i < 4; ++i) {
-        if (!kept(layout, i)) continue;
-        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(kStateFileNames[i]));
+    const std::size_t n_files = layout.arrays();
+    engine::CheckpointFile files[kMaxStateFiles];
+    for (std::size_t i = 0; i < n_files; ++i) {
+        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(state_file_name(layout, i)));
     }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
         ZINF_TRY(states_->read_chunk(k, c));
-        for (std::size_t i = 0; i < 4; ++i) {
-            if (kept(layout, i)) ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
+        for (std::size_t i = 0; i < n_files; ++i) {
+            ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
         }
     }
-    for (std::size_t i = 0; i < 4; ++i) {
-        if (kept(layout, i)) ZINF_TRY(w.end_file(files[i]));
-    }
+    for (std::size_t i = 0; i < n_files; ++i) ZINF_TRY(w.end_file(files[i]));
     // The parameters (the optimizer domain), in their dtype.
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
@@ -145,21 +139,19 @@ Status Engine::load_states(const engine::CheckpointReader& r) {
     const engine::StateLayout layout = states_->layout();
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
     const std::uint64_t state_bytes = static_cast<std::uint64_t>(states_->numel()) * 4;
-    engine::CheckpointFile files[4];
-    for (std::size_t i = 0; i < 4; ++i) {
-        if (!kept(layout, i)) continue;
-        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(kStateFileNames[i], state_bytes));
+    const std::size_t n_files = layout.arrays();
+    engine::CheckpointFile files[kMaxStateFiles];
+    for (std::size_t i = 0; i < n_files; ++i) {
+        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(state_file_name(layout, i), state_bytes));
     }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
-        for (std::size_t i = 0; i < 4; ++i) {
-            if (kept(layout, i)) ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
+        for (std::size_t i = 0; i < n_files; ++i) {
+            ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
         }
-        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq, c.max_exp_avg_sq}));
+        ZINF_TRY(states_->write_chunk(k, engine::as_const(c)));
     }
-    for (std::size_t i = 0; i < 4; ++i) {
-        if (kept(layout, i)) ZINF_TRY(r.end_file(files[i]));
-    }
+    for (std::size_t i = 0; i < n_files; ++i) ZINF_TRY(r.end_file(files[i]));
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
@@ -188,12 +180,12 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
     const engine::StateLayout layout = states_->layout();
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::string param_file = "parameters." + std::string(dtype_name(plan_.dtype));
-    // cursors[file][shard]: files 0-3 the states, 4 the parameters.
-    std::vector<std::vector<ShardCursor>> cursors(5);
-    for (std::size_t f = 0; f < 5; ++f) {
-        if (f < 4 && !kept(layout, f)) continue;
-        const std::string name = f < 4 ? kStateFileNames[f] : param_file;
-        const std::uint64_t bytes = saved_domain * (f < 4 ? 4 : eb);
+    // cursors[file][shard]: files [0, n_states) the states, n_states the parameters.
+    const std::size_t n_states = layout.arrays();
+    std::vector<std::vector<ShardCursor>> cursors(n_states + 1);
+    for (std::size_t f = 0; f <= n_states; ++f) {
+        const std::string name = f < n_states ? state_file_name(layout, f) : param_file;
+        const std::uint64_t bytes = saved_domain * (f < n_states ? 4 : eb);
         for (int k = 0; k < saved.shards; ++k) {
             ZINF_ASSIGN_OR_RETURN(auto file, shards[k].open_file(name, bytes));
             cursors[f].emplace_back(std::move(file), bytes);
@@ -207,8 +199,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
         const std::size_t begin = k * states_->chunk_numel();
         const std::size_t len = states_->chunk_length(k);
         const engine::StateChunk c = buffers.chunk(len);
-        for (std::size_t i = 0; i < 4; ++i) {
-            if (kept(layout, i)) std::fill(state_span(c, i).begin(), state_span(c, i).end(), 0.0f);
+        for (std::size_t i = 0; i < n_states; ++i) {
+            std::fill(state_span(c, i).begin(), state_span(c, i).end(), 0.0f);
         }
         std::fill(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(len * eb), std::byte{0});
         for (std::size_t p = 0; p < part.parameter_count(); ++p) {
@@ -222,21 +214,21 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
                 const std::size_t e = first + (d - at);
                 const std::size_t n = std::min(hi - d, saved.run_length(p, e));
                 const auto [shard, offset] = saved.locate(p, e);
-                for (std::size_t f = 0; f < 5; ++f) {
-                    if (cursors[f].empty()) continue;
+                for (std::size_t f = 0; f <= n_states; ++f) {
                     std::span<std::byte> out =
-                        f < 4 ? std::as_writable_bytes(state_span(c, f).subspan(d - begin, n))
-                              : std::span<std::byte>(params.data() + (d - begin) * eb, n * eb);
-                    ZINF_TRY(cursors[f][shard].read_at(offset * (f < 4 ? 4 : eb), out));
+                        f < n_states
+                            ? std::as_writable_bytes(state_span(c, f).subspan(d - begin, n))
+                            : std::span<std::byte>(params.data() + (d - begin) * eb, n * eb);
+                    ZINF_TRY(cursors[f][shard].read_at(offset * (f < n_states ? 4 : eb), out));
                 }
                 d += n;
             }
         }
-        ZINF_TRY(states_->write_chunk(k, {c.master, c.exp_avg, c.exp_avg_sq, c.max_exp_avg_sq}));
+        ZINF_TRY(states_->write_chunk(k, engine::as_const(c)));
         ZINF_TRY(coordinator_->write_domain_parameters(
             begin, std::span<const std::byte>(params.data(), len * eb), stream()));
     }
-    for (std::size_t f = 0; f < 5; ++f) {
+    for (std::size_t f = 0; f <= n_states; ++f) {
         for (std::size_t k = 0; k < cursors[f].size(); ++k) ZINF_TRY(cursors[f][k].finish(shards[k]));
     }
     return Status::ok();
@@ -262,7 +254,7 @@ void Engine::describe_states(engine::CheckpointWriter& w) const {
     w.set("zero_stage", std::to_string(plan_.stage));
     w.set("dtype", std::string(dtype_name(plan_.dtype)));
     w.set("master_dtype", "fp32");
-    w.set("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind)));
+    w.set("optimizer", std::string(optimizer_kind_name(plan_.optimizer.kind)));
     w.set("amsgrad", plan_.optimizer.amsgrad ? "1" : "0");
     w.set("domain_numel", std::to_string(plan_.domain_numel));
     w.set("model_numel", std::to_string(part.model_numel()));
@@ -406,7 +398,7 @@ Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layou
         ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
     }
     ZINF_TRY(expect("dtype", std::string(dtype_name(plan_.dtype))));
-    ZINF_TRY(expect("optimizer", std::string(kernels::optimizer_kind_name(plan_.optimizer.kind))));
+    ZINF_TRY(expect("optimizer", std::string(optimizer_kind_name(plan_.optimizer.kind))));
     // Checkpoints from before amsgrad existed have no such key: they had none.
     if (r.get("amsgrad").has_value()) ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
     ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));

@@ -29,14 +29,7 @@ std::string joined(const std::vector<std::string>& paths) {
 // DeepSpeed's optimizer names and flags to the kernel's kinds (Adam with adam_w_mode is AdamW).
 kernels::OptimizerParams optimizer_params(const config::OptimizerConfig& c) noexcept {
     kernels::OptimizerParams p;
-    switch (c.type) {
-        case config::OptimizerType::kAdam:
-            p.kind = c.adam_w_mode ? kernels::OptimizerKind::kAdamW : kernels::OptimizerKind::kAdam;
-            break;
-        case config::OptimizerType::kAdamW: p.kind = kernels::OptimizerKind::kAdamW; break;
-        case config::OptimizerType::kAdagrad: p.kind = kernels::OptimizerKind::kAdagrad; break;
-        case config::OptimizerType::kLion: p.kind = kernels::OptimizerKind::kLion; break;
-    }
+    p.kind = c.type == OptimizerKind::kAdam && c.adam_w_mode ? OptimizerKind::kAdamW : c.type;
     p.lr = c.lr;
     p.beta1 = c.beta1;
     p.beta2 = c.beta2;

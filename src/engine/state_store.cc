@@ -17,7 +17,7 @@ public:
     Status initialize(swap::ParamSource& initial) override {
         for (std::size_t k = 0; k < chunk_count(); ++k) {
             const std::size_t at = k * chunk_numel();
-            ZINF_TRY(initial.fill(k, at, std::span<float>(master_ + at, chunk_length(k))));
+            ZINF_TRY(initial.fill(k, at, std::span<float>(data_[0] + at, chunk_length(k))));
         }
         return Status::ok();
     }
@@ -28,10 +28,10 @@ public:
             const std::size_t at = k * chunk_numel();
             const std::size_t n = chunk_length(k);
             kernels::OptimizerState state;
-            state.params = {master_ + at, n};
-            if (exp_avg_ != nullptr) state.exp_avg = {exp_avg_ + at, n};
-            if (exp_avg_sq_ != nullptr) state.exp_avg_sq = {exp_avg_sq_ + at, n};
-            if (max_exp_avg_sq_ != nullptr) state.max_exp_avg_sq = {max_exp_avg_sq_ + at, n};
+            state.params = {data_[0] + at, n};
+            for (std::size_t i = 0; i < layout().moment_count; ++i) {
+                state.moments[i] = {data_[i + 1] + at, n};
+            }
             ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, io.gradients(k, at, n));
             ZINF_TRY(kernel_.step(params, state, g, io.param_copy(k, at, n)));
             ZINF_TRY(io.updated(k, at, state.params));
@@ -40,30 +40,28 @@ public:
     }
 
     Status read_chunk(std::size_t k, const StateChunk& out) override {
-        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size(),
-                    out.max_exp_avg_sq.size());
+        check_chunk(k, out);
         const std::size_t at = k * chunk_numel();
-        copy_out(master_ + at, out.master);
-        if (exp_avg_ != nullptr) copy_out(exp_avg_ + at, out.exp_avg);
-        if (exp_avg_sq_ != nullptr) copy_out(exp_avg_sq_ + at, out.exp_avg_sq);
-        if (max_exp_avg_sq_ != nullptr) copy_out(max_exp_avg_sq_ + at, out.max_exp_avg_sq);
+        copy_out(data_[0] + at, out.master);
+        for (std::size_t i = 0; i < layout().moment_count; ++i) {
+            copy_out(data_[i + 1] + at, out.moments[i]);
+        }
         return Status::ok();
     }
 
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
-        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size(),
-                    in.max_exp_avg_sq.size());
+        check_chunk(k, in);
         const std::size_t at = k * chunk_numel();
-        copy_in(in.master, master_ + at);
-        if (exp_avg_ != nullptr) copy_in(in.exp_avg, exp_avg_ + at);
-        if (exp_avg_sq_ != nullptr) copy_in(in.exp_avg_sq, exp_avg_sq_ + at);
-        if (max_exp_avg_sq_ != nullptr) copy_in(in.max_exp_avg_sq, max_exp_avg_sq_ + at);
+        copy_in(in.master, data_[0] + at);
+        for (std::size_t i = 0; i < layout().moment_count; ++i) {
+            copy_in(in.moments[i], data_[i + 1] + at);
+        }
         return Status::ok();
     }
 
 protected:
-    // master, exp_avg, exp_avg_sq, max_exp_avg_sq.
-    static constexpr std::size_t kStateArrays = 4;
+    // The master, then the kept moments.
+    static constexpr std::size_t kStateArrays = 1 + kMaxMoments;
 
     InMemoryStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
         : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
@@ -74,21 +72,13 @@ protected:
     template <typename Buffer, typename Allocate>
     Status allocate_arrays(Buffer (&arrays)[kStateArrays], const OffloadPlan& plan,
                            const char* where, Allocate allocate) {
-        static constexpr const char* kNames[kStateArrays] = {"fp32 master parameters", "exp_avg",
-                                                             "exp_avg_sq", "max_exp_avg_sq"};
-        const StateLayout l = layout();
-        const bool kept[kStateArrays] = {true, l.exp_avg, l.exp_avg_sq, l.max_exp_avg_sq};
         const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
-        float* pointers[kStateArrays] = {};
-        for (std::size_t i = 0; i < kStateArrays; ++i) {
-            if (!kept[i]) continue;
-            ZINF_TRY(allocate(arrays[i], bytes, str_cat(where, " ", kNames[i])));
-            pointers[i] = arrays[i].template as<float>();
+        for (std::size_t i = 0; i < layout().arrays(); ++i) {
+            const std::string_view name =
+                i == 0 ? std::string_view("fp32 master parameters") : layout().moment(i - 1).name;
+            ZINF_TRY(allocate(arrays[i], bytes, str_cat(where, " ", name)));
+            data_[i] = arrays[i].template as<float>();
         }
-        master_ = pointers[0];
-        exp_avg_ = pointers[1];
-        exp_avg_sq_ = pointers[2];
-        max_exp_avg_sq_ = pointers[3];
         return Status::ok();
     }
 
@@ -101,10 +91,7 @@ private:
     }
 
     const kernels::OptimizerKernel& kernel_;
-    float* master_ = nullptr;
-    float* exp_avg_ = nullptr;
-    float* exp_avg_sq_ = nullptr;
-    float* max_exp_avg_sq_ = nullptr;
+    float* data_[kStateArrays] = {};  // the master, then the kept moments
 };
 
 // offload_optimizer "none": the states in device memory, counted against the device budget. The
@@ -179,16 +166,15 @@ public:
         return s;
     }
     Status read_chunk(std::size_t k, const StateChunk& out) override {
-        check_chunk(k, out.master.size(), out.exp_avg.size(), out.exp_avg_sq.size(),
-                    out.max_exp_avg_sq.size());
-        return swapper_.read_sub_group(k, out.master, out.exp_avg, out.exp_avg_sq,
-                                       out.max_exp_avg_sq);
+        check_chunk(k, out);
+        return swapper_.read_sub_group(
+            k, out.master, std::span<const std::span<float>>(out.moments.data(), layout().moment_count));
     }
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
-        check_chunk(k, in.master.size(), in.exp_avg.size(), in.exp_avg_sq.size(),
-                    in.max_exp_avg_sq.size());
-        return swapper_.write_sub_group(k, in.master, in.exp_avg, in.exp_avg_sq,
-                                        in.max_exp_avg_sq);
+        check_chunk(k, in);
+        return swapper_.write_sub_group(
+            k, in.master,
+            std::span<const std::span<const float>>(in.moments.data(), layout().moment_count));
     }
     Status io_only_pass() override { return swapper_.io_only_pass(); }
     double last_read_wait_seconds() const noexcept override { return read_wait_seconds_; }
@@ -202,10 +188,22 @@ private:
 
 StateLayout StateLayout::of(const kernels::OptimizerParams& params) noexcept {
     StateLayout l;
-    l.exp_avg = params.kind != kernels::OptimizerKind::kAdagrad;
-    l.exp_avg_sq = params.kind != kernels::OptimizerKind::kLion;
-    l.max_exp_avg_sq = params.amsgrad;
+    l.optimizer = &optimizer_descriptor(params.kind);
+    l.moment_count = l.optimizer->kept_moment_count(params.amsgrad);
     return l;
+}
+
+const MomentDescriptor& StateLayout::moment(std::size_t i) const noexcept {
+    ZINF_ASSERT_LT(i, moment_count);
+    // The kept moments are the descriptor's first ones: amsgrad-only moments come last.
+    return optimizer->moments[i];
+}
+
+ConstStateChunk as_const(const StateChunk& c) noexcept {
+    ConstStateChunk out;
+    out.master = c.master;
+    for (std::size_t i = 0; i < kMaxMoments; ++i) out.moments[i] = c.moments[i];
+    return out;
 }
 
 std::size_t StateStore::chunk_length(std::size_t k) const noexcept {
@@ -217,14 +215,14 @@ std::uint64_t StateStore::state_bytes() const noexcept {
     return layout_.arrays() * numel_ * sizeof(float);
 }
 
-void StateStore::check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
-                             std::size_t exp_avg_sq, std::size_t max_exp_avg_sq) const {
+template <typename Chunk>
+void StateStore::check_chunk(std::size_t k, const Chunk& c) const {
     ZINF_ASSERT_LT(k, chunk_count());
     const std::size_t n = chunk_length(k);
-    ZINF_ASSERT_EQ(master, n);
-    ZINF_ASSERT_EQ(exp_avg, layout_.exp_avg ? n : 0);
-    ZINF_ASSERT_EQ(exp_avg_sq, layout_.exp_avg_sq ? n : 0);
-    ZINF_ASSERT_EQ(max_exp_avg_sq, layout_.max_exp_avg_sq ? n : 0);
+    ZINF_ASSERT_EQ(c.master.size(), n);
+    for (std::size_t i = 0; i < kMaxMoments; ++i) {
+        ZINF_ASSERT_EQ(c.moments[i].size(), i < layout_.moment_count ? n : 0);
+    }
 }
 
 Result<std::unique_ptr<StateStore>> make_state_store(const OffloadPlan& plan, Device& device,

@@ -6,6 +6,7 @@
 // new parameters go, chosen once from the plan.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "src/base/aligned.h"
 #include "src/base/device.h"
 #include "src/base/device_buffer.h"
+#include "src/base/optimizer_descriptor.h"
 #include "src/base/status.h"
 #include "src/engine/gradient_swap.h"
 #include "src/engine/offload_plan.h"
@@ -25,52 +27,52 @@
 
 namespace zinf::engine {
 
-// The states of elements [offset, offset + master.size()) of the domain. A moment the optimizer
-// does not keep has an empty span.
+// The states of elements [offset, offset + master.size()) of the domain: the fp32 master and the
+// kept moments in the optimizer descriptor's order; the spans past the kept ones are empty.
 struct StateChunk {
     std::span<float> master;
-    std::span<float> exp_avg;
-    std::span<float> exp_avg_sq;
-    std::span<float> max_exp_avg_sq;
+    std::array<std::span<float>, kMaxMoments> moments{};
 };
 struct ConstStateChunk {
     std::span<const float> master;
-    std::span<const float> exp_avg;
-    std::span<const float> exp_avg_sq;
-    std::span<const float> max_exp_avg_sq;
+    std::array<std::span<const float>, kMaxMoments> moments{};
 };
 
-// Which fp32 arrays the optimizer keeps besides the master: Adam/AdamW exp_avg and exp_avg_sq
-// (and max_exp_avg_sq with amsgrad), Adagrad exp_avg_sq, Lion exp_avg.
+// Which fp32 arrays the optimizer keeps besides the master: its descriptor's moments, the
+// amsgrad-only ones only with amsgrad (Adam/AdamW exp_avg and exp_avg_sq, and max_exp_avg_sq with
+// amsgrad; Adagrad its running sum; Lion exp_avg).
 struct StateLayout {
-    bool exp_avg = false;
-    bool exp_avg_sq = false;
-    bool max_exp_avg_sq = false;
+    const OptimizerDescriptor* optimizer = nullptr;
+    std::size_t moment_count = 0;  // kept
     static StateLayout of(const kernels::OptimizerParams& params) noexcept;
-    std::size_t arrays() const noexcept {
-        return 1 + (exp_avg ? 1 : 0) + (exp_avg_sq ? 1 : 0) + (max_exp_avg_sq ? 1 : 0);
-    }
+    // The i-th kept moment (< moment_count).
+    const MomentDescriptor& moment(std::size_t i) const noexcept;
+    std::size_t arrays() const noexcept { return 1 + moment_count; }
 };
 
 // Host buffers of one chunk of every state the layout keeps (checkpoints, tests).
 class ChunkBuffers {
 public:
-    ChunkBuffers(const StateLayout& layout, std::size_t chunk_numel)
-        : master_(chunk_numel),
-          exp_avg_(layout.exp_avg ? chunk_numel : 0),
-          exp_avg_sq_(layout.exp_avg_sq ? chunk_numel : 0),
-          max_exp_avg_sq_(layout.max_exp_avg_sq ? chunk_numel : 0) {}
+    ChunkBuffers(const StateLayout& layout, std::size_t chunk_numel) : master_(chunk_numel) {
+        for (std::size_t i = 0; i < layout.moment_count; ++i) moments_[i].resize(chunk_numel);
+    }
     // Spans of `numel` elements (none for a state not kept).
     StateChunk chunk(std::size_t numel) {
-        auto first = [numel](std::vector<float>& v) {
-            return std::span<float>(v.data(), v.empty() ? 0 : numel);
-        };
-        return {first(master_), first(exp_avg_), first(exp_avg_sq_), first(max_exp_avg_sq_)};
+        StateChunk c;
+        c.master = std::span<float>(master_.data(), numel);
+        for (std::size_t i = 0; i < kMaxMoments; ++i) {
+            if (!moments_[i].empty()) c.moments[i] = std::span<float>(moments_[i].data(), numel);
+        }
+        return c;
     }
 
 private:
-    std::vector<float> master_, exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+    std::vector<float> master_;
+    std::array<std::vector<float>, kMaxMoments> moments_;
 };
+
+// The const view of a chunk (for write_chunk).
+ConstStateChunk as_const(const StateChunk& c) noexcept;
 
 class StateStore {
 public:
@@ -111,8 +113,8 @@ protected:
     StateStore(std::size_t numel, std::size_t chunk_numel, StateLayout layout) noexcept
         : numel_(numel), chunk_numel_(chunk_numel), layout_(layout) {}
     // Asserts that each span of a chunk has chunk_length(k) elements, or none when not kept.
-    void check_chunk(std::size_t k, std::size_t master, std::size_t exp_avg,
-                     std::size_t exp_avg_sq, std::size_t max_exp_avg_sq) const;
+    template <typename Chunk>
+    void check_chunk(std::size_t k, const Chunk& c) const;
 
 private:
     std::size_t numel_;

@@ -143,7 +143,7 @@ TEST(ConfigTest, OptimizerAndScheduler) {
         "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupDecayLR", "params": {
         "warmup_num_steps": 10, "total_num_steps": 100, "warmup_type": "linear"}}})");
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
-    EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
+    EXPECT_EQ(c->optimizer.type, OptimizerKind::kAdamW);
     EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
     EXPECT_EQ(c->scheduler.type, SchedulerType::kWarmupDecayLR);
     EXPECT_TRUE(c->scheduler.warmup_linear);

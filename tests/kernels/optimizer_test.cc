@@ -64,9 +64,18 @@ struct StepOutputs {
 };
 
 // Passes max_exp_avg_sq only with amsgrad, as a caller without AMSGrad would (an empty span).
+// The kept moments in the descriptor's order, each the output array of its name.
 OptimizerState state_of(StepOutputs& out, const OptimizerParams& params) {
-    return {out.params, out.exp_avg, out.exp_avg_sq,
-            params.amsgrad ? std::span<float>(out.max_exp_avg_sq) : std::span<float>()};
+    const OptimizerDescriptor& d = optimizer_descriptor(params.kind);
+    OptimizerState state;
+    state.params = out.params;
+    for (std::size_t i = 0; i < d.kept_moment_count(params.amsgrad); ++i) {
+        const std::string_view name = d.moments[i].name;
+        state.moments[i] = name == "exp_avg"      ? std::span<float>(out.exp_avg)
+                           : name == "exp_avg_sq" ? std::span<float>(out.exp_avg_sq)
+                                                  : std::span<float>(out.max_exp_avg_sq);
+    }
+    return state;
 }
 
 StepOutputs run_step(const OptimizerKernel& kernel, const OptimizerParams& params,
@@ -194,9 +203,9 @@ void expect_bitwise_across_offsets(Isa isa, const OptimizerParams& params, DType
         g.numel = numel - offset;
         OptimizerState state = state_of(part, params);
         state.params = state.params.subspan(offset);
-        state.exp_avg = state.exp_avg.subspan(offset);
-        state.exp_avg_sq = state.exp_avg_sq.subspan(offset);
-        if (params.amsgrad) state.max_exp_avg_sq = state.max_exp_avg_sq.subspan(offset);
+        for (auto& m : state.moments) {
+            if (!m.empty()) m = m.subspan(offset);
+        }
         const Status status =
             kernel.step(params, state, g, ParamCopy::fp16(std::span(part.copy).subspan(offset)));
         ASSERT_TRUE(status.is_ok()) << status.to_string();
@@ -416,9 +425,11 @@ double expect_tracks_reference(const OptimizerKernel& kernel, const OptimizerPar
             in.grads_fp32[i] =
                 magnitude(step) * (0.1f * static_cast<float>(i % 7) - 0.3f + noise(rng));
         }
-        const Status status =
-            kernel.step(params, {in.params, in.exp_avg, in.exp_avg_sq, in.max_exp_avg_sq},
-                        in.grad_view(DType::kFloat32));
+        OptimizerState state;
+        state.params = in.params;
+        state.moments = {std::span<float>(in.exp_avg), std::span<float>(in.exp_avg_sq),
+                         params.amsgrad ? std::span<float>(in.max_exp_avg_sq) : std::span<float>()};
+        const Status status = kernel.step(params, state, in.grad_view(DType::kFloat32));
         EXPECT_TRUE(status.is_ok()) << status.to_string();
         for (std::size_t i = 0; i < numel; ++i) {
             const auto r = reference_step(params, ref[i], in.grads_fp32[i]);

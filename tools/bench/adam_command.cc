@@ -68,7 +68,7 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
                           args.get_choice("optimizer", {"adamw", "adam", "adagrad", "lion"}));
     for (const OptimizerKind k : {OptimizerKind::kAdam, OptimizerKind::kAdamW,
                                   OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
-        if (kernels::optimizer_kind_name(k) == kind) o.kind = k;
+        if (optimizer_kind_name(k) == kind) o.kind = k;
     }
     ZINF_ASSIGN_OR_RETURN(const std::string dtype,
                           args.get_choice("grad-dtype", {"fp32", "bf16", "fp16"}));
@@ -150,7 +150,7 @@ Status run(const AdamOptions& o) {
     }
 
     const std::size_t n = o.params_numel;
-    const bool two_states = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW;
+    const bool two_states = optimizer_descriptor(o.kind).kept_moment_count(false) == 2;
     const std::size_t grad_bytes = dtype_size_bytes(o.grad_dtype);
     const std::size_t bytes_per_param = (two_states ? 24 : 16) + grad_bytes + (o.bf16_copy ? 2 : 0);
     const double bytes_per_step = static_cast<double>(bytes_per_param) * static_cast<double>(n);
@@ -214,8 +214,10 @@ Status run(const AdamOptions& o) {
     hp.weight_decay = 0.01;
     hp.beta2 = o.kind == OptimizerKind::kLion ? 0.99 : 0.999;
     hp.torch_rounding = o.torch_rounding;
-    const kernels::OptimizerState state{
-        {p, n}, {s1, n}, two_states ? std::span<float>(s2, n) : std::span<float>(s1, n)};
+    kernels::OptimizerState state;
+    state.params = {p, n};
+    state.moments[0] = {s1, n};
+    if (two_states) state.moments[1] = {s2, n};
     kernels::GradView grad_view{grads.data(), n, o.grad_dtype};
     const kernels::ParamCopy param_copy =
         o.bf16_copy ? kernels::ParamCopy::bf16({copy_data, n}) : kernels::ParamCopy::none();
@@ -231,7 +233,7 @@ Status run(const AdamOptions& o) {
     std::printf(
         "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d "
         "threads\n",
-        std::string(kernels::optimizer_kind_name(o.kind)).c_str(),
+        std::string(optimizer_kind_name(o.kind)).c_str(),
         o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(n),
         std::string(dtype_name(o.grad_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
