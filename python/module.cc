@@ -31,6 +31,7 @@
 #include "src/base/aligned.h"
 #include "src/base/log.h"
 #include "src/base/status.h"
+#include "swap/optimizer_stack.h"
 #include "swap/optimizer_swapper.h"
 #include "swap/pinned_pool.h"
 #include "swap/swap_store.h"
@@ -634,39 +635,18 @@ public:
         so.name = "optimizer";
         store_ = take(swap::SwapStore::create(*engine_, so));
 
-        std::vector<swap::OptimizerSwapperOptions> options;
-        std::uint64_t buffer_bytes = 0;
-        std::size_t buffers = 0;
-        swap::PartitionId next = 0;
-        for (const std::uint64_t numel : group_numels) {
-            if (numel == 0)
-                raise(Status::invalid_argument("NVMeOptimizer: an empty parameter group"));
-            swap::OptimizerSwapperOptions o;
-            o.numel = numel;
-            o.sub_group_numel = std::min(sub_group_size, numel);
-            o.kind = kind_;
-            o.amsgrad = amsgrad;
-            o.pipeline_read = pipeline_read;
-            o.pipeline_write = pipeline_write;
-            o.first_partition = next;
-            const std::uint64_t groups = (numel + o.sub_group_numel - 1) / o.sub_group_numel;
-            next += static_cast<swap::PartitionId>(
-                groups * swap::OptimizerSwapper::state_count(kind_, amsgrad));
-            buffer_bytes = std::max(buffer_bytes, swap::OptimizerSwapper::buffer_size_bytes(
-                                                      o.sub_group_numel, kind_, amsgrad));
-            buffers = std::max(buffers, swap::OptimizerSwapper::buffers_needed(o));
-            options.push_back(o);
-        }
-        swap::PinnedPoolOptions po;
-        po.name = "optimizer";
-        po.buffer_count = buffers;
-        po.buffer_size_bytes = buffer_bytes;
-        po.allow_unlocked = true;
-        pool_ = take(swap::PinnedPool::create(po));
-        (void)pool_->register_with(*engine_);  // plain opcodes when registration is refused
-        for (const auto& o : options) {
-            swappers_.push_back(take(swap::OptimizerSwapper::create(*store_, *pool_, *kernel_, o)));
-        }
+        // Sized and wired as the engine's NVMe optimizer is (swap/optimizer_stack.h).
+        swap::OptimizerStackOptions stack;
+        stack.group_numels = group_numels;
+        stack.sub_group_numel = sub_group_size;
+        stack.kind = kind_;
+        stack.amsgrad = amsgrad;
+        stack.pipeline_read = pipeline_read;
+        stack.pipeline_write = pipeline_write;
+        stack.pool_name = "optimizer";
+        const swap::OptimizerStackLayout layout = take(swap::layout_optimizer_stack(stack));
+        pool_ = take(swap::create_optimizer_pool(layout, *engine_, nullptr, false));
+        swappers_ = take(swap::create_optimizer_swappers(layout, *store_, *pool_, *kernel_));
         check(store_->commit());
     }
 

@@ -270,20 +270,14 @@ Status Offload::open_stores(const OffloadPlan& plan, const zero::Partitioning& p
                                   swap::SwapStore::create(*io_, plan.optimizer_store));
             optimizer_store_ = optimizer_store_own_.get();
         }
-        swap::PinnedPoolOptions po = plan.optimizer_pool;
-        po.near_device = &device;
-        ZINF_ASSIGN_OR_RETURN(optimizer_pool_, swap::PinnedPool::create(po));
-        const Status reg = optimizer_pool_->register_with(*io_);
-        if (!reg.is_ok()) log::debug("offload: ", reg.to_string());
-        if (plan.optimizer_pool_registered_with_device) {
-            // New parameters go from the pool's buffers to the GPU: pinned for the device, the
-            // copies run at full speed without staging. Pageable still works.
-            const Status pinned = optimizer_pool_->register_with_device(device);
-            if (!pinned.is_ok()) log::warning("offload_optimizer: ", pinned.to_string());
-        }
-        ZINF_ASSIGN_OR_RETURN(optimizer_, swap::OptimizerSwapper::create(
-                                              *optimizer_store_, *optimizer_pool_, kernel,
-                                              plan.optimizer_swapper));
+        ZINF_ASSIGN_OR_RETURN(optimizer_pool_,
+                              swap::create_optimizer_pool(plan.optimizer_stack, *io_, &device,
+                                                          plan.optimizer_pool_registered_with_device));
+        ZINF_ASSIGN_OR_RETURN(auto swappers,
+                              swap::create_optimizer_swappers(plan.optimizer_stack, *optimizer_store_,
+                                                              *optimizer_pool_, kernel));
+        ZINF_ASSERT_EQ(swappers.size(), std::size_t{1});
+        optimizer_ = std::move(swappers.front());
         if (plan.gradients == Home::kNvme) {
             ZINF_TRY(reserve_gradient_partitions(*optimizer_store_, part, plan.dtype));
         }

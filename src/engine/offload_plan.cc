@@ -110,31 +110,27 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
     return Status::ok();
 }
 
-// offload_optimizer "nvme": the swapper's sub-groups and its pinned buffers.
-void size_optimizer_swap(const config::EngineConfig& config, std::size_t first_partition,
-                         OffloadPlan& plan) {
+// offload_optimizer "nvme": the swapper's sub-groups and its pinned buffers (one group: the
+// rank's optimizer domain), sized as every NVMe optimizer is (swap::layout_optimizer_stack).
+Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first_partition,
+                           OffloadPlan& plan) {
     const auto& zc = config.zero;
     const auto& oo = zc.offload_optimizer;
-    swap::OptimizerSwapperOptions& so = plan.optimizer_swapper;
-    so.numel = plan.domain_numel;
+    swap::OptimizerStackOptions so;
+    so.group_numels = {plan.domain_numel};
     so.sub_group_numel = plan.sub_group_numel;
     so.kind = plan.optimizer.kind;
     so.amsgrad = plan.optimizer.amsgrad;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
     so.first_partition = static_cast<swap::PartitionId>(first_partition);
-    const auto buffer_bytes = static_cast<std::size_t>(
-        swap::OptimizerSwapper::buffer_size_bytes(plan.sub_group_numel, so.kind, so.amsgrad));
-    plan.optimizer_pool.name = "offload_optimizer";
-    plan.optimizer_pool.buffer_count = swap::OptimizerSwapper::buffers_needed(so);
-    plan.optimizer_pool.buffer_size_bytes = buffer_bytes;
-    plan.optimizer_pool.allow_unlocked = true;
-    plan.optimizer_pinned_bytes =
-        plan.optimizer_pool.buffer_count * align_up(buffer_bytes, kPageBytes);
+    so.pool_name = "offload_optimizer";
+    ZINF_ASSIGN_OR_RETURN(plan.optimizer_stack, swap::layout_optimizer_stack(so));
     plan.optimizer_store.paths = oo.nvme_path;
     plan.optimizer_store.verify_checksums = config.swap.verify_checksums;
     plan.optimizer_store.name = "optimizer";
     plan.stores_shared = plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
+    return Status::ok();
 }
 
 io::DirectMode direct_mode(config::Tristate t) noexcept {
@@ -204,7 +200,7 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
 void choose_gradient_home(const config::EngineConfig& config, OffloadPlan& plan) {
     const std::uint64_t bytes =
         static_cast<std::uint64_t>(plan.domain_numel) * dtype_size_bytes(plan.dtype);
-    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;
+    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes();
     const bool can_stream = plan.gradients == Home::kHost &&
                             plan.optimizer_states == Home::kNvme &&
                             plan.stage_plan.gradients_partitioned;
@@ -310,7 +306,7 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
 
     if (plan.parameters == Home::kNvme) ZINF_TRY(size_parameter_tiers(config, in, plan));
     if (plan.optimizer_states == Home::kNvme) {
-        size_optimizer_swap(config, part.parameter_count(), plan);
+        ZINF_TRY(size_optimizer_swap(config, part.parameter_count(), plan));
         plan.optimizer_pool_registered_with_device =
             in.device_kind != DeviceKind::kCpu && zc.offload_optimizer.pin_memory;
     }
@@ -319,14 +315,14 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
 
     plan.host_budget_bytes = config.device.host_memory_budget_bytes;
     choose_gradient_home(config, plan);
-    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes;
+    const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes();
     if (plan.host_budget_bytes > 0 && pinned > plan.host_budget_bytes) {
         return Status::invalid_argument(str_cat(
             "device.host_memory_budget: ", plan.host_budget_bytes,
             " bytes is less than the pinned memory the offload config needs: ",
             plan.parameter_host_tier_bytes,
             " bytes for parameters (offload_param buffer_count x buffer_size) + ",
-            plan.optimizer_pinned_bytes, " bytes for optimizer sub-groups (sub_group_size ",
+            plan.optimizer_pinned_bytes(), " bytes for optimizer sub-groups (sub_group_size ",
             plan.sub_group_numel, "); raise it to at least ", pinned));
     }
     return plan;
@@ -371,13 +367,13 @@ std::string OffloadPlan::describe() const {
     if (optimizer_states == Home::kNvme) {
         s += str_cat(" (", joined(optimizer_store.paths),
                      stores_shared ? ", the parameters' store" : "", "; ",
-                     optimizer_swapper.pipeline_read ? "pipelined reads" : "serial reads", ", ",
-                     optimizer_swapper.pipeline_write ? "pipelined writes" : "serial writes",
-                     "; pinned ", format_bytes(optimizer_pinned_bytes), ")");
+                     optimizer_stack.swappers[0].pipeline_read ? "pipelined reads" : "serial reads", ", ",
+                     optimizer_stack.swappers[0].pipeline_write ? "pipelined writes" : "serial writes",
+                     "; pinned ", format_bytes(optimizer_pinned_bytes()), ")");
     }
     if (host_budget_bytes > 0) {
         s += str_cat("\n    host budget ", format_bytes(host_budget_bytes), ", pinned ",
-                     format_bytes(parameter_host_tier_bytes + optimizer_pinned_bytes));
+                     format_bytes(parameter_host_tier_bytes + optimizer_pinned_bytes()));
     }
     return s;
 }

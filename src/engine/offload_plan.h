@@ -21,7 +21,7 @@
 #include "src/base/status.h"
 #include "src/tier/residency_manager.h"
 #include "src/tier/store_mover.h"
-#include "swap/optimizer_swapper.h"
+#include "swap/optimizer_stack.h"
 #include "swap/pinned_pool.h"
 #include "swap/swap_store.h"
 #include "zero/parameter_coordinator.h"
@@ -82,7 +82,7 @@ struct OffloadPlan {
     std::size_t state_count = 0;        // fp32 arrays per element: master + moments
     std::uint64_t parameter_host_tier_bytes = 0;    // offload_param nvme: pinned host tier
     std::uint64_t parameter_device_tier_bytes = 0;  // offload_param nvme: device tier
-    std::uint64_t optimizer_pinned_bytes = 0;       // offload_optimizer nvme: pinned buffers
+    std::uint64_t optimizer_pinned_bytes() const noexcept { return optimizer_stack.pinned_bytes; }
     std::uint64_t host_budget_bytes = 0;            // device.host_memory_budget (0: none)
 
     // ---- options of the layers below, filled once here ----
@@ -95,8 +95,8 @@ struct OffloadPlan {
     swap::SwapStoreOptions parameter_store;  // used when parameters == kNvme
     swap::SwapStoreOptions optimizer_store;  // used when optimizer_states == kNvme
     bool stores_shared = false;  // both name the same paths: one store, one run directory
-    swap::OptimizerSwapperOptions optimizer_swapper;
-    swap::PinnedPoolOptions optimizer_pool;  // near_device is wired by Offload
+    // offload_optimizer nvme: one swapper over the domain and its pinned pool.
+    swap::OptimizerStackLayout optimizer_stack;
     bool optimizer_pool_registered_with_device = false;  // pin_memory on a GPU
     tier::ResidencyOptions residency;
     tier::StoreMoverOptions mover;

@@ -67,7 +67,7 @@ TEST(OffloadPlan, CpuOptimizerOffloadKeepsAHostGradientCopy) {
     EXPECT_EQ(p.optimizer_states, Home::kHost);
     EXPECT_TRUE(p.gradients_copied_to_host);
     EXPECT_FALSE(p.needs_io);
-    EXPECT_EQ(p.optimizer_pinned_bytes, 0u);
+    EXPECT_EQ(p.optimizer_pinned_bytes(), 0u);
     // On a GPU the host-side optimizer cannot write the device's parameters: through the
     // coordinator, with the gradients copied to the host.
     const OffloadPlan gpu = plan_of(
@@ -82,7 +82,7 @@ TEST(OffloadPlan, CpuOptimizerOffloadKeepsAHostGradientCopy) {
 TEST(OffloadPlan, GradientsStreamOnlyBeyondTheHostBudget) {
     const OffloadPlan unbounded = plan_of(kNvmeBoth, {"bf16.enabled=true"});
     const std::uint64_t pinned =
-        unbounded.parameter_host_tier_bytes + unbounded.optimizer_pinned_bytes;
+        unbounded.parameter_host_tier_bytes + unbounded.optimizer_pinned_bytes();
     const std::uint64_t gradients = unbounded.domain_numel * 2;
     ASSERT_GT(pinned, 0u);
     const auto with_budget = [&](std::uint64_t budget) {
@@ -133,12 +133,12 @@ TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
     EXPECT_EQ(p.residency.partition_capacity, 4u);
     // The optimizer: sub-groups of 1000 elements, 3 fp32 arrays each, pipelined buffers.
     EXPECT_EQ(p.sub_group_numel, 1000u);
-    EXPECT_EQ(p.optimizer_swapper.sub_group_numel, 1000u);
-    EXPECT_EQ(p.optimizer_swapper.first_partition, 4u);  // after the parameters' partitions
-    EXPECT_EQ(p.optimizer_pool.buffer_size_bytes,
+    EXPECT_EQ(p.optimizer_stack.swappers[0].sub_group_numel, 1000u);
+    EXPECT_EQ(p.optimizer_stack.swappers[0].first_partition, 4u);  // after the parameters' partitions
+    EXPECT_EQ(p.optimizer_stack.pool.buffer_size_bytes,
               swap::OptimizerSwapper::buffer_size_bytes(1000, p.optimizer.kind));
-    EXPECT_EQ(p.optimizer_pinned_bytes,
-              p.optimizer_pool.buffer_count * align_up(p.optimizer_pool.buffer_size_bytes, 4096));
+    EXPECT_EQ(p.optimizer_pinned_bytes(),
+              p.optimizer_stack.pool.buffer_count * align_up(p.optimizer_stack.pool.buffer_size_bytes, 4096));
     EXPECT_EQ(p.parameter_store.paths, std::vector<std::string>{"/nonexistent/p"});
     EXPECT_EQ(p.io.aio.block_size_bytes, 1u << 20);
     const std::string d = p.describe();
@@ -177,7 +177,7 @@ TEST(OffloadPlan, SizeErrorsNameTheKeyAndTheSizeNeeded) {
     EXPECT_NE(s.message().find("device.host_memory_budget: 4096"), std::string::npos);
     const OffloadPlan ok = plan_of(kNvmeBoth);
     const std::string needed =
-        str_cat("at least ", ok.parameter_host_tier_bytes + ok.optimizer_pinned_bytes);
+        str_cat("at least ", ok.parameter_host_tier_bytes + ok.optimizer_pinned_bytes());
     EXPECT_NE(s.message().find(needed), std::string::npos) << s.to_string() << " / " << needed;
 }
 
