@@ -272,8 +272,8 @@ def test_torch_rounding_is_torch_bit_for_bit(adamw_mode, amsgrad):
         from zinfinity import _C
 
         _C.optimizer_step(kind="lion", numel=3, params=p.data_ptr(), grads=p.grad.data_ptr(),
-                          grad_dtype="float32", exp_avg=p.grad.data_ptr(), exp_avg_sq=0,
-                          max_exp_avg_sq=0, copy=0, copy_dtype="float32", step=1, lr=0.1,
+                          grad_dtype="float32", moments=[p.grad.data_ptr()],
+                          copy=0, copy_dtype="float32", step=1, lr=0.1,
                           beta1=0.9, beta2=0.99, eps=0.0, weight_decay=0.0,
                           bias_correction=False, amsgrad=False, torch_rounding=True)
 

@@ -28,6 +28,7 @@ import torch
 
 from . import _C
 from ._tensors import check_cpu, dtype_name
+from .optim import kept_moments
 
 __all__ = ["NVMeOptimizer"]
 
@@ -44,13 +45,11 @@ _AIO_ALIASES = {"thread_count": "intra_op_parallelism"}
 _AIO_NOT_IMPLEMENTED = {"use_gds"}
 
 _KINDS = {
-    # kind: (state names in the swapper's order after the master, defaults)
-    "adamw": (("exp_avg", "exp_avg_sq"),
-              dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)),
-    "adam": (("exp_avg", "exp_avg_sq"),
-             dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)),
-    "adagrad": (("sum",), dict(lr=1e-2, betas=(0.0, 0.0), eps=1e-10, weight_decay=0.0)),
-    "lion": (("exp_avg",), dict(lr=1e-4, betas=(0.9, 0.99), eps=0.0, weight_decay=0.0)),
+    # kind: torch's defaults (the states kept come from the engine's descriptor)
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "adagrad": dict(lr=1e-2, betas=(0.0, 0.0), eps=1e-10, weight_decay=0.0),
+    "lion": dict(lr=1e-4, betas=(0.9, 0.99), eps=0.0, weight_decay=0.0),
 }
 
 
@@ -108,7 +107,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
             raise ValueError(f"NVMeOptimizer: sub_group_size {sub_group_size} must be positive")
         if amsgrad and kind not in ("adam", "adamw"):
             raise ValueError(f"NVMeOptimizer: amsgrad is an Adam option, not {kind}'s")
-        state_names, base = _KINDS[kind]
+        base = _KINDS[kind]
         given = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         defaults = {k: (v if given[k] is None else given[k]) for k, v in base.items()}
         defaults["betas"] = tuple(defaults["betas"])
@@ -116,7 +115,7 @@ class NVMeOptimizer(torch.optim.Optimizer):
                         maximize=False,
                         torch_rounding=bool(torch_rounding) and kind in ("adam", "adamw"))
         self._kind = kind
-        self._state_names = state_names + (("max_exp_avg_sq",) if amsgrad else ())
+        self._state_names = tuple(m["torch_name"] for m in kept_moments(kind, amsgrad))
         self._native = None
         super().__init__(params, defaults)
 
@@ -204,11 +203,10 @@ class NVMeOptimizer(torch.optim.Optimizer):
         """Per parameter: (numel, master, state...) addresses for read_states/write_states."""
         targets = []
         for p, t in zip(group["params"], tensors):
+            # The swapper's order: the master, then the kept moments (the descriptor's).
             addrs = [t["master"].data_ptr()]
-            for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                # The swapper's slots; Adagrad's `sum` is its exp_avg_sq.
-                key = "sum" if (name == "exp_avg_sq" and self._kind == "adagrad") else name
-                addrs.append(t[key].data_ptr() if key in t else 0)
+            for name in self._state_names:
+                addrs.append(t[name].data_ptr() if name in t else 0)
             targets.append((p.numel(), *addrs))
         return targets
 

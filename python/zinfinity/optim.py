@@ -20,7 +20,21 @@ import torch
 from . import _C
 from ._tensors import check_cpu, dtype_name
 
-__all__ = ["CPUAdam", "CPUAdagrad", "CPULion", "Adagrad", "Lion"]
+__all__ = ["CPUAdam", "CPUAdagrad", "CPULion", "Adagrad", "Lion", "descriptor"]
+
+# What each optimizer keeps, from the engine's one home for it (src/base/optimizer_descriptor.h).
+_DESCRIPTORS = {d["name"]: d for d in _C.optimizer_descriptors()}
+
+
+def descriptor(kind):
+    """The engine's descriptor of optimizer ``kind`` ("adam", "adamw", "adagrad", "lion"):
+    its moments (``name``, ``torch_name``, ...), flags and default betas."""
+    return _DESCRIPTORS[kind]
+
+
+def kept_moments(kind, amsgrad=False):
+    """The moments ``kind`` keeps, in the kernel's order."""
+    return [m for m in _DESCRIPTORS[kind]["moments"] if amsgrad or not m["amsgrad_only"]]
 
 
 def _check_range(name, value, low=0.0, high=None, high_open=False):
@@ -39,15 +53,24 @@ class _CPUOptimizer(torch.optim.Optimizer):
     def _group_kind(self, group) -> str:
         raise NotImplementedError
 
-    def _init_state(self, group, p, state):
-        raise NotImplementedError
-
     def _hyper(self, group, step):
         raise NotImplementedError
 
-    def _states(self, group, state):
-        """(exp_avg, exp_avg_sq, max_exp_avg_sq) tensors or None."""
-        raise NotImplementedError
+    def _initial_moment(self, group, moment):
+        """The value a new moment starts at (torch's: zero)."""
+        return 0.0
+
+    def _moment_keys(self, group):
+        """The state keys of the kept moments, in the kernel's order (torch's names)."""
+        kind = self._group_kind(group)
+        return [m["torch_name"] for m in kept_moments(kind, group.get("amsgrad", False))]
+
+    def _init_state(self, group, p, state):
+        state["step"] = torch.tensor(0.0)
+        kind = self._group_kind(group)
+        for m in kept_moments(kind, group.get("amsgrad", False)):
+            state[m["torch_name"]] = torch.full(p.shape, float(self._initial_moment(group, m)),
+                                                dtype=torch.float32)
 
     # Settings of ours that torch's state_dict of the same optimizer lacks: kept from the
     # constructor when such a state_dict is loaded.
@@ -112,11 +135,11 @@ class _CPUOptimizer(torch.optim.Optimizer):
                     state["master"] = p.detach().to(torch.float32)
                 master = self._fp32_state(state, "master", p, what) if low_precision else p
                 step = int(float(state["step"])) + 1  # counted once the step has happened
-                exp_avg, exp_avg_sq, max_sq = self._states(group, state)
-                exp_avg, exp_avg_sq, max_sq = (
-                    None if t is None else self._fp32_state(state, k, p, what)
-                    for t, k in ((exp_avg, "exp_avg"), (exp_avg_sq, self._sq_key),
-                                 (max_sq, "max_exp_avg_sq")))
+                moments = []
+                for key in self._moment_keys(group):
+                    if key not in state:  # e.g. amsgrad turned on after the first steps
+                        state[key] = torch.zeros(p.shape, dtype=torch.float32)
+                    moments.append(self._fp32_state(state, key, p, what).data_ptr())
                 hyper = self._hyper(group, step)
                 _C.optimizer_step(
                     kind=kind,
@@ -124,9 +147,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
                     params=master.data_ptr(),
                     grads=grad.data_ptr(),
                     grad_dtype=dtype_name(grad, f"the gradient of {what}"),
-                    exp_avg=exp_avg.data_ptr() if exp_avg is not None else 0,
-                    exp_avg_sq=exp_avg_sq.data_ptr() if exp_avg_sq is not None else 0,
-                    max_exp_avg_sq=max_sq.data_ptr() if max_sq is not None else 0,
+                    moments=moments,
                     copy=p.data_ptr() if low_precision else 0,
                     copy_dtype=dtype_name(p, what),
                     step=step,
@@ -174,25 +195,9 @@ class CPUAdam(_CPUOptimizer):
             group.setdefault("torch_rounding", False)
 
     _own_keys = ("adamw_mode", "bias_correction", "torch_rounding")
-    _sq_key = "exp_avg_sq"
 
     def _group_kind(self, group):
         return "adamw" if group.get("adamw_mode", True) else "adam"
-
-    def _init_state(self, group, p, state):
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
-        state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
-
-    def _states(self, group, state):
-        max_sq = None
-        if group["amsgrad"]:
-            if "max_exp_avg_sq" not in state:
-                state["max_exp_avg_sq"] = torch.zeros_like(state["exp_avg_sq"])
-            max_sq = state["max_exp_avg_sq"]
-        return state["exp_avg"], state["exp_avg_sq"], max_sq
 
     def _hyper(self, group, step):
         beta1, beta2 = group["betas"]
@@ -218,18 +223,11 @@ class CPUAdagrad(_CPUOptimizer):
                         maximize=bool(maximize))
         super().__init__(params, defaults)
 
-    _sq_key = "sum"
-
     def _group_kind(self, group):
         return "adagrad"
 
-    def _init_state(self, group, p, state):
-        state["step"] = torch.tensor(0.0)
-        state["sum"] = torch.full(p.shape, float(group["initial_accumulator_value"]),
-                                  dtype=torch.float32)
-
-    def _states(self, group, state):
-        return None, state["sum"], None
+    def _initial_moment(self, group, moment):
+        return group["initial_accumulator_value"]
 
     def _hyper(self, group, step):
         lr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
@@ -251,17 +249,8 @@ class CPULion(_CPUOptimizer):
                         maximize=bool(maximize))
         super().__init__(params, defaults)
 
-    _sq_key = None
-
     def _group_kind(self, group):
         return "lion"
-
-    def _init_state(self, group, p, state):
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
-
-    def _states(self, group, state):
-        return state["exp_avg"], None, None
 
     def _hyper(self, group, step):
         beta1, beta2 = group["betas"]
