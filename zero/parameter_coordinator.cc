@@ -27,20 +27,19 @@ ParameterCoordinator::~ParameterCoordinator() {
     }
 }
 
-Result<void*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
+Result<std::byte*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
     if (size_bytes == 0) size_bytes = 64;
     ZINF_ASSIGN_OR_RETURN(DeviceBuffer buffer,
                           DeviceBuffer::allocate(device_, size_bytes, str_cat("zero: ", what).c_str()));
-    void* ptr = buffer.data();
+    auto* ptr = static_cast<std::byte*>(buffer.data());
     owned_.push_back(std::move(buffer));
     persistent_bytes_ += size_bytes;
     ZINF_TRY(device_.fill_zero(ptr, size_bytes, 0));
     return ptr;
 }
 
-Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
-    std::span<const std::size_t> numels, const CoordinatorOptions& options, Device& device,
-    Compute& compute, Communicator& communicator) {
+Status ParameterCoordinator::check_options(const CoordinatorOptions& options,
+                                           const Device& device) {
     if (options.stage < 0 || options.stage > 3) {
         return Status::invalid_argument("zero_optimization.stage: expected 0..3, got " +
                                         std::to_string(options.stage));
@@ -55,100 +54,130 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
         return Status::not_supported(
             "zero: host-resident gradient partitions are implemented for the CPU device only");
     }
+    const StagePlan plan = StagePlan::for_stage(options.stage);
+    if (options.gradient_storage != nullptr && !plan.gradients_partitioned) {
+        return Status::invalid_argument(
+            "zero: streamed gradients need partitioned gradients (stage 2-3)");
+    }
+    if (options.host_gradients && !plan.optimizer_partitioned) {
+        return Status::invalid_argument(
+            "zero: host-resident gradients need a partitioned optimizer (stage 1-3)");
+    }
+    return Status::ok();
+}
+
+Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
+    std::span<const std::size_t> numels, const CoordinatorOptions& options, Device& device,
+    Compute& compute, Communicator& communicator) {
+    ZINF_TRY(check_options(options, device));
     ZINF_ASSIGN_OR_RETURN(auto partitioning, Partitioning::create(numels, communicator.world_size(),
                                                                   communicator.rank()));
     std::unique_ptr<ParameterCoordinator> c(
         new ParameterCoordinator(partitioning, options, device, compute, communicator));
-    const std::size_t eb = c->elem_bytes();
-    std::size_t max_padded = 0;
-    std::size_t max_slice = 0;
     for (std::size_t i = 0; i < partitioning.parameter_count(); ++i) {
-        max_padded = std::max(max_padded, partitioning.slot(i).padded_numel);
-        max_slice = std::max(max_slice, partitioning.slot(i).slice_numel);
         c->params_[i].persistent =
             options.stage == 3 && partitioning.slot(i).numel <= options.persistence_threshold_numel;
     }
-    const auto& plan = c->plan_;
-    const bool narrow = options.dtype != DType::kFloat32;
-    if (!plan.parameters_partitioned) {
-        ZINF_ASSIGN_OR_RETURN(c->full_params_,
-                              c->allocate(partitioning.full_numel() * eb, "parameters"));
-        if (narrow) {
-            ZINF_ASSIGN_OR_RETURN(void* w,
-                                  c->allocate(partitioning.full_numel() * 4, "fp32 parameters"));
-            c->full_working_ = static_cast<float*>(w);
+    ZINF_TRY(c->allocate_parameters());
+    ZINF_TRY(c->allocate_gradients());
+    ZINF_TRY(c->allocate_scratch());
+    ZINF_TRY(device.synchronize(0));
+    c->set_domain();
+    return c;
+}
+
+// Stages 0-2: the full layout (and its fp32 copy for a 16-bit dtype). Stages 1-2 keep no
+// partition copy of the parameters: the rank's slices live in the full layout, where the
+// optimizer's writes go (write_domain_parameters) and the all-gather fills in the other ranks'
+// slices in place. With one rank the partition is the full layout. Stage 3 keeps its partition
+// unless the parameters are offloaded.
+Status ParameterCoordinator::allocate_parameters() {
+    const std::size_t eb = elem_bytes();
+    if (!plan_.parameters_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(full_params_, allocate(partitioning_.full_numel() * eb, "parameters"));
+        if (options_.dtype != DType::kFloat32) {
+            ZINF_ASSIGN_OR_RETURN(std::byte* w,
+                                  allocate(partitioning_.full_numel() * 4, "fp32 parameters"));
+            full_working_ = reinterpret_cast<float*>(w);
         }
     }
-    // Stages 1-2 keep no partition copy of the parameters: the rank's slices live in the full
-    // layout, where the optimizer's writes go (write_domain_parameters) and the all-gather
-    // fills in the other ranks' slices in place. With one rank the partition is the full layout.
-    const bool one_rank = partitioning.world_size() == 1;
-    if (plan.optimizer_partitioned) {
-        if (plan.parameters_partitioned && options.offloaded_parameters == nullptr) {
-            ZINF_ASSIGN_OR_RETURN(
-                c->partition_params_,
-                c->allocate(partitioning.partition_numel() * eb, "parameter partition"));
-        } else if (!plan.parameters_partitioned && one_rank) {
-            c->partition_params_ = c->full_params_;
-        }
-        if (options.gradient_storage != nullptr) {
-            if (!plan.gradients_partitioned) {
-                return Status::invalid_argument(
-                    "zero: streamed gradients need partitioned gradients (stage 2-3)");
-            }
-            c->partition_grads_ = nullptr;  // the storage holds them
-        } else if (options.host_gradients) {
-            const std::size_t bytes = std::max<std::size_t>(partitioning.partition_numel() * eb, 64);
+    if (!plan_.optimizer_partitioned) return Status::ok();
+    if (plan_.parameters_partitioned && options_.offloaded_parameters == nullptr) {
+        ZINF_ASSIGN_OR_RETURN(partition_params_, allocate(partitioning_.partition_numel() * eb,
+                                                          "parameter partition"));
+    } else if (!plan_.parameters_partitioned && partitioning_.world_size() == 1) {
+        partition_params_ = full_params_;
+    }
+    return Status::ok();
+}
+
+// The optimizer domain's gradients where the options put them: a gradient storage (streamed:
+// nothing here), registered host memory (host_gradients), the device; and the full layout under
+// stages 0-1 (on one rank under stage 1 the partition is the full layout).
+Status ParameterCoordinator::allocate_gradients() {
+    const std::size_t eb = elem_bytes();
+    const bool one_rank = partitioning_.world_size() == 1;
+    if (plan_.optimizer_partitioned && options_.gradient_storage == nullptr) {
+        if (options_.host_gradients) {
+            const std::size_t bytes =
+                std::max<std::size_t>(partitioning_.partition_numel() * eb, 64);
             auto host = AlignedBuffer::allocate(bytes);
             if (!host.has_value()) return host.error().with_context("zero: host gradient partition");
-            c->host_grads_ = std::move(*host);
-            std::memset(c->host_grads_.data(), 0, bytes);
+            host_grads_ = std::move(*host);
+            std::memset(host_grads_.data(), 0, bytes);
             // The CPU device then treats it as its own memory, outside the budget.
-            ZINF_TRY(device.register_host_memory(std::span<std::byte>(c->host_grads_.data(), bytes))
+            ZINF_TRY(device_.register_host_memory(std::span<std::byte>(host_grads_.data(), bytes))
                          .with_context("zero: host gradient partition"));
-            c->partition_grads_ = c->host_grads_.data();
-        } else if (!plan.gradients_partitioned && one_rank) {
-            c->partition_grads_ = nullptr;  // the full gradients, allocated below
-        } else {
-            ZINF_ASSIGN_OR_RETURN(
-                c->partition_grads_,
-                c->allocate(partitioning.partition_numel() * eb, "gradient partition"));
-        }
-    } else if (options.host_gradients) {
-        return Status::invalid_argument(
-            "zero: host-resident gradients need a partitioned optimizer (stage 1-3)");
-    }
-    if (!plan.gradients_partitioned) {
-        ZINF_ASSIGN_OR_RETURN(c->full_grads_,
-                              c->allocate(partitioning.full_numel() * eb, "gradients"));
-        // Stage 1 on one rank: the partition is the full layout.
-        if (plan.optimizer_partitioned && c->partition_grads_ == nullptr) {
-            c->partition_grads_ = c->full_grads_;
+            partition_grads_ = host_grads_.data();
+        } else if (plan_.gradients_partitioned || !one_rank) {
+            ZINF_ASSIGN_OR_RETURN(partition_grads_, allocate(partitioning_.partition_numel() * eb,
+                                                             "gradient partition"));
         }
     }
-    ZINF_ASSIGN_OR_RETURN(c->stage_scratch_, c->allocate(max_padded * eb, "gradient staging"));
-    if (plan.gradients_partitioned) {
-        ZINF_ASSIGN_OR_RETURN(c->slice_scratch_, c->allocate(max_slice * eb, "gradient slice"));
+    if (!plan_.gradients_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(full_grads_, allocate(partitioning_.full_numel() * eb, "gradients"));
+        if (plan_.optimizer_partitioned && partition_grads_ == nullptr &&
+            options_.gradient_storage == nullptr) {
+            partition_grads_ = full_grads_;
+        }
     }
-    ZINF_ASSIGN_OR_RETURN(void* a, c->allocate(max_padded * 4, "fp32 scratch"));
-    c->fp32_scratch_a_ = static_cast<float*>(a);
-    if (narrow) {
-        ZINF_ASSIGN_OR_RETURN(void* b, c->allocate(max_padded * 4, "fp32 scratch"));
-        c->fp32_scratch_b_ = static_cast<float*>(b);
+    return Status::ok();
+}
+
+// The staging of one gradient before its reduction, its slice, and fp32 work space (two for a
+// 16-bit dtype), each the size of the largest parameter.
+Status ParameterCoordinator::allocate_scratch() {
+    const std::size_t eb = elem_bytes();
+    std::size_t max_padded = 0;
+    std::size_t max_slice = 0;
+    for (std::size_t i = 0; i < partitioning_.parameter_count(); ++i) {
+        max_padded = std::max(max_padded, partitioning_.slot(i).padded_numel);
+        max_slice = std::max(max_slice, partitioning_.slot(i).slice_numel);
     }
-    ZINF_TRY(device.synchronize(0));
-    auto& d = c->domain_;
-    d.dtype = options.dtype;
-    if (plan.optimizer_partitioned) {
-        d.numel = partitioning.partition_numel();
-        d.gradients = c->partition_grads_;
-        d.parameters = c->partition_params_;
+    ZINF_ASSIGN_OR_RETURN(stage_scratch_, allocate(max_padded * eb, "gradient staging"));
+    if (plan_.gradients_partitioned) {
+        ZINF_ASSIGN_OR_RETURN(slice_scratch_, allocate(max_slice * eb, "gradient slice"));
+    }
+    ZINF_ASSIGN_OR_RETURN(std::byte* a, allocate(max_padded * 4, "fp32 scratch"));
+    fp32_scratch_a_ = reinterpret_cast<float*>(a);
+    if (options_.dtype != DType::kFloat32) {
+        ZINF_ASSIGN_OR_RETURN(std::byte* b, allocate(max_padded * 4, "fp32 scratch"));
+        fp32_scratch_b_ = reinterpret_cast<float*>(b);
+    }
+    return Status::ok();
+}
+
+void ParameterCoordinator::set_domain() noexcept {
+    domain_.dtype = options_.dtype;
+    if (plan_.optimizer_partitioned) {
+        domain_.numel = partitioning_.partition_numel();
+        domain_.gradients = partition_grads_;
+        domain_.parameters = partition_params_;
     } else {
-        d.numel = partitioning.full_numel();
-        d.gradients = c->full_grads_;
-        d.parameters = c->full_params_;
+        domain_.numel = partitioning_.full_numel();
+        domain_.gradients = full_grads_;
+        domain_.parameters = full_params_;
     }
-    return c;
 }
 
 MemoryHeld ParameterCoordinator::memory_held() const noexcept {

@@ -179,7 +179,13 @@ private:
 
     ParameterCoordinator(const Partitioning& partitioning, const CoordinatorOptions& options,
                          Device& device, Compute& compute, Communicator& communicator);
-    Result<void*> allocate(std::size_t size_bytes, const char* what);
+    Result<std::byte*> allocate(std::size_t size_bytes, const char* what);
+    // create's steps: the options' consistency, then the buffers each stage keeps.
+    static Status check_options(const CoordinatorOptions& options, const Device& device);
+    Status allocate_parameters();
+    Status allocate_gradients();
+    Status allocate_scratch();
+    void set_domain() noexcept;
     Status gather(std::size_t index, StreamId stream);
     // Stage 3's gathered copies: a released one of the same size, else a new allocation. Spares
     // come only from released copies and are kept only while the gathered copies and spares
@@ -211,13 +217,15 @@ private:
     std::vector<DeviceBuffer> owned_;  // persistent buffers; the raw pointers below view them
     AlignedBuffer host_grads_;   // host_gradients: the gradient partition
 
-    void* full_params_ = nullptr;       // stages 0-2: full layout, dtype
-    float* full_working_ = nullptr;     // stages 0-2 with 16-bit dtype: fp32 copy of full_params_
-    void* partition_params_ = nullptr;  // stages 1-3: rank's partition, dtype
-    void* full_grads_ = nullptr;        // stages 0-1: full layout, dtype
-    void* partition_grads_ = nullptr;   // stages 1-3: rank's partition, dtype
-    void* stage_scratch_ = nullptr;     // max padded numel, dtype: a gradient before reduction
-    void* slice_scratch_ = nullptr;     // max slice numel, dtype
+    // Device arrays of options_.dtype elements (bytes; at() indexes them by element), viewing
+    // owned_ or host_grads_.
+    std::byte* full_params_ = nullptr;       // stages 0-2: full layout
+    float* full_working_ = nullptr;          // stages 0-2, 16-bit dtype: fp32 copy of full_params_
+    std::byte* partition_params_ = nullptr;  // stages 1-3: rank's partition
+    std::byte* full_grads_ = nullptr;        // stages 0-1: full layout
+    std::byte* partition_grads_ = nullptr;   // stages 1-3: rank's partition
+    std::byte* stage_scratch_ = nullptr;     // max padded numel: a gradient before reduction
+    std::byte* slice_scratch_ = nullptr;     // max slice numel
     float* fp32_scratch_a_ = nullptr;   // max padded numel, fp32
     float* fp32_scratch_b_ = nullptr;
 
