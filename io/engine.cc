@@ -339,15 +339,16 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
         impl.finish(handle, nullptr);
         return;
     }
-    // Off the hot path from here: build the message with its context.
+    // Off the hot path from here: name the file, offset and length (with_context keeps the
+    // code, the errno and an injected fault's mark).
     const File& file = *piece.file;
-    std::string message = str_cat(request.op == OpKind::kRead ? "read " : "write ",
+    std::string context = str_cat(request.op == OpKind::kRead ? "read " : "write ",
                                   file.stripes[piece.stripe].path, " offset ", request.offset_bytes,
                                   " length ", request.length_bytes);
-    if (file.stripes.size() > 1) message += str_cat(" (logical offset ", piece.logical_offset_bytes, ")");
-    message += ": ";
-    message += status.message();
-    Status error(status.code(), std::move(message), status.errno_value());
+    if (file.stripes.size() > 1) {
+        context += str_cat(" (logical offset ", piece.logical_offset_bytes, ")");
+    }
+    Status error = status.with_context(context);
     impl.finish(handle, &error);
 }
 
@@ -761,7 +762,7 @@ Result<FileId> Engine::open(std::span<const std::string> paths, const FileOption
             const Status& e = opened.error();
             // A refused symbolic link or an injected fault says so itself; errno explains others.
             if (e.code() == StatusCode::kInvalidArgument || e.errno_value() == 0 ||
-                e.message().find("injected") != std::string::npos) {
+                e.is_injected()) {
                 return e;
             }
             return explain_open_error(e.errno_value(), path, options);

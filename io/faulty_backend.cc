@@ -162,7 +162,7 @@ std::size_t FaultyBackend::deliver_ready(std::chrono::steady_clock::time_point n
     std::size_t n = 0;
     for (Slot& slot : slots_) {
         if (slot.state == SlotState::kFailed && slot.due <= now) {
-            deliver(slot, detail::piece_error(slot.error));
+            deliver(slot, detail::piece_error(slot.error).mark_injected());
             ++n;
         } else if (slot.state == SlotState::kDelayed && slot.due <= now) {
             Status status = std::move(slot.status);

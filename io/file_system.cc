@@ -342,8 +342,10 @@ Status FaultyFileSystem::maybe_fail(FileOp op, std::string_view what) {
     }
     if (!fail) return Status::ok();
     injected_.fetch_add(1);
-    return Status::from_errno(plan_.errno_to_inject, str_cat(file_op_name(op), " ", what,
-                                                             " (injected fault, file op ", n, ")"));
+    return Status::from_errno(plan_.errno_to_inject,
+                              str_cat(file_op_name(op), " ", what, " (injected fault, file op ", n,
+                                      ")"))
+        .mark_injected();
 }
 
 Result<Directory> FaultyFileSystem::open_directory(const std::string& path, bool follow_last) {

@@ -71,8 +71,17 @@ public:
     const std::string& message() const noexcept;
     // "<code>: <message>" or "OK".
     std::string to_string() const;
-    // Returns a copy whose message is "<context>: <message>"; OK stays OK.
+    // Returns a copy whose message is "<context>: <message>"; OK stays OK. Keeps the code, the
+    // errno and the injected mark.
     Status with_context(std::string_view context) const;
+
+    // True when fault injection made this error (io::FaultyBackend, io::FaultyFileSystem, a
+    // test's failing fake), not the system: callers and sweeps recognise an injected fault by
+    // this mark, never by searching the message, which is for people. Copies, moves and
+    // with_context keep it; a Status built anew from another's code and message does not.
+    bool is_injected() const noexcept { return rep_ != nullptr && rep_->injected; }
+    // This error, marked as injected. Precondition: not OK.
+    Status mark_injected() &&;
 
     Status(const Status& other) : rep_(other.rep_ ? std::make_unique<Rep>(*other.rep_) : nullptr) {}
     Status& operator=(const Status& other) {
@@ -87,6 +96,7 @@ private:
         StatusCode code;
         int errno_value;
         std::string message;
+        bool injected = false;
     };
     std::unique_ptr<Rep> rep_;
 };

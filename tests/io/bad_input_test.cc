@@ -60,6 +60,18 @@ TEST_F(BadInput, DirectoryWhereAFileIsExpected) {
     EXPECT_NE(f.error().message().find("is a directory"), std::string::npos) << f.error().to_string();
 }
 
+// An error is taken for an injected fault by its mark, not by its text: a real EISDIR on a path
+// that happens to contain "injected" is still explained.
+TEST_F(BadInput, DirectoryNamedInjectedIsExplainedNotTakenForAFault) {
+    ASSERT_EQ(::mkdir(dir_.file("injected").c_str(), 0700), 0);
+    auto f = engine_->open(dir_.file("injected"), FileOptions{});
+    ASSERT_FALSE(f.has_value());
+    EXPECT_FALSE(f.error().is_injected());
+    EXPECT_EQ(f.error().code(), StatusCode::kInvalidArgument) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("is a directory, expected a file"), std::string::npos)
+        << f.error().to_string();
+}
+
 TEST_F(BadInput, ExclusiveCreateOfAnExistingFile) {
     std::ofstream(dir_.file("e")) << "x";
     FileOptions fo;

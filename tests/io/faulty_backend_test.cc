@@ -113,6 +113,7 @@ TEST_P(FaultSweep, FailNthPieceSurfacesWithContext) {
         ++failures;
         const std::string& m = r.status.message();
         EXPECT_EQ(r.status.errno_value(), EIO) << m;
+        EXPECT_TRUE(r.status.is_injected()) << "the engine lost the injected mark: " << m;
         EXPECT_NE(m.find(path), std::string::npos) << m;
         EXPECT_NE(m.find(" offset "), std::string::npos) << m;
         EXPECT_NE(m.find(" length "), std::string::npos) << m;
