@@ -46,6 +46,7 @@ struct Stripe {
     int buffered_slot = -1;  // fixed-file slots
     int direct_slot = -1;
     std::size_t alignment_bytes = 1;
+    bool created = false;  // Engine::open made the file: a failed open removes it again
 };
 
 struct File {
@@ -132,6 +133,9 @@ struct Engine::Impl {
         }
         return -1;
     }
+    // Gives an opened file its id and fixed-file slots, registers the slots with every worker's
+    // backend and adds the file to the table (engine_files.cc).
+    FileId add_file(std::unique_ptr<detail::File> file);
     // Counts one piece (or the cutting token) of `handle` as finished; the last one completes
     // the operation and wakes its waiters. Called by workers only.
     void finish(IoHandle& handle, Status* error) noexcept;
