@@ -20,7 +20,7 @@
 #include "io/backend.h"
 #include "io/detail/engine_impl.h"
 #include "io/faulty_backend.h"
-#include "io/sim_backend.h"
+#include "io/storage.h"
 #include "src/base/aligned.h"
 #include "src/base/log.h"
 
@@ -196,8 +196,8 @@ EngineWorker::~EngineWorker() {
     if (thread_.joinable()) thread_.join();
 }
 
-Status EngineWorker::start(const std::string& kind, std::string* why) {
-    thread_ = std::thread([this, kind, why] { run(kind, why); });
+Status EngineWorker::start(const std::string& kind) {
+    thread_ = std::thread([this, kind] { run(kind); });
     std::unique_lock lock(impl_.mutex);
     impl_.control_cv.wait(lock, [&] { return init_done_; });
     if (!init_status_.is_ok()) {
@@ -207,20 +207,16 @@ Status EngineWorker::start(const std::string& kind, std::string* why) {
     return init_status_;
 }
 
-Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
+Status EngineWorker::init_backend(const std::string& kind) {
     const auto depth = static_cast<std::size_t>(impl_.aio.queue_depth);
-    if (impl_.sim) {
-        base_backend_ =
-            std::make_unique<SimBackend>(*impl_.sim, depth, index_, impl_.options.seams);
-    } else {
-        BackendOptions bo;
-        bo.kind = kind;
-        bo.queue_depth = depth;
-        bo.sqpoll = impl_.aio.sqpoll;
-        bo.single_submit = impl_.aio.single_submit;
-        bo.seams = impl_.options.seams;
-        ZINF_ASSIGN_OR_RETURN(base_backend_, make_backend(bo, why));
-    }
+    BackendOptions bo;
+    bo.kind = kind;
+    bo.queue_depth = depth;
+    bo.sqpoll = impl_.aio.sqpoll;
+    bo.single_submit = impl_.aio.single_submit;
+    bo.seams = impl_.options.seams;
+    ZINF_ASSIGN_OR_RETURN(base_backend_, impl_.storage->make_backend(bo, index_));
+    ZINF_ASSERT(base_backend_ != nullptr);
     backend_ = base_backend_.get();
     if (impl_.options.faults) {
         faulty_ = std::make_unique<FaultyBackend>(*base_backend_, *impl_.options.faults,
@@ -231,8 +227,8 @@ Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
     return Status::ok();
 }
 
-void EngineWorker::run(const std::string& kind, std::string* why) {
-    Status status = init_backend(kind, why);
+void EngineWorker::run(const std::string& kind) {
+    Status status = init_backend(kind);
     {
         std::lock_guard lock(impl_.mutex);
         init_status_ = std::move(status);
@@ -446,55 +442,52 @@ Engine::~Engine() {
     impl_->files.clear();
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+namespace {
+
+Status check_engine_options(const EngineOptions& options) {
     const AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes > (std::uint64_t{1} << 30)) {
         return Status::invalid_argument(str_cat("aio.block_size: expected 1 byte to 1 GiB, got ",
                                                 aio.block_size_bytes));
     }
     if (aio.queue_depth < 1 || aio.queue_depth > 4096) {
-        return Status::invalid_argument(str_cat("aio.queue_depth: expected 1 to 4096, got ", aio.queue_depth));
+        return Status::invalid_argument(
+            str_cat("aio.queue_depth: expected 1 to 4096, got ", aio.queue_depth));
     }
     if (aio.intra_op_parallelism < 1 || aio.intra_op_parallelism > 256) {
-        return Status::invalid_argument(str_cat("aio.intra_op_parallelism: expected 1 to 256, got ",
-                                                aio.intra_op_parallelism));
+        return Status::invalid_argument(str_cat(
+            "aio.intra_op_parallelism: expected 1 to 256, got ", aio.intra_op_parallelism));
     }
     if (options.faults && options.faults->latency_us_min > options.faults->latency_us_max) {
         return Status::invalid_argument("fault plan: latency_us_min > latency_us_max");
     }
-    if (options.sim && options.sim->latency_us_min > options.sim->latency_us_max) {
-        return Status::invalid_argument("sim: latency_us_min > latency_us_max");
-    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+    ZINF_TRY(check_engine_options(options));
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Storage> owned_storage, make_storage(options));
     std::unique_ptr<Engine> engine(new Engine());  // private constructor
     engine->impl_ = std::make_unique<Impl>(options);
     Impl& impl = *engine->impl_;
-    if (options.sim) impl.sim = std::make_unique<SimDevice>(*options.sim);
+    impl.owned_storage = std::move(owned_storage);
+    impl.storage = options.storage != nullptr ? options.storage : impl.owned_storage.get();
+    ZINF_ASSERT(impl.storage != nullptr);
     if (options.faults) impl.fault_shared = std::make_unique<FaultyBackend::Shared>();
 
-    std::string kind = aio.backend;
-    for (int i = 0; i < aio.intra_op_parallelism; ++i) {
+    std::string kind = options.aio.backend;
+    for (int i = 0; i < options.aio.intra_op_parallelism; ++i) {
         impl.workers.push_back(std::make_unique<EngineWorker>(impl, static_cast<std::size_t>(i)));
-        std::string why;
-        Status status = impl.workers.back()->start(kind, &why);
+        Status status = impl.workers.back()->start(kind);
         if (!status.is_ok()) {
             impl.workers.pop_back();
-            if (impl.sim == nullptr && aio.backend != "auto") {
-                status = Status::not_supported(
-                    str_cat("aio.backend \"", aio.backend, "\" cannot be set up: ", status.message()),
-                    status.errno_value());
-            }
             return status;  // the destructor stops the workers already started
         }
         if (i == 0) {
-            impl.backend_name = std::string(impl.workers.back()->backend_name());
-            if (impl.sim == nullptr && kind == "auto") {
-                if (why.empty()) {
-                    log::info("io: backend ", impl.backend_name, " (auto)");
-                } else {
-                    log::info("io: backend ", impl.backend_name, " (auto; passed over: ", why, ")");
-                }
-            }
             // The other workers get what the first one settled on.
+            impl.backend_name = std::string(impl.workers.back()->backend_name());
             kind = impl.backend_name;
         }
     }
@@ -511,7 +504,7 @@ FileSystem& Engine::file_system() const noexcept {
 Status Engine::register_buffers(std::span<std::byte> region) {
     Impl& impl = *impl_;
     if (region.empty()) return Status::invalid_argument("register_buffers: empty region");
-    if (!impl.aio.register_buffers || impl.sim != nullptr) return Status::ok();
+    if (!impl.aio.register_buffers || !impl.storage->registers_buffers()) return Status::ok();
     std::vector<std::span<std::byte>> all;
     {
         std::lock_guard lock(impl.mutex);

@@ -19,9 +19,7 @@
 #include "io/backend.h"
 #include "io/engine.h"
 #include "io/faulty_backend.h"
-#include "io/file_system.h"
-#include "io/sim_backend.h"
-#include "src/base/file.h"
+#include "io/storage.h"
 #include "src/base/status.h"
 
 namespace zinf::io {
@@ -34,19 +32,10 @@ namespace detail {
 constexpr int kSubBuckets = 4;
 constexpr int kHistogramBuckets = 45 * kSubBuckets;
 
-struct Stripe {
-    std::string path;
-    Directory directory;  // the directory the file was opened in (not used for simulated files)
-    std::string name;     // the file's name in it
-    FileDescriptor buffered_fd;
-    FileDescriptor direct_fd;  // invalid when the file is not direct
-    int sim_id = -1;
-    int buffered_fd_value = -1;  // the descriptor (or simulated id) pieces use
-    int direct_fd_value = -1;
-    int buffered_slot = -1;  // fixed-file slots
+// One stripe of a logical file, as its storage opened it, and its fixed-file slots (-1: none).
+struct Stripe : StorageFile {
+    int buffered_slot = -1;
     int direct_slot = -1;
-    std::size_t alignment_bytes = 1;
-    bool created = false;  // Engine::open made the file: a failed open removes it again
 };
 
 struct File {
@@ -85,7 +74,10 @@ struct Engine::Impl {
     EngineOptions options;
     AioOptions aio;
     std::string backend_name;
-    std::unique_ptr<SimDevice> sim;
+    // Where the files live: options.storage, or the one the engine made (owned_storage), which
+    // outlives the workers and files below.
+    std::unique_ptr<Storage> owned_storage;
+    Storage* storage = nullptr;
     std::unique_ptr<FaultyBackend::Shared> fault_shared;
     std::vector<std::unique_ptr<EngineWorker>> workers;
 
@@ -150,7 +142,7 @@ public:
 
     // Starts the thread, which creates the backend (io_uring with SINGLE_ISSUER must be set up
     // by the thread that submits), and waits for the outcome.
-    Status start(const std::string& kind, std::string* why);
+    Status start(const std::string& kind);
 
     std::string_view backend_name() const { return backend_->name(); }
 
@@ -171,8 +163,8 @@ public:
 private:
     static void on_piece_complete(Request& request, const Status& status);
 
-    void run(const std::string& kind, std::string* why);
-    Status init_backend(const std::string& kind, std::string* why);
+    void run(const std::string& kind);
+    Status init_backend(const std::string& kind);
     void loop();
     void carve_locked();
     void submit_batch() noexcept;
