@@ -1,5 +1,8 @@
 // io::make_storage: the one place that knows which storages exist, as make_backend is for
 // backends: the simulated device for EngineOptions::sim, else the operating system's.
+#include <memory>
+#include <utility>
+
 #include "io/file_system.h"
 #include "io/sim_storage.h"
 #include "io/storage.h"

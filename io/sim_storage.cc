@@ -1,6 +1,8 @@
 // SimStorage: the engine's calls on its storage, answered by the simulated device.
 #include "io/sim_storage.h"
 
+#include <memory>
+
 #include "src/base/log.h"
 
 namespace zinf::io {
@@ -9,7 +11,7 @@ Result<std::unique_ptr<SimStorage>> SimStorage::create(const SimOptions& options
     if (options.latency_us_min > options.latency_us_max) {
         return Status::invalid_argument("sim: latency_us_min > latency_us_max");
     }
-    return std::unique_ptr<SimStorage>(new SimStorage(options));
+    return std::unique_ptr<SimStorage>(new SimStorage(options));  // private constructor
 }
 
 Result<std::unique_ptr<Backend>> SimStorage::make_backend(const BackendOptions& options,
