@@ -43,9 +43,10 @@ using Clock = std::chrono::steady_clock;
 // waiter at that address is harmless: every futex waiter re-checks its word).
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
               std::atomic<std::uint32_t>::is_always_lock_free);
-void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, const timespec* relative) noexcept {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-                    relative, nullptr, 0);
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                const timespec* relative) noexcept {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE,
+                    expected, relative, nullptr, 0);
 }
 void futex_wake_all(const std::atomic<std::uint32_t>* word) noexcept {
     (void)::syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
@@ -58,7 +59,8 @@ constexpr std::chrono::microseconds kReapWait{20'000};
 int latency_bucket(std::uint64_t us) noexcept {
     const std::uint64_t v = us + 1;
     const int e = 63 - std::countl_zero(v);
-    const int sub = e >= 2 ? static_cast<int>((v >> (e - 2)) & 3) : static_cast<int>((v << (2 - e)) & 3);
+    const int sub =
+        e >= 2 ? static_cast<int>((v >> (e - 2)) & 3) : static_cast<int>((v << (2 - e)) & 3);
     return std::min(e * kSubBuckets + sub, kHistogramBuckets - 1);
 }
 double bucket_value_us(int bucket) noexcept {
@@ -98,10 +100,12 @@ Status IoHandle::wait_for(std::chrono::microseconds timeout) {
     if (done()) return error_;
     const auto deadline = Clock::now() + timeout;
     while (!done()) {
-        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
         if (left.count() <= 0) {
             return Status::timeout(str_cat("I/O operation of ", length_bytes_,
-                                           " bytes still in flight after ", timeout.count(), " us"));
+                                           " bytes still in flight after ", timeout.count(),
+                                           " us"));
         }
         timespec ts{};
         ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
@@ -123,14 +127,19 @@ void Engine::Impl::finish(IoHandle& h, Status* error) noexcept {
     // A piece is cut only while the cutting token is held, so the count cannot rise again once
     // it has fallen to 0; acq_rel makes every earlier finisher's error visible to the last.
     if (h.pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - h.submitted_at_).count();
-    latency[static_cast<std::size_t>(latency_bucket(static_cast<std::uint64_t>(std::max<long>(us, 0))))]
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - h.submitted_at_)
+            .count();
+    latency[static_cast<std::size_t>(
+                latency_bucket(static_cast<std::uint64_t>(std::max<long>(us, 0))))]
         .fetch_add(1, std::memory_order_relaxed);
     requests_completed.fetch_add(1, std::memory_order_relaxed);
     static_cast<File*>(h.file_)->ops_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     // From here on the caller may reuse or destroy the handle: only its address is used below.
     std::atomic<std::uint32_t>* const word = &h.state_;
-    if ((word->exchange(0, std::memory_order_acq_rel) & IoHandle::kWaiterBit) != 0) futex_wake_all(word);
+    if ((word->exchange(0, std::memory_order_acq_rel) & IoHandle::kWaiterBit) != 0) {
+        futex_wake_all(word);
+    }
 }
 
 void EngineWorker::on_piece_complete(Request& request, const Status& status) {
@@ -392,7 +401,8 @@ void EngineWorker::loop() {
         std::size_t min_count = 1;
         if (more_work) min_count = 0;
         if (!overlap) min_count = backend_->in_flight_count();
-        auto reaped = backend_->reap(min_count, more_work ? std::chrono::microseconds(0) : kReapWait);
+        auto reaped =
+            backend_->reap(min_count, more_work ? std::chrono::microseconds(0) : kReapWait);
         if (wakeable) sleeping_in_reap_.store(false, std::memory_order_relaxed);
         if (!reaped.has_value() && reap_errors_logged_ < 10) {
             ++reap_errors_logged_;
@@ -414,7 +424,8 @@ Status Engine::Impl::run_on_workers(const std::function<Status(EngineWorker&)>& 
     }
     work_cv.notify_all();
     control_cv.wait(lock, [&] {
-        return std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w->control_done_; });
+        return std::all_of(workers.begin(), workers.end(),
+                           [](const auto& w) { return w->control_done_; });
     });
     Status first;
     for (auto& w : workers) {
@@ -509,7 +520,8 @@ Status Engine::register_buffers(std::span<std::byte> region) {
     {
         std::lock_guard lock(impl.mutex);
         for (std::size_t at = 0; at < region.size(); at += kMaxRegisteredBufferBytes) {
-            impl.regions.push_back(region.subspan(at, std::min(kMaxRegisteredBufferBytes, region.size() - at)));
+            impl.regions.push_back(
+                region.subspan(at, std::min(kMaxRegisteredBufferBytes, region.size() - at)));
         }
         all = impl.regions;
     }
@@ -518,10 +530,12 @@ Status Engine::register_buffers(std::span<std::byte> region) {
         const auto begin = reinterpret_cast<std::uintptr_t>(all[i].data());
         table.push_back(Region{begin, begin + all[i].size(), static_cast<int>(i)});
     }
-    std::sort(table.begin(), table.end(), [](const Region& a, const Region& b) { return a.begin < b.begin; });
+    std::sort(table.begin(), table.end(),
+              [](const Region& a, const Region& b) { return a.begin < b.begin; });
     for (std::size_t i = 1; i < table.size(); ++i) {
         if (table[i].begin < table[i - 1].end) {
-            return Status::invalid_argument("register_buffers: region overlaps one registered before");
+            return Status::invalid_argument(
+                "register_buffers: region overlaps one registered before");
         }
     }
     // The table changes on the worker's own thread, between batches: no piece sees it half-done.
@@ -529,7 +543,8 @@ Status Engine::register_buffers(std::span<std::byte> region) {
     return impl.run_on_workers([&all, &table](EngineWorker& w) -> Status {
         for (int spin = 0; w.backend().in_flight_count() > 0; ++spin) {
             ZINF_ASSERT_LT(spin, 1 << 24);
-            auto r = w.backend().reap(w.backend().in_flight_count(), std::chrono::milliseconds(100));
+            auto r =
+                w.backend().reap(w.backend().in_flight_count(), std::chrono::milliseconds(100));
             if (!r.has_value()) return r.error();
         }
         Status st = w.backend().register_buffers(all);
@@ -552,24 +567,29 @@ Status Engine::submit(std::span<const BatchItem> items) {
         const BatchItem& it = items[i];
         if (it.handle == nullptr) return Status::invalid_argument("submit: null handle");
         const File* f = impl.file_locked(it.file);
-        if (f == nullptr) return Status::invalid_argument(str_cat("submit: unknown file id ", it.file));
+        if (f == nullptr) {
+            return Status::invalid_argument(str_cat("submit: unknown file id ", it.file));
+        }
         if (it.buffer.empty()) {
             return Status::invalid_argument(str_cat(it.op == OpKind::kRead ? "read " : "write ",
                                                     f->stripes[0].path, " offset ", it.offset_bytes,
                                                     ": empty buffer (length 0)"));
         }
         if (it.offset_bytes > UINT64_MAX - it.buffer.size()) {
-            return Status::invalid_argument(str_cat("submit: offset ", it.offset_bytes, " + length ",
-                                                    it.buffer.size(), " overflows"));
+            return Status::invalid_argument(str_cat("submit: offset ", it.offset_bytes,
+                                                    " + length ", it.buffer.size(), " overflows"));
         }
         if (it.op == OpKind::kWrite && f->read_only) {
-            return Status::invalid_argument(str_cat("write ", f->stripes[0].path, ": file opened read-only"));
+            return Status::invalid_argument(
+                str_cat("write ", f->stripes[0].path, ": file opened read-only"));
         }
         if (!it.handle->done()) {
             return Status::invalid_argument("submit: handle still has an operation in flight");
         }
         for (std::size_t j = 0; j < i; ++j) {
-            if (items[j].handle == it.handle) return Status::invalid_argument("submit: one handle twice in a batch");
+            if (items[j].handle == it.handle) {
+                return Status::invalid_argument("submit: one handle twice in a batch");
+            }
         }
         if (impl.stopping) return Status::invalid_argument("submit: engine is shutting down");
     }
@@ -634,8 +654,9 @@ Status Engine::submit_write(IoHandle& handle, FileId file, std::uint64_t offset_
                             std::span<const std::byte> buffer) {
     // The engine never writes through a write's buffer; the span is non-const only because
     // BatchItem serves both directions.
-    const BatchItem item{&handle, OpKind::kWrite, file, offset_bytes,
-                         std::span<std::byte>(const_cast<std::byte*>(buffer.data()), buffer.size())};
+    const BatchItem item{
+        &handle, OpKind::kWrite, file, offset_bytes,
+        std::span<std::byte>(const_cast<std::byte*>(buffer.data()), buffer.size())};
     return submit(std::span<const BatchItem>(&item, 1));
 }
 
@@ -672,7 +693,8 @@ EngineStats Engine::stats() const {
     std::array<std::uint64_t, kHistogramBuckets> counts{};
     std::uint64_t total = 0;
     for (int i = 0; i < kHistogramBuckets; ++i) {
-        counts[static_cast<std::size_t>(i)] = impl.latency[static_cast<std::size_t>(i)].load(std::memory_order_relaxed);
+        counts[static_cast<std::size_t>(i)] =
+            impl.latency[static_cast<std::size_t>(i)].load(std::memory_order_relaxed);
         total += counts[static_cast<std::size_t>(i)];
     }
     auto percentile = [&](double q) {

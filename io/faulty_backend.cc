@@ -130,7 +130,8 @@ void FaultyBackend::on_inner_complete(Request& request, const Status& status) {
         return;
     }
     request.length_bytes = slot.real_length_bytes;
-    if (status.is_ok() && request.op == OpKind::kRead && self.chance(self.plan_.corrupt_probability)) {
+    if (status.is_ok() && request.op == OpKind::kRead &&
+        self.chance(self.plan_.corrupt_probability)) {
         const std::size_t at = self.rng_() % request.length_bytes;
         request.buffer[at] ^= std::byte{0x5a};
         self.shared_.faults_injected.fetch_add(1, std::memory_order_relaxed);

@@ -67,7 +67,8 @@ TEST(StatusTest, EnospcIsNoSpace) {
     EXPECT_EQ(Status::io_error("w", ENOSPC).code(), StatusCode::kNoSpace);
     EXPECT_EQ(Status::from_errno(ENOSPC, "w").code(), StatusCode::kNoSpace);
     EXPECT_EQ(Status::from_errno(ENOENT, "open").code(), StatusCode::kNotFound);
-    EXPECT_NE(Status::from_errno(ENOENT, "open /a").message().find("No such file"), std::string::npos);
+    EXPECT_NE(Status::from_errno(ENOENT, "open /a").message().find("No such file"),
+              std::string::npos);
 }
 
 TEST(ResultTest, ValueOrError) {

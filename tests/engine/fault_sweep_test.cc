@@ -81,7 +81,9 @@ float loss_after_loading(const config::EngineConfig& config, const std::string& 
 
 std::vector<std::string> entries(const std::string& dir) {
     std::vector<std::string> out;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        out.push_back(e.path().filename());
+    }
     return out;
 }
 
@@ -147,7 +149,8 @@ TEST_F(FaultSweep, EveryIoPieceFailedEndsInOneCleanErrorAndTheLastCheckpointResu
         expect_clean_aftermath(what);
         if (HasFailure()) return;
     }
-    std::printf("[ sweep    ] %llu I/O pieces failed in turn\n", static_cast<unsigned long long>(reached));
+    std::printf("[ sweep    ] %llu I/O pieces failed in turn\n",
+                static_cast<unsigned long long>(reached));
     EXPECT_GT(reached, 50u);
 }
 
@@ -180,7 +183,8 @@ TEST_F(FaultSweep, EveryFileCallFailedEndsInOneCleanErrorAndTheLastCheckpointRes
         expect_clean_aftermath(what);
         if (HasFailure()) return;
     }
-    std::printf("[ sweep    ] %llu file calls failed in turn\n", static_cast<unsigned long long>(reached));
+    std::printf("[ sweep    ] %llu file calls failed in turn\n",
+                static_cast<unsigned long long>(reached));
     EXPECT_GT(reached, 20u);
 }
 
