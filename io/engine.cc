@@ -1,38 +1,37 @@
 // io::Engine: worker threads, the shared queue of caller operations that they cut into pieces,
-// striping, the direct/buffered choice per piece, file opening (O_DIRECT fallback, alignment
-// checks, preallocation) and statistics with a fixed log-scale latency histogram.
+// striping, the direct/buffered choice per piece, registered buffers and statistics with a fixed
+// log-scale latency histogram. Opening and closing files is in engine_files.cc.
 #include "io/engine.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <functional>
 #include <thread>
 
 #include "io/backend.h"
-#include "io/block_size.h"
+#include "io/detail/engine_impl.h"
 #include "io/faulty_backend.h"
-#include "io/sim_backend.h"
+#include "io/storage.h"
 #include "src/base/aligned.h"
-#include "src/base/file.h"
 #include "src/base/log.h"
 
 namespace zinf::io {
 
-class EngineWorker;
+using detail::File;
+using detail::kHistogramBuckets;
+using detail::kSubBuckets;
+using detail::Piece;
+using detail::Region;
+using detail::Stripe;
 
 namespace {
 
@@ -44,9 +43,10 @@ using Clock = std::chrono::steady_clock;
 // waiter at that address is harmless: every futex waiter re-checks its word).
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
               std::atomic<std::uint32_t>::is_always_lock_free);
-void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, const timespec* relative) noexcept {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-                    relative, nullptr, 0);
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                const timespec* relative) noexcept {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE,
+                    expected, relative, nullptr, 0);
 }
 void futex_wake_all(const std::atomic<std::uint32_t>* word) noexcept {
     (void)::syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
@@ -56,14 +56,11 @@ void futex_wake_all(const std::atomic<std::uint32_t>* word) noexcept {
 // work also gets picked up at each completion, so this only bounds the idle case.
 constexpr std::chrono::microseconds kReapWait{20'000};
 
-// Latency histogram: 4 buckets per power of two of microseconds, up to 2^44 us.
-constexpr int kSubBuckets = 4;
-constexpr int kHistogramBuckets = 45 * kSubBuckets;
-
 int latency_bucket(std::uint64_t us) noexcept {
     const std::uint64_t v = us + 1;
     const int e = 63 - std::countl_zero(v);
-    const int sub = e >= 2 ? static_cast<int>((v >> (e - 2)) & 3) : static_cast<int>((v << (2 - e)) & 3);
+    const int sub =
+        e >= 2 ? static_cast<int>((v >> (e - 2)) & 3) : static_cast<int>((v << (2 - e)) & 3);
     return std::min(e * kSubBuckets + sub, kHistogramBuckets - 1);
 }
 double bucket_value_us(int bucket) noexcept {
@@ -73,178 +70,7 @@ double bucket_value_us(int bucket) noexcept {
     return std::ldexp(1.0 + (sub + 0.5) / kSubBuckets, e) - 1.0;
 }
 
-struct Stripe {
-    std::string path;
-    Directory directory;  // the directory the file was opened in (not used for simulated files)
-    std::string name;     // the file's name in it
-    FileDescriptor buffered_fd;
-    FileDescriptor direct_fd;  // invalid when the file is not direct
-    int sim_id = -1;
-    int buffered_fd_value = -1;  // the descriptor (or simulated id) pieces use
-    int direct_fd_value = -1;
-    int buffered_slot = -1;  // fixed-file slots
-    int direct_slot = -1;
-    std::size_t alignment_bytes = 1;
-};
-
-struct File {
-    FileId id = 0;
-    std::vector<Stripe> stripes;
-    std::uint64_t chunk_bytes = 0;
-    bool direct = false;
-    bool read_only = false;
-    std::size_t alignment_bytes = 1;
-    std::atomic<std::uint32_t> ops_in_flight{0};
-};
-
-struct Region {
-    std::uintptr_t begin;
-    std::uintptr_t end;
-    int index;
-};
-
 }  // namespace
-
-// One piece of a caller operation, in a worker's fixed array.
-struct Piece {
-    Request request;
-    IoHandle* handle = nullptr;
-    File* file = nullptr;
-    std::uint32_t stripe = 0;
-    std::uint64_t logical_offset_bytes = 0;
-    EngineWorker* worker = nullptr;
-    std::uint32_t index = 0;
-};
-
-struct Engine::Impl {
-    explicit Impl(const EngineOptions& o) : options(o), aio(o.aio) {}
-
-    EngineOptions options;
-    AioOptions aio;
-    std::string backend_name;
-    std::unique_ptr<SimDevice> sim;
-    std::unique_ptr<FaultyBackend::Shared> fault_shared;
-    std::vector<std::unique_ptr<EngineWorker>> workers;
-
-    // Guards the operation queue, the file table, worker control and stopping.
-    std::mutex mutex;
-    std::condition_variable work_cv;     // workers wait here when idle
-    std::condition_variable control_cv;  // callers of run_on_workers wait here
-    IoHandle* head = nullptr;
-    IoHandle* tail = nullptr;
-    std::atomic<std::size_t> queued_ops{0};
-    bool stopping = false;
-    std::vector<std::unique_ptr<File>> files;  // indexed by FileId; closed files are null
-    std::vector<bool> fixed_slot_used = std::vector<bool>(kFixedFileSlots, false);
-    std::vector<std::span<std::byte>> regions;  // registered buffer pieces, in slot order
-
-    // Statistics (relaxed atomics: counters only).
-    std::atomic<std::uint64_t> bytes_read{0};
-    std::atomic<std::uint64_t> bytes_written{0};
-    std::atomic<std::uint64_t> requests_completed{0};
-    std::atomic<std::uint64_t> pieces_completed{0};
-    std::atomic<std::uint64_t> short_transfers{0};
-    std::atomic<std::uint64_t> retries{0};
-    std::atomic<std::uint64_t> pieces_fixed_buffer_read{0};
-    std::atomic<std::uint64_t> pieces_fixed_buffer_written{0};
-    std::atomic<std::uint64_t> pieces_fixed_file{0};
-    std::atomic<std::uint64_t> pieces_plain{0};
-    std::atomic<std::uint64_t> ops_discarded{0};
-    // set_discard: operations complete at submit without touching a file or a buffer.
-    std::atomic<bool> discard{false};
-    std::array<std::atomic<std::uint64_t>, kHistogramBuckets> latency{};
-
-    Status run_on_workers(const std::function<Status(EngineWorker&)>& fn);
-    File* file_locked(FileId id) {
-        if (id >= files.size() || files[id] == nullptr) return nullptr;
-        return files[id].get();
-    }
-    int allocate_slot_locked() {
-        for (int i = 0; i < kFixedFileSlots; ++i) {
-            if (!fixed_slot_used[static_cast<std::size_t>(i)]) {
-                fixed_slot_used[static_cast<std::size_t>(i)] = true;
-                return i;
-            }
-        }
-        return -1;
-    }
-    // Counts one piece (or the cutting token) of `handle` as finished; the last one completes
-    // the operation and wakes its waiters. Called by workers only.
-    void finish(IoHandle& handle, Status* error) noexcept;
-};
-
-class EngineWorker {
-public:
-    EngineWorker(Engine::Impl& impl, std::size_t index) : impl_(impl), index_(index) {
-        const auto depth = static_cast<std::size_t>(impl.aio.queue_depth);
-        pieces_ = std::vector<Piece>(depth);
-        free_.resize(depth);
-        batch_.resize(depth);
-        for (std::size_t i = 0; i < depth; ++i) {
-            pieces_[i].worker = this;
-            pieces_[i].index = static_cast<std::uint32_t>(i);
-            free_[i] = static_cast<std::uint32_t>(depth - 1 - i);
-        }
-        free_count_ = depth;
-    }
-    ~EngineWorker() {
-        if (thread_.joinable()) thread_.join();
-    }
-
-    // Starts the thread, which creates the backend (io_uring with SINGLE_ISSUER must be set up
-    // by the thread that submits), and waits for the outcome.
-    Status start(const std::string& kind, std::string* why) {
-        thread_ = std::thread([this, kind, why] { run(kind, why); });
-        std::unique_lock lock(impl_.mutex);
-        impl_.control_cv.wait(lock, [&] { return init_done_; });
-        if (!init_status_.is_ok()) {
-            lock.unlock();
-            thread_.join();
-        }
-        return init_status_;
-    }
-
-    std::string_view backend_name() const { return backend_->name(); }
-
-    // Called by submitters after they enqueue: ends a blocking reap of a worker that has room.
-    void wake_if_sleeping() noexcept {
-        if (sleeping_in_reap_.load(std::memory_order_seq_cst)) backend_->wake();
-    }
-    std::atomic<bool> sleeping_in_reap_{false};
-
-    Backend& backend() { return *backend_; }
-
-    // Control: guarded by impl_.mutex.
-    const std::function<Status(EngineWorker&)>* control_fn_ = nullptr;
-    bool control_done_ = false;
-    Status control_status_;
-    std::vector<Region> regions_;  // owned by the worker thread
-
-private:
-    static void on_piece_complete(Request& request, const Status& status);
-
-    void run(const std::string& kind, std::string* why);
-    Status init_backend(const std::string& kind, std::string* why);
-    void loop();
-    void carve_locked();
-    void submit_batch() noexcept;
-    int buffer_index(const std::byte* buffer, std::uint32_t length) const noexcept;
-
-    Engine::Impl& impl_;
-    const std::size_t index_;
-    std::thread thread_;
-    bool init_done_ = false;
-    Status init_status_;
-    std::unique_ptr<Backend> base_backend_;
-    std::unique_ptr<FaultyBackend> faulty_;
-    Backend* backend_ = nullptr;
-    std::vector<Piece> pieces_;
-    std::vector<std::uint32_t> free_;  // stack of free piece indices
-    std::size_t free_count_ = 0;
-    std::vector<Request*> batch_;  // cut, not yet accepted by the backend
-    std::size_t batch_count_ = 0;
-    int reap_errors_logged_ = 0;
-};
 
 // ---------------------------------------------------------------------------------------------
 // IoHandle
@@ -274,10 +100,12 @@ Status IoHandle::wait_for(std::chrono::microseconds timeout) {
     if (done()) return error_;
     const auto deadline = Clock::now() + timeout;
     while (!done()) {
-        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
         if (left.count() <= 0) {
             return Status::timeout(str_cat("I/O operation of ", length_bytes_,
-                                           " bytes still in flight after ", timeout.count(), " us"));
+                                           " bytes still in flight after ", timeout.count(),
+                                           " us"));
         }
         timespec ts{};
         ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
@@ -299,14 +127,19 @@ void Engine::Impl::finish(IoHandle& h, Status* error) noexcept {
     // A piece is cut only while the cutting token is held, so the count cannot rise again once
     // it has fallen to 0; acq_rel makes every earlier finisher's error visible to the last.
     if (h.pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - h.submitted_at_).count();
-    latency[static_cast<std::size_t>(latency_bucket(static_cast<std::uint64_t>(std::max<long>(us, 0))))]
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - h.submitted_at_)
+            .count();
+    latency[static_cast<std::size_t>(
+                latency_bucket(static_cast<std::uint64_t>(std::max<long>(us, 0))))]
         .fetch_add(1, std::memory_order_relaxed);
     requests_completed.fetch_add(1, std::memory_order_relaxed);
     static_cast<File*>(h.file_)->ops_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     // From here on the caller may reuse or destroy the handle: only its address is used below.
     std::atomic<std::uint32_t>* const word = &h.state_;
-    if ((word->exchange(0, std::memory_order_acq_rel) & IoHandle::kWaiterBit) != 0) futex_wake_all(word);
+    if ((word->exchange(0, std::memory_order_acq_rel) & IoHandle::kWaiterBit) != 0) {
+        futex_wake_all(word);
+    }
 }
 
 void EngineWorker::on_piece_complete(Request& request, const Status& status) {
@@ -339,35 +172,60 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
         impl.finish(handle, nullptr);
         return;
     }
-    // Off the hot path from here: build the message with its context.
+    // Off the hot path from here: name the file, offset and length (with_context keeps the
+    // code, the errno and an injected fault's mark).
     const File& file = *piece.file;
-    std::string message = str_cat(request.op == OpKind::kRead ? "read " : "write ",
+    std::string context = str_cat(request.op == OpKind::kRead ? "read " : "write ",
                                   file.stripes[piece.stripe].path, " offset ", request.offset_bytes,
                                   " length ", request.length_bytes);
-    if (file.stripes.size() > 1) message += str_cat(" (logical offset ", piece.logical_offset_bytes, ")");
-    message += ": ";
-    message += status.message();
-    Status error(status.code(), std::move(message), status.errno_value());
+    if (file.stripes.size() > 1) {
+        context += str_cat(" (logical offset ", piece.logical_offset_bytes, ")");
+    }
+    Status error = status.with_context(context);
     impl.finish(handle, &error);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Worker
 
-Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
-    const auto depth = static_cast<std::size_t>(impl_.aio.queue_depth);
-    if (impl_.sim) {
-        base_backend_ =
-            std::make_unique<SimBackend>(*impl_.sim, depth, index_, impl_.options.seams);
-    } else {
-        BackendOptions bo;
-        bo.kind = kind;
-        bo.queue_depth = depth;
-        bo.sqpoll = impl_.aio.sqpoll;
-        bo.single_submit = impl_.aio.single_submit;
-        bo.seams = impl_.options.seams;
-        ZINF_ASSIGN_OR_RETURN(base_backend_, make_backend(bo, why));
+EngineWorker::EngineWorker(Engine::Impl& impl, std::size_t index) : impl_(impl), index_(index) {
+    const auto depth = static_cast<std::size_t>(impl.aio.queue_depth);
+    pieces_ = std::vector<Piece>(depth);
+    free_.resize(depth);
+    batch_.resize(depth);
+    for (std::size_t i = 0; i < depth; ++i) {
+        pieces_[i].worker = this;
+        pieces_[i].index = static_cast<std::uint32_t>(i);
+        free_[i] = static_cast<std::uint32_t>(depth - 1 - i);
     }
+    free_count_ = depth;
+}
+
+EngineWorker::~EngineWorker() {
+    if (thread_.joinable()) thread_.join();
+}
+
+Status EngineWorker::start(const std::string& kind) {
+    thread_ = std::thread([this, kind] { run(kind); });
+    std::unique_lock lock(impl_.mutex);
+    impl_.control_cv.wait(lock, [&] { return init_done_; });
+    if (!init_status_.is_ok()) {
+        lock.unlock();
+        thread_.join();
+    }
+    return init_status_;
+}
+
+Status EngineWorker::init_backend(const std::string& kind) {
+    const auto depth = static_cast<std::size_t>(impl_.aio.queue_depth);
+    BackendOptions bo;
+    bo.kind = kind;
+    bo.queue_depth = depth;
+    bo.sqpoll = impl_.aio.sqpoll;
+    bo.single_submit = impl_.aio.single_submit;
+    bo.seams = impl_.options.seams;
+    ZINF_ASSIGN_OR_RETURN(base_backend_, impl_.storage->make_backend(bo, index_));
+    ZINF_ASSERT(base_backend_ != nullptr);
     backend_ = base_backend_.get();
     if (impl_.options.faults) {
         faulty_ = std::make_unique<FaultyBackend>(*base_backend_, *impl_.options.faults,
@@ -378,8 +236,8 @@ Status EngineWorker::init_backend(const std::string& kind, std::string* why) {
     return Status::ok();
 }
 
-void EngineWorker::run(const std::string& kind, std::string* why) {
-    Status status = init_backend(kind, why);
+void EngineWorker::run(const std::string& kind) {
+    Status status = init_backend(kind);
     {
         std::lock_guard lock(impl_.mutex);
         init_status_ = std::move(status);
@@ -543,7 +401,8 @@ void EngineWorker::loop() {
         std::size_t min_count = 1;
         if (more_work) min_count = 0;
         if (!overlap) min_count = backend_->in_flight_count();
-        auto reaped = backend_->reap(min_count, more_work ? std::chrono::microseconds(0) : kReapWait);
+        auto reaped =
+            backend_->reap(min_count, more_work ? std::chrono::microseconds(0) : kReapWait);
         if (wakeable) sleeping_in_reap_.store(false, std::memory_order_relaxed);
         if (!reaped.has_value() && reap_errors_logged_ < 10) {
             ++reap_errors_logged_;
@@ -565,7 +424,8 @@ Status Engine::Impl::run_on_workers(const std::function<Status(EngineWorker&)>& 
     }
     work_cv.notify_all();
     control_cv.wait(lock, [&] {
-        return std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w->control_done_; });
+        return std::all_of(workers.begin(), workers.end(),
+                           [](const auto& w) { return w->control_done_; });
     });
     Status first;
     for (auto& w : workers) {
@@ -593,55 +453,52 @@ Engine::~Engine() {
     impl_->files.clear();
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+namespace {
+
+Status check_engine_options(const EngineOptions& options) {
     const AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes > (std::uint64_t{1} << 30)) {
         return Status::invalid_argument(str_cat("aio.block_size: expected 1 byte to 1 GiB, got ",
                                                 aio.block_size_bytes));
     }
     if (aio.queue_depth < 1 || aio.queue_depth > 4096) {
-        return Status::invalid_argument(str_cat("aio.queue_depth: expected 1 to 4096, got ", aio.queue_depth));
+        return Status::invalid_argument(
+            str_cat("aio.queue_depth: expected 1 to 4096, got ", aio.queue_depth));
     }
     if (aio.intra_op_parallelism < 1 || aio.intra_op_parallelism > 256) {
-        return Status::invalid_argument(str_cat("aio.intra_op_parallelism: expected 1 to 256, got ",
-                                                aio.intra_op_parallelism));
+        return Status::invalid_argument(str_cat(
+            "aio.intra_op_parallelism: expected 1 to 256, got ", aio.intra_op_parallelism));
     }
     if (options.faults && options.faults->latency_us_min > options.faults->latency_us_max) {
         return Status::invalid_argument("fault plan: latency_us_min > latency_us_max");
     }
-    if (options.sim && options.sim->latency_us_min > options.sim->latency_us_max) {
-        return Status::invalid_argument("sim: latency_us_min > latency_us_max");
-    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+    ZINF_TRY(check_engine_options(options));
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Storage> owned_storage, make_storage(options));
     std::unique_ptr<Engine> engine(new Engine());  // private constructor
     engine->impl_ = std::make_unique<Impl>(options);
     Impl& impl = *engine->impl_;
-    if (options.sim) impl.sim = std::make_unique<SimDevice>(*options.sim);
+    impl.owned_storage = std::move(owned_storage);
+    impl.storage = options.storage != nullptr ? options.storage : impl.owned_storage.get();
+    ZINF_ASSERT(impl.storage != nullptr);
     if (options.faults) impl.fault_shared = std::make_unique<FaultyBackend::Shared>();
 
-    std::string kind = aio.backend;
-    for (int i = 0; i < aio.intra_op_parallelism; ++i) {
+    std::string kind = options.aio.backend;
+    for (int i = 0; i < options.aio.intra_op_parallelism; ++i) {
         impl.workers.push_back(std::make_unique<EngineWorker>(impl, static_cast<std::size_t>(i)));
-        std::string why;
-        Status status = impl.workers.back()->start(kind, &why);
+        Status status = impl.workers.back()->start(kind);
         if (!status.is_ok()) {
             impl.workers.pop_back();
-            if (impl.sim == nullptr && aio.backend != "auto") {
-                status = Status::not_supported(
-                    str_cat("aio.backend \"", aio.backend, "\" cannot be set up: ", status.message()),
-                    status.errno_value());
-            }
             return status;  // the destructor stops the workers already started
         }
         if (i == 0) {
-            impl.backend_name = std::string(impl.workers.back()->backend_name());
-            if (impl.sim == nullptr && kind == "auto") {
-                if (why.empty()) {
-                    log::info("io: backend ", impl.backend_name, " (auto)");
-                } else {
-                    log::info("io: backend ", impl.backend_name, " (auto; passed over: ", why, ")");
-                }
-            }
             // The other workers get what the first one settled on.
+            impl.backend_name = std::string(impl.workers.back()->backend_name());
             kind = impl.backend_name;
         }
     }
@@ -655,344 +512,16 @@ FileSystem& Engine::file_system() const noexcept {
                                                  : posix_file_system();
 }
 
-namespace {
-
-// The bytes stripe `index` holds of a logical file of `size` bytes.
-std::uint64_t stripe_share_bytes(std::uint64_t size, std::uint64_t chunk, std::uint64_t count,
-                                 std::uint64_t index) {
-    if (count == 1) return size;
-    const std::uint64_t round = chunk * count;
-    const std::uint64_t full = size / round * chunk;
-    const std::uint64_t rest = size % round;
-    const std::uint64_t start = index * chunk;
-    return full + (rest > start ? std::min(chunk, rest - start) : 0);
-}
-
-Status explain_open_error(int err, const std::string& path, const FileOptions& options) {
-    const std::string parent = std::filesystem::path(path).parent_path().string();
-    switch (err) {
-        case ENOENT:
-            if (options.create && !parent.empty() && ::access(parent.c_str(), F_OK) != 0) {
-                return Status::not_found(str_cat("open ", path, ": directory ", parent, " does not exist"), err);
-            }
-            return Status::not_found(str_cat("open ", path, ": No such file or directory"), err);
-        case ENOTDIR:
-            return Status::invalid_argument(str_cat(
-                "open ", path, ": a component of the path is a file where a directory is expected"));
-        case EISDIR:
-            return Status::invalid_argument(str_cat("open ", path, ": is a directory, expected a file"));
-        case EROFS:
-            return Status::io_error(str_cat("open ", path, ": read-only file system"), err);
-        case EACCES:
-            return Status::io_error(str_cat("open ", path, ": permission denied"), err);
-        default:
-            return Status::from_errno(err, str_cat("open ", path));
-    }
-}
-
-}  // namespace
-
-Result<FileId> Engine::open(std::span<const std::string> paths, const FileOptions& options) {
-    Impl& impl = *impl_;
-    if (paths.empty()) return Status::invalid_argument("open: no path given");
-    if (options.read_only && (options.create || options.truncate || options.preallocate_bytes > 0)) {
-        return Status::invalid_argument("open: read_only excludes create, truncate and preallocate");
-    }
-    auto file = std::make_unique<File>();
-    file->read_only = options.read_only;
-    file->chunk_bytes = options.stripe_chunk_bytes != 0 ? options.stripe_chunk_bytes : impl.aio.block_size_bytes;
-    const bool want_direct = impl.aio.use_direct != DirectMode::kOff;
-    FileSystem& fs = file_system();
-    // Files this call created, removed again if open fails: (stripe index, name).
-    std::vector<std::size_t> created;
-    auto cleanup = [&] {
-        for (std::size_t i : created) {
-            const Stripe& c = file->stripes[i];
-            (void)fs.remove_at(c.directory, c.name, /*directory=*/false);
-        }
-    };
-
-    for (const std::string& path : paths) {
-        if (path.empty()) {
-            cleanup();
-            return Status::invalid_argument("open: empty path");
-        }
-        // The stripe joins the file at once, so that cleanup() finds it whatever fails below.
-        Stripe& s = file->stripes.emplace_back();
-        s.path = path;
-        if (impl.sim) {
-            auto id = impl.sim->open(path, options);
-            if (!id.has_value()) return id.error();
-            s.sim_id = *id;
-            s.buffered_fd_value = s.direct_fd_value = *id;
-            s.alignment_bytes = want_direct ? impl.sim->options().logical_block_bytes : 1;
-            continue;
-        }
-        const std::filesystem::path fs_path(path);
-        s.name = fs_path.filename().string();
-        if (s.name.empty() || s.name == "." || s.name == "..") {
-            cleanup();
-            return Status::invalid_argument(str_cat("open ", path, ": expected a file name"));
-        }
-        std::string parent = fs_path.parent_path().string();
-        if (parent.empty()) parent = ".";
-        auto directory = fs.open_directory(parent, /*follow_last=*/!options.trusted_directory);
-        if (!directory.has_value()) {
-            cleanup();
-            const Status& e = directory.error();
-            if (e.errno_value() == ENOENT) {
-                return Status::not_found(str_cat("open ", path, ": directory ", parent,
-                                                 " does not exist"), ENOENT);
-            }
-            if (e.errno_value() == ENOTDIR) return explain_open_error(ENOTDIR, path, options);
-            return e.with_context(str_cat("open ", path));
-        }
-        s.directory = std::move(*directory);
-        int flags = options.read_only ? O_RDONLY : O_RDWR;
-        if (options.create) flags |= O_CREAT;
-        if (options.create && options.exclusive) flags |= O_EXCL;
-        if (options.truncate) flags |= O_TRUNC;
-        struct stat before {};
-        const bool existed =
-            ::fstatat(s.directory.fd(), s.name.c_str(), &before, AT_SYMLINK_NOFOLLOW) == 0;
-        auto opened = fs.open_at(s.directory, s.name, flags, options.mode);
-        if (!opened.has_value()) {
-            cleanup();
-            const Status& e = opened.error();
-            // A refused symbolic link or an injected fault says so itself; errno explains others.
-            if (e.code() == StatusCode::kInvalidArgument || e.errno_value() == 0 ||
-                e.message().find("injected") != std::string::npos) {
-                return e;
-            }
-            return explain_open_error(e.errno_value(), path, options);
-        }
-        FileDescriptor fd = std::move(*opened);
-        if (!existed) created.push_back(file->stripes.size() - 1);
-        struct stat st {};
-        if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-            cleanup();
-            return Status::invalid_argument(str_cat("open ", path, ": not a regular file"));
-        }
-        s.buffered_fd = std::move(fd);
-        s.buffered_fd_value = s.buffered_fd.get();
-        if (want_direct) {
-            auto reopened = fs.open_at(s.directory, s.name,
-                                       O_DIRECT | (options.read_only ? O_RDONLY : O_RDWR), 0);
-            FileDescriptor direct;
-            int err = 0;
-            Status reopen_error;
-            if (reopened.has_value()) {
-                direct = std::move(*reopened);
-                // The same file both times: nothing replaced the name between the two opens.
-                struct stat a {}, b {};
-                if (::fstat(s.buffered_fd.get(), &a) != 0 || ::fstat(direct.get(), &b) != 0 ||
-                    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
-                    cleanup();
-                    return Status::io_error(str_cat("open ", path, ": the file changed between "
-                                                    "its buffered and its O_DIRECT open"), EBUSY);
-                }
-            } else {
-                err = reopened.error().errno_value();
-                reopen_error = reopened.error();
-                if (reopened.error().code() == StatusCode::kInvalidArgument && err == ELOOP) {
-                    cleanup();
-                    return reopened.error();
-                }
-            }
-            Result<DirectIoAlignment> alignment = DirectIoAlignment{};
-            if (direct.valid()) alignment = query_direct_io_alignment(direct.get(), path);
-            if (!alignment.has_value()) {
-                cleanup();
-                return alignment.error();
-            }
-            const bool refused = !direct.valid() || !alignment->direct_supported;
-            if (refused) {
-                if (direct.valid() || err == EINVAL || err == EOPNOTSUPP) {
-                    if (impl.aio.use_direct == DirectMode::kOn) {
-                        cleanup();
-                        return Status::not_supported(
-                            str_cat("open ", path, ": the file system refuses O_DIRECT",
-                                    err != 0 ? str_cat(" (", std::strerror(err), ")") : std::string(),
-                                    " and aio.use_direct is true; set it to \"auto\" or false"),
-                            err);
-                    }
-                    log::warn_once(str_cat("io-no-direct:", std::filesystem::path(path).parent_path().string()),
-                                   str_cat("io: ", path, ": the file system refuses O_DIRECT; using "
-                                           "buffered I/O (aio.use_direct is auto)"));
-                } else {
-                    cleanup();
-                    return reopen_error.with_context("O_DIRECT");
-                }
-            } else {
-                s.direct_fd = std::move(direct);
-                s.direct_fd_value = s.direct_fd.get();
-                s.alignment_bytes = alignment->alignment_bytes;
-                log::debug("io: ", path, ": O_DIRECT alignment ", s.alignment_bytes, " bytes (",
-                           alignment->source, ")");
-            }
-        }
-    }
-
-    // Direct only when every stripe takes it, so that one alignment rule covers the file.
-    file->direct = want_direct && std::all_of(file->stripes.begin(), file->stripes.end(), [&](const Stripe& s) {
-                       return impl.sim != nullptr || s.direct_fd.valid();
-                   });
-    file->alignment_bytes = 1;
-    if (file->direct) {
-        for (const Stripe& s : file->stripes) file->alignment_bytes = std::max(file->alignment_bytes, s.alignment_bytes);
-        if (impl.aio.block_size_bytes % file->alignment_bytes != 0) {
-            cleanup();
-            return Status::invalid_argument(str_cat(
-                "aio.block_size: ", impl.aio.block_size_bytes, " bytes is not a multiple of the "
-                "logical block size of ", file->stripes[0].path, " (", file->alignment_bytes, " bytes)"));
-        }
-    } else {
-        for (Stripe& s : file->stripes) {
-            s.direct_fd.reset();
-            s.direct_fd_value = s.buffered_fd_value;
-            s.alignment_bytes = 1;
-        }
-    }
-    if (file->stripes.size() > 1 && (file->chunk_bytes == 0 || file->chunk_bytes % file->alignment_bytes != 0)) {
-        cleanup();
-        return Status::invalid_argument(str_cat("open: stripe_chunk_bytes ", file->chunk_bytes,
-                                                " is not a multiple of the logical block size (",
-                                                file->alignment_bytes, " bytes)"));
-    }
-
-    if (options.preallocate_bytes > 0) {
-        const auto count = static_cast<std::uint64_t>(file->stripes.size());
-        for (std::uint64_t i = 0; i < count; ++i) {
-            Stripe& s = file->stripes[i];
-            const std::uint64_t share = stripe_share_bytes(options.preallocate_bytes, file->chunk_bytes, count, i);
-            if (impl.sim) {
-                Status st = impl.sim->reserve(s.sim_id, share);
-                if (!st.is_ok()) return st.with_context(str_cat("preallocate ", s.path));
-                continue;
-            }
-            struct stat st {};
-            if (::fstat(s.buffered_fd.get(), &st) != 0) {
-                cleanup();
-                return Status::from_errno(errno, str_cat("fstat ", s.path));
-            }
-            const auto have = static_cast<std::uint64_t>(st.st_blocks) * 512;
-            if (share > have) {
-                const std::string dir = std::filesystem::path(s.path).parent_path().string();
-                auto free = free_space_bytes(dir.empty() ? "." : dir);
-                if (free.has_value() && share - have > *free) {
-                    cleanup();
-                    return Status::no_space(str_cat("preallocate ", s.path, ": ", share,
-                                                    " bytes asked, ", *free, " bytes free on its file system"));
-                }
-                Status reserved = fs.preallocate(s.buffered_fd.get(), share, s.path);
-                if (!reserved.is_ok()) {
-                    cleanup();
-                    return reserved;
-                }
-            }
-        }
-    }
-
-    // Hand out fixed-file slots and register them with every worker's backend.
-    FileId id = 0;
-    {
-        std::lock_guard lock(impl.mutex);
-        id = static_cast<FileId>(impl.files.size());
-        file->id = id;
-        if (impl.sim == nullptr && impl.aio.register_buffers) {
-            for (Stripe& s : file->stripes) {
-                s.buffered_slot = impl.allocate_slot_locked();
-                if (s.direct_fd.valid()) s.direct_slot = impl.allocate_slot_locked();
-            }
-        }
-    }
-    File* raw = file.get();
-    Status reg = impl.run_on_workers([raw](EngineWorker& w) -> Status {
-        for (const Stripe& s : raw->stripes) {
-            if (s.buffered_slot >= 0) ZINF_TRY(w.backend().register_file(s.buffered_slot, s.buffered_fd_value));
-            if (s.direct_slot >= 0) ZINF_TRY(w.backend().register_file(s.direct_slot, s.direct_fd_value));
-        }
-        return Status::ok();
-    });
-    if (!reg.is_ok()) {
-        // Plain descriptors still work; the slots just go unused.
-        log::warn_once("io-fixed-files", str_cat("io: registering files failed (", reg.to_string(),
-                                                 "); using plain descriptors"));
-    }
-    std::lock_guard lock(impl.mutex);
-    impl.files.push_back(std::move(file));
-    return id;
-}
-
-Status Engine::close(FileId id) {
-    Impl& impl = *impl_;
-    File* file = nullptr;
-    {
-        std::lock_guard lock(impl.mutex);
-        file = impl.file_locked(id);
-        if (file == nullptr) return Status::invalid_argument(str_cat("close: unknown file id ", id));
-        ZINF_ASSERT_MSG(file->ops_in_flight.load(std::memory_order_acquire) == 0,
-                        "Engine::close with operations in flight on the file");
-    }
-    Status unreg = impl.run_on_workers([file](EngineWorker& w) -> Status {
-        Status first;
-        for (const Stripe& s : file->stripes) {
-            for (int slot : {s.buffered_slot, s.direct_slot}) {
-                if (slot < 0) continue;
-                Status st = w.backend().register_file(slot, -1);
-                if (first.is_ok() && !st.is_ok()) first = std::move(st);
-            }
-        }
-        return first;
-    });
-    std::unique_ptr<File> owned;
-    {
-        std::lock_guard lock(impl.mutex);
-        for (const Stripe& s : file->stripes) {
-            if (s.buffered_slot >= 0) impl.fixed_slot_used[static_cast<std::size_t>(s.buffered_slot)] = false;
-            if (s.direct_slot >= 0) impl.fixed_slot_used[static_cast<std::size_t>(s.direct_slot)] = false;
-        }
-        owned = std::move(impl.files[id]);
-    }
-    if (!unreg.is_ok()) log::warning("io: close: ", unreg.to_string());
-    return Status::ok();  // descriptors close with `owned`
-}
-
-bool Engine::is_direct(FileId id) const {
-    std::lock_guard lock(impl_->mutex);
-    const File* f = impl_->file_locked(id);
-    return f != nullptr && f->direct;
-}
-
-std::size_t Engine::alignment_bytes(FileId id) const {
-    std::lock_guard lock(impl_->mutex);
-    const File* f = impl_->file_locked(id);
-    return f == nullptr ? 1 : f->alignment_bytes;
-}
-
-Status Engine::sync(FileId id) {
-    File* f = nullptr;
-    {
-        std::lock_guard lock(impl_->mutex);
-        f = impl_->file_locked(id);
-    }
-    if (f == nullptr) return Status::invalid_argument(str_cat("sync: unknown file id ", id));
-    if (impl_->sim) return Status::ok();
-    for (const Stripe& s : f->stripes) {
-        ZINF_TRY(file_system().sync(s.buffered_fd.get(), /*data_only=*/true, s.path));
-    }
-    return Status::ok();
-}
-
 Status Engine::register_buffers(std::span<std::byte> region) {
     Impl& impl = *impl_;
     if (region.empty()) return Status::invalid_argument("register_buffers: empty region");
-    if (!impl.aio.register_buffers || impl.sim != nullptr) return Status::ok();
+    if (!impl.aio.register_buffers || !impl.storage->registers_buffers()) return Status::ok();
     std::vector<std::span<std::byte>> all;
     {
         std::lock_guard lock(impl.mutex);
         for (std::size_t at = 0; at < region.size(); at += kMaxRegisteredBufferBytes) {
-            impl.regions.push_back(region.subspan(at, std::min(kMaxRegisteredBufferBytes, region.size() - at)));
+            impl.regions.push_back(
+                region.subspan(at, std::min(kMaxRegisteredBufferBytes, region.size() - at)));
         }
         all = impl.regions;
     }
@@ -1001,10 +530,12 @@ Status Engine::register_buffers(std::span<std::byte> region) {
         const auto begin = reinterpret_cast<std::uintptr_t>(all[i].data());
         table.push_back(Region{begin, begin + all[i].size(), static_cast<int>(i)});
     }
-    std::sort(table.begin(), table.end(), [](const Region& a, const Region& b) { return a.begin < b.begin; });
+    std::sort(table.begin(), table.end(),
+              [](const Region& a, const Region& b) { return a.begin < b.begin; });
     for (std::size_t i = 1; i < table.size(); ++i) {
         if (table[i].begin < table[i - 1].end) {
-            return Status::invalid_argument("register_buffers: region overlaps one registered before");
+            return Status::invalid_argument(
+                "register_buffers: region overlaps one registered before");
         }
     }
     // The table changes on the worker's own thread, between batches: no piece sees it half-done.
@@ -1012,7 +543,8 @@ Status Engine::register_buffers(std::span<std::byte> region) {
     return impl.run_on_workers([&all, &table](EngineWorker& w) -> Status {
         for (int spin = 0; w.backend().in_flight_count() > 0; ++spin) {
             ZINF_ASSERT_LT(spin, 1 << 24);
-            auto r = w.backend().reap(w.backend().in_flight_count(), std::chrono::milliseconds(100));
+            auto r =
+                w.backend().reap(w.backend().in_flight_count(), std::chrono::milliseconds(100));
             if (!r.has_value()) return r.error();
         }
         Status st = w.backend().register_buffers(all);
@@ -1035,24 +567,29 @@ Status Engine::submit(std::span<const BatchItem> items) {
         const BatchItem& it = items[i];
         if (it.handle == nullptr) return Status::invalid_argument("submit: null handle");
         const File* f = impl.file_locked(it.file);
-        if (f == nullptr) return Status::invalid_argument(str_cat("submit: unknown file id ", it.file));
+        if (f == nullptr) {
+            return Status::invalid_argument(str_cat("submit: unknown file id ", it.file));
+        }
         if (it.buffer.empty()) {
             return Status::invalid_argument(str_cat(it.op == OpKind::kRead ? "read " : "write ",
                                                     f->stripes[0].path, " offset ", it.offset_bytes,
                                                     ": empty buffer (length 0)"));
         }
         if (it.offset_bytes > UINT64_MAX - it.buffer.size()) {
-            return Status::invalid_argument(str_cat("submit: offset ", it.offset_bytes, " + length ",
-                                                    it.buffer.size(), " overflows"));
+            return Status::invalid_argument(str_cat("submit: offset ", it.offset_bytes,
+                                                    " + length ", it.buffer.size(), " overflows"));
         }
         if (it.op == OpKind::kWrite && f->read_only) {
-            return Status::invalid_argument(str_cat("write ", f->stripes[0].path, ": file opened read-only"));
+            return Status::invalid_argument(
+                str_cat("write ", f->stripes[0].path, ": file opened read-only"));
         }
         if (!it.handle->done()) {
             return Status::invalid_argument("submit: handle still has an operation in flight");
         }
         for (std::size_t j = 0; j < i; ++j) {
-            if (items[j].handle == it.handle) return Status::invalid_argument("submit: one handle twice in a batch");
+            if (items[j].handle == it.handle) {
+                return Status::invalid_argument("submit: one handle twice in a batch");
+            }
         }
         if (impl.stopping) return Status::invalid_argument("submit: engine is shutting down");
     }
@@ -1117,8 +654,9 @@ Status Engine::submit_write(IoHandle& handle, FileId file, std::uint64_t offset_
                             std::span<const std::byte> buffer) {
     // The engine never writes through a write's buffer; the span is non-const only because
     // BatchItem serves both directions.
-    const BatchItem item{&handle, OpKind::kWrite, file, offset_bytes,
-                         std::span<std::byte>(const_cast<std::byte*>(buffer.data()), buffer.size())};
+    const BatchItem item{
+        &handle, OpKind::kWrite, file, offset_bytes,
+        std::span<std::byte>(const_cast<std::byte*>(buffer.data()), buffer.size())};
     return submit(std::span<const BatchItem>(&item, 1));
 }
 
@@ -1155,7 +693,8 @@ EngineStats Engine::stats() const {
     std::array<std::uint64_t, kHistogramBuckets> counts{};
     std::uint64_t total = 0;
     for (int i = 0; i < kHistogramBuckets; ++i) {
-        counts[static_cast<std::size_t>(i)] = impl.latency[static_cast<std::size_t>(i)].load(std::memory_order_relaxed);
+        counts[static_cast<std::size_t>(i)] =
+            impl.latency[static_cast<std::size_t>(i)].load(std::memory_order_relaxed);
         total += counts[static_cast<std::size_t>(i)];
     }
     auto percentile = [&](double q) {

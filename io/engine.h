@@ -1,6 +1,8 @@
 // io::Engine: the thread-safe front end of the asynchronous block I/O layer. It owns
-// `intra_op_parallelism` worker threads, each with one io::Backend (io_uring, libaio, posix or the
-// simulated device, optionally wrapped by io::FaultyBackend). Callers submit reads and writes of
+// `intra_op_parallelism` worker threads, each with one io::Backend made by the engine's
+// io::Storage (io/storage.h: by default the operating system's files, moved by io_uring, libaio
+// or posix; the simulated device is another storage), optionally wrapped by io::FaultyBackend.
+// The engine itself has no case for any storage. Callers submit reads and writes of
 // (file, offset, buffer) and get them back through an IoHandle they own. Every request is cut
 // into `block_size` pieces that the workers pull from one shared queue, so that each worker keeps
 // up to `queue_depth` pieces in flight however small the request (no fixed slice per worker).
@@ -31,6 +33,8 @@
 #include "src/base/status.h"
 
 namespace zinf::io {
+
+class Storage;
 
 enum class OpKind : std::uint8_t { kRead, kWrite };
 
@@ -72,7 +76,7 @@ struct AioOptions {
     bool sqpoll = false;                        // io_uring kernel submission thread
 };
 
-// Options of the simulated in-memory device (aio.backend is then ignored).
+// Options of the simulated in-memory device (io/sim_storage.h; aio.backend is then ignored).
 struct SimOptions {
     std::uint64_t seed = 1;
     std::uint32_t latency_us_min = 0;
@@ -85,11 +89,21 @@ struct EngineOptions {
     AioOptions aio;
     // When set, each worker's backend is wrapped in a FaultyBackend following this plan.
     std::optional<FaultPlan> faults;
-    // When set, files live in memory on a simulated device instead of the file system.
+    // Where the engine's files live and what moves their bytes (borrowed; outlives the engine).
+    // Null: a storage the engine makes and owns (io::make_storage): the simulated device when
+    // `sim` is set, else the operating system's files through `file_system`, moved by the backend
+    // that aio.backend names. Setting both this and `sim` is an error.
+    Storage* storage = nullptr;
+    // When set, files live in memory on a simulated device (an io::SimStorage the engine makes)
+    // instead of the file system. A shorthand for tests: the engine treats that storage as any
+    // other.
     std::optional<SimOptions> sim;
-    // Where files are opened, preallocated, synced and removed (borrowed; outlives the engine).
-    // Null: the operating system's (io::posix_file_system()). A FaultyFileSystem here fails
-    // file set-up as `faults` fails reads and writes.
+    // Where files are opened, preallocated, synced and removed (borrowed; outlives the engine):
+    // the operating system's storage that the engine makes (storage null, sim unset) works
+    // through it, and Engine::file_system() returns it for the directories and files that
+    // callers set up beside the engine's (run directories, checkpoints). Null: the operating
+    // system's (io::posix_file_system()). A FaultyFileSystem here fails file set-up as `faults`
+    // fails reads and writes.
     FileSystem* file_system = nullptr;
     // Fault injection at each worker backend's kernel boundary (tests); none by default.
     Seams seams;
@@ -176,9 +190,10 @@ private:
 
 class Engine {
 public:
-    // Builds the workers and their backends. For aio.backend == "auto" tries io_uring, then
-    // libaio, then posix, and logs which it chose and why it passed over the others; a backend
-    // named explicitly that cannot be set up is an error (kNotSupported) saying why.
+    // Builds the workers and their backends, which the storage makes (EngineOptions::storage).
+    // On the operating system's storage, aio.backend == "auto" tries io_uring, then libaio, then
+    // posix, and logs which it chose and why it passed over the others; a backend named
+    // explicitly that cannot be set up is an error (kNotSupported) saying why.
     static Result<std::unique_ptr<Engine>> create(const EngineOptions& options);
     // Waits for everything in flight, then stops the workers and closes every file.
     ~Engine();
@@ -187,12 +202,14 @@ public:
 
     std::string_view backend_name() const noexcept;
     const AioOptions& aio() const noexcept;
-    // The file system files are set up through (EngineOptions::file_system or the OS's).
+    // EngineOptions::file_system, or the OS's: where callers set up their own directories and
+    // files beside the engine's.
     FileSystem& file_system() const noexcept;
 
-    // Opens one logical file over `paths` (several paths: one file per path, striped). Applies
-    // aio.use_direct: auto falls back to buffered I/O with one warning where O_DIRECT is refused,
-    // on (DirectMode::kOn) makes the refusal an error. Errors name the path.
+    // Opens one logical file over `paths` (several paths: one file per path, striped) on the
+    // engine's storage. Applies aio.use_direct: auto falls back to buffered I/O with one warning
+    // where O_DIRECT is refused, on (DirectMode::kOn) makes the refusal an error. A failed open
+    // removes the files it created. Errors name the path.
     Result<FileId> open(std::span<const std::string> paths, const FileOptions& options);
     Result<FileId> open(const std::string& path, const FileOptions& options) {
         return open(std::span<const std::string>(&path, 1), options);
@@ -203,15 +220,16 @@ public:
     // The alignment (bytes) of buffers, offsets and lengths that go straight to O_DIRECT: the
     // largest logical block size over the file's stripes (queried, not assumed). 1 if buffered.
     std::size_t alignment_bytes(FileId file) const;
-    // fdatasync on every stripe.
+    // Makes what was written durable (fdatasync) on every stripe, through the storage.
     Status sync(FileId file);
 
     // Registers a caller-owned region (e.g. the pinned pool) with every worker's backend as
     // fixed buffers (io_uring; split into pieces of at most 1 GiB). Pieces of requests whose
     // buffers lie inside use the fixed-buffer opcodes. Call before submitting I/O on it; the
     // region must outlive the engine or be unregistered by destroying the engine. A no-op when
-    // aio.register_buffers is false or the backend has no fixed buffers. On failure (e.g.
-    // RLIMIT_MEMLOCK) the engine keeps working with plain opcodes and returns the error.
+    // aio.register_buffers is false or the storage's backends have no fixed buffers (the
+    // simulated device's, Storage::registers_buffers). On failure (e.g. RLIMIT_MEMLOCK) the
+    // engine keeps working with plain opcodes and returns the error.
     Status register_buffers(std::span<std::byte> region);
 
     // Starts an asynchronous read into `buffer` (caller-owned until done). Returns an error

@@ -130,7 +130,8 @@ void FaultyBackend::on_inner_complete(Request& request, const Status& status) {
         return;
     }
     request.length_bytes = slot.real_length_bytes;
-    if (status.is_ok() && request.op == OpKind::kRead && self.chance(self.plan_.corrupt_probability)) {
+    if (status.is_ok() && request.op == OpKind::kRead &&
+        self.chance(self.plan_.corrupt_probability)) {
         const std::size_t at = self.rng_() % request.length_bytes;
         request.buffer[at] ^= std::byte{0x5a};
         self.shared_.faults_injected.fetch_add(1, std::memory_order_relaxed);
@@ -162,7 +163,7 @@ std::size_t FaultyBackend::deliver_ready(std::chrono::steady_clock::time_point n
     std::size_t n = 0;
     for (Slot& slot : slots_) {
         if (slot.state == SlotState::kFailed && slot.due <= now) {
-            deliver(slot, detail::piece_error(slot.error));
+            deliver(slot, detail::piece_error(slot.error).mark_injected());
             ++n;
         } else if (slot.state == SlotState::kDelayed && slot.due <= now) {
             Status status = std::move(slot.status);

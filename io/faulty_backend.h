@@ -1,6 +1,8 @@
 // io::FaultyBackend: a Backend wrapper that injects the faults of an io::FaultPlan (failed pieces,
 // ENOSPC, short transfers, corrupted reads, latency) into any backend. A feature, not a test
-// macro: the engine stacks it on each worker's backend when EngineOptions::faults is set.
+// macro: the engine stacks it on each worker's backend when EngineOptions::faults is set. A piece
+// it fails carries a Status marked injected (Status::is_injected), which the engine keeps when it
+// adds the file, offset and length.
 #pragma once
 
 #include <atomic>

@@ -238,7 +238,9 @@ Status remove_tree_at(FileSystem& fs, const Directory& parent, std::string_view 
     // plan, however many directories it walks.
     FileDescriptor fd(
         ::openat(parent.fd(), n.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd.valid()) return Status::from_errno(errno, str_cat("open directory ", parent.path_of(name)));
+    if (!fd.valid()) {
+        return Status::from_errno(errno, str_cat("open directory ", parent.path_of(name)));
+    }
     const Directory dir(std::move(fd), parent.path_of(name));
     // List first, then remove: removing while reading a directory stream may skip entries.
     ZINF_ASSIGN_OR_RETURN(const std::vector<std::string> entries, list_directory(dir));
@@ -360,8 +362,10 @@ Status FaultyFileSystem::maybe_fail(FileOp op, std::string_view what) {
     }
     if (!fail) return Status::ok();
     injected_.fetch_add(1);
-    return Status::from_errno(plan_.errno_to_inject, str_cat(file_op_name(op), " ", what,
-                                                             " (injected fault, file op ", n, ")"));
+    return Status::from_errno(plan_.errno_to_inject,
+                              str_cat(file_op_name(op), " ", what, " (injected fault, file op ", n,
+                                      ")"))
+        .mark_injected();
 }
 
 Result<Directory> FaultyFileSystem::open_directory(const std::string& path, bool follow_last) {

@@ -122,7 +122,8 @@ Result<std::vector<std::string>> list_directory(const Directory& dir);
 
 // What FaultyFileSystem injects: fail the n-th (1-based) call among the operations in `ops`,
 // or each such call with a probability; with errno_to_inject. Failures are injected before the
-// real call, so an injected failure leaves the file system as it was.
+// real call, so an injected failure leaves the file system as it was. Each is a Status marked
+// injected (Status::is_injected), its message naming the operation, the path and the call's number.
 struct FileFaultPlan {
     std::uint64_t seed = 1;
     std::uint32_t ops = kAllFileOps;  // FileOp bits

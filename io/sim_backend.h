@@ -1,6 +1,7 @@
 // io::SimDevice and io::SimBackend: an in-memory block device for fast, reproducible tests of the
 // layers above io/. Requests complete out of order after a seeded, simulated latency; writes
-// beyond the device's capacity fail with ENOSPC.
+// beyond the device's capacity fail with ENOSPC. io::SimStorage (sim_storage.h) hands the device
+// to an io::Engine as its storage.
 #pragma once
 
 #include <chrono>

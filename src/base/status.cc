@@ -28,7 +28,7 @@ std::string_view status_code_name(StatusCode code) noexcept {
 
 Status::Status(StatusCode code, std::string message, int errno_value) {
     ZINF_ASSERT(code != StatusCode::kOk);
-    rep_ = std::make_unique<Rep>(Rep{code, errno_value, std::move(message)});
+    rep_ = std::make_unique<Rep>(Rep{code, errno_value, std::move(message), false});
 }
 
 Status Status::io_error(std::string message, int errno_value) {
@@ -72,7 +72,15 @@ Status Status::with_context(std::string_view context) const {
     std::string message(context);
     message += ": ";
     message += rep_->message;
-    return Status(rep_->code, std::move(message), rep_->errno_value);
+    Status out(rep_->code, std::move(message), rep_->errno_value);
+    out.rep_->injected = rep_->injected;
+    return out;
+}
+
+Status Status::mark_injected() && {
+    ZINF_ASSERT_MSG(rep_ != nullptr, "mark_injected on an OK status");
+    rep_->injected = true;
+    return std::move(*this);
 }
 
 namespace detail {

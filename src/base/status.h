@@ -44,7 +44,9 @@ public:
     static Status not_supported(std::string message, int errno_value = 0) {
         return {StatusCode::kNotSupported, std::move(message), errno_value};
     }
-    static Status busy(std::string message = "busy") { return {StatusCode::kBusy, std::move(message)}; }
+    static Status busy(std::string message = "busy") {
+        return {StatusCode::kBusy, std::move(message)};
+    }
     // An I/O error; errno_value is the positive errno (EIO, ...). ENOSPC maps to kNoSpace.
     static Status io_error(std::string message, int errno_value);
     static Status no_space(std::string message, int errno_value = 28) {
@@ -53,11 +55,15 @@ public:
     static Status corruption(std::string message) {
         return {StatusCode::kCorruption, std::move(message)};
     }
-    static Status internal(std::string message) { return {StatusCode::kInternal, std::move(message)}; }
+    static Status internal(std::string message) {
+        return {StatusCode::kInternal, std::move(message)};
+    }
     static Status not_found(std::string message, int errno_value = 0) {
         return {StatusCode::kNotFound, std::move(message), errno_value};
     }
-    static Status timeout(std::string message) { return {StatusCode::kTimeout, std::move(message)}; }
+    static Status timeout(std::string message) {
+        return {StatusCode::kTimeout, std::move(message)};
+    }
     static Status cuda(std::string message) { return {StatusCode::kCuda, std::move(message)}; }
     static Status nccl(std::string message) { return {StatusCode::kNccl, std::move(message)}; }
     // Builds an error from a failed syscall: "<what>: <strerror(errno_value)>".
@@ -71,8 +77,17 @@ public:
     const std::string& message() const noexcept;
     // "<code>: <message>" or "OK".
     std::string to_string() const;
-    // Returns a copy whose message is "<context>: <message>"; OK stays OK.
+    // Returns a copy whose message is "<context>: <message>"; OK stays OK. Keeps the code, the
+    // errno and the injected mark.
     Status with_context(std::string_view context) const;
+
+    // True when fault injection made this error (io::FaultyBackend, io::FaultyFileSystem, a
+    // test's failing fake), not the system: callers and sweeps recognise an injected fault by
+    // this mark, never by searching the message, which is for people. Copies, moves and
+    // with_context keep it; a Status built anew from another's code and message does not.
+    bool is_injected() const noexcept { return rep_ != nullptr && rep_->injected; }
+    // This error, marked as injected. Precondition: not OK.
+    Status mark_injected() &&;
 
     Status(const Status& other) : rep_(other.rep_ ? std::make_unique<Rep>(*other.rep_) : nullptr) {}
     Status& operator=(const Status& other) {
@@ -87,6 +102,7 @@ private:
         StatusCode code;
         int errno_value;
         std::string message;
+        bool injected = false;
     };
     std::unique_ptr<Rep> rep_;
 };
@@ -102,7 +118,8 @@ public:
     }
     template <typename U>
         requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
-                 !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result>)
+                 !std::is_same_v<std::decay_t<U>, Status> &&
+                 !std::is_same_v<std::decay_t<U>, Result>)
     Result(U&& value) : v_(std::in_place_index<0>, std::forward<U>(value)) {}  // NOLINT
 
     bool has_value() const noexcept { return v_.index() == 0; }

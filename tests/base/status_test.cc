@@ -43,11 +43,32 @@ TEST(StatusTest, ErrorsCarryCodeErrnoAndContext) {
     EXPECT_EQ(copy.message(), c.message());
 }
 
+TEST(StatusTest, AnInjectedFaultIsKnownByItsMarkThroughContextAndCopies) {
+    const Status real = Status::io_error("injected-looking text from the system", EIO);
+    EXPECT_FALSE(real.is_injected()) << "the message does not make a fault injected";
+    EXPECT_FALSE(Status().is_injected());
+    Status injected = Status::io_error("read /x", EIO).mark_injected();
+    EXPECT_TRUE(injected.is_injected());
+    EXPECT_EQ(injected.code(), StatusCode::kIo);
+    EXPECT_EQ(injected.errno_value(), EIO);
+    EXPECT_EQ(injected.message(), "read /x");
+    const Status wrapped = injected.with_context("swap in partition 3");
+    EXPECT_TRUE(wrapped.is_injected());
+    const Status copy = wrapped;
+    EXPECT_TRUE(copy.is_injected());
+    Result<int> result = copy;
+    EXPECT_TRUE(result.error().is_injected());
+    EXPECT_TRUE(result.status().is_injected());
+    const Status moved = std::move(injected);
+    EXPECT_TRUE(moved.is_injected());
+}
+
 TEST(StatusTest, EnospcIsNoSpace) {
     EXPECT_EQ(Status::io_error("w", ENOSPC).code(), StatusCode::kNoSpace);
     EXPECT_EQ(Status::from_errno(ENOSPC, "w").code(), StatusCode::kNoSpace);
     EXPECT_EQ(Status::from_errno(ENOENT, "open").code(), StatusCode::kNotFound);
-    EXPECT_NE(Status::from_errno(ENOENT, "open /a").message().find("No such file"), std::string::npos);
+    EXPECT_NE(Status::from_errno(ENOENT, "open /a").message().find("No such file"),
+              std::string::npos);
 }
 
 TEST(ResultTest, ValueOrError) {

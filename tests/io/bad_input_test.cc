@@ -30,7 +30,8 @@ TEST_F(BadInput, MissingFileWithoutCreate) {
     auto f = engine_->open(dir_.file("nope"), FileOptions{});
     ASSERT_FALSE(f.has_value());
     EXPECT_EQ(f.error().code(), StatusCode::kNotFound);
-    EXPECT_NE(f.error().message().find(dir_.file("nope")), std::string::npos) << f.error().to_string();
+    EXPECT_NE(f.error().message().find(dir_.file("nope")), std::string::npos)
+        << f.error().to_string();
 }
 
 TEST_F(BadInput, MissingDirectory) {
@@ -39,7 +40,8 @@ TEST_F(BadInput, MissingDirectory) {
     const std::string path = dir_.file("no-such-dir/f");
     auto f = engine_->open(path, fo);
     ASSERT_FALSE(f.has_value());
-    EXPECT_NE(f.error().message().find("does not exist"), std::string::npos) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("does not exist"), std::string::npos)
+        << f.error().to_string();
     EXPECT_NE(f.error().message().find(dir_.file("no-such-dir")), std::string::npos);
 }
 
@@ -57,7 +59,20 @@ TEST_F(BadInput, DirectoryWhereAFileIsExpected) {
     ASSERT_EQ(::mkdir(dir_.file("d").c_str(), 0700), 0);
     auto f = engine_->open(dir_.file("d"), FileOptions{});
     ASSERT_FALSE(f.has_value());
-    EXPECT_NE(f.error().message().find("is a directory"), std::string::npos) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("is a directory"), std::string::npos)
+        << f.error().to_string();
+}
+
+// An error is taken for an injected fault by its mark, not by its text: a real EISDIR on a path
+// that happens to contain "injected" is still explained.
+TEST_F(BadInput, DirectoryNamedInjectedIsExplainedNotTakenForAFault) {
+    ASSERT_EQ(::mkdir(dir_.file("injected").c_str(), 0700), 0);
+    auto f = engine_->open(dir_.file("injected"), FileOptions{});
+    ASSERT_FALSE(f.has_value());
+    EXPECT_FALSE(f.error().is_injected());
+    EXPECT_EQ(f.error().code(), StatusCode::kInvalidArgument) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("is a directory, expected a file"), std::string::npos)
+        << f.error().to_string();
 }
 
 TEST_F(BadInput, ExclusiveCreateOfAnExistingFile) {
@@ -117,7 +132,8 @@ TEST(BadConfig, BlockSizeNotAMultipleOfTheLogicalBlockSize) {
     auto f = (*engine)->open("lbs", fo);
     ASSERT_FALSE(f.has_value());
     EXPECT_EQ(f.error().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(f.error().message().find("aio.block_size"), std::string::npos) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("aio.block_size"), std::string::npos)
+        << f.error().to_string();
     EXPECT_NE(f.error().message().find("4096"), std::string::npos);
 }
 

@@ -35,8 +35,8 @@ TEST(FaultPlan, ParsesEveryKey) {
 }
 
 TEST(FaultPlan, RejectsBadInput) {
-    for (const char* bad : {"fail_nth=-1", "short=2", "errno=EWHAT", "latency_us=200-100", "bogus=1",
-                            "fail_nth", "read_error=abc", "enospc_after=lots"}) {
+    for (const char* bad : {"fail_nth=-1", "short=2", "errno=EWHAT", "latency_us=200-100",
+                            "bogus=1", "fail_nth", "read_error=abc", "enospc_after=lots"}) {
         auto plan = parse_fault_plan(bad);
         ASSERT_FALSE(plan.has_value()) << bad;
         EXPECT_EQ(plan.error().code(), StatusCode::kInvalidArgument) << bad;
@@ -78,7 +78,9 @@ ScenarioResult run_scenario(Engine& engine, FileId file) {
     EXPECT_NE(sb.code(), StatusCode::kTimeout);
     if (!sa.is_ok()) result.status = sa;
     if (result.status.is_ok() && !sb.is_ok()) result.status = sb;
-    if (result.status.is_ok()) result.data_ok = std::memcmp(in.data(), out.data(), (1 << 20) + (256 << 10) + 100) == 0;
+    if (result.status.is_ok()) {
+        result.data_ok = std::memcmp(in.data(), out.data(), (1 << 20) + (256 << 10) + 100) == 0;
+    }
     return result;
 }
 
@@ -113,6 +115,7 @@ TEST_P(FaultSweep, FailNthPieceSurfacesWithContext) {
         ++failures;
         const std::string& m = r.status.message();
         EXPECT_EQ(r.status.errno_value(), EIO) << m;
+        EXPECT_TRUE(r.status.is_injected()) << "the engine lost the injected mark: " << m;
         EXPECT_NE(m.find(path), std::string::npos) << m;
         EXPECT_NE(m.find(" offset "), std::string::npos) << m;
         EXPECT_NE(m.find(" length "), std::string::npos) << m;
@@ -235,7 +238,8 @@ TEST_P(Faults, RandomFaultStormNeverHangs) {
         const ScenarioResult r = run_scenario(*engine, file);
         if (!r.status.is_ok()) {
             ++errors;
-            EXPECT_NE(r.status.message().find(" offset "), std::string::npos) << r.status.to_string();
+            EXPECT_NE(r.status.message().find(" offset "), std::string::npos)
+                << r.status.to_string();
         } else {
             EXPECT_TRUE(r.data_ok);
         }
