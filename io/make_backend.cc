@@ -1,6 +1,7 @@
 // io::make_backend: picks and sets up a system backend; for "auto", io_uring → libaio → posix.
 #include "io/backend.h"
 #include "io/detail/backends.h"
+#include "src/base/aio_backends.h"
 #include "src/base/log.h"
 
 namespace zinf::io {
@@ -21,32 +22,30 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options, std
     if (options.queue_depth == 0) {
         return Status::invalid_argument("io backend: queue_depth must be >= 1");
     }
-    if (options.kind == "io_uring") return detail::make_uring_backend(options);
-    if (options.kind == "libaio") return detail::make_aio_backend(options);
-    if (options.kind == "posix") return detail::make_posix_backend(options);
-    if (options.kind != "auto") {
+    // The table's order is auto's order of preference (src/base/aio_backends.h).
+    using Make = Result<std::unique_ptr<Backend>> (*)(const BackendOptions&);
+    static constexpr Make kMake[] = {&detail::make_uring_backend, &detail::make_aio_backend,
+                                     &detail::make_posix_backend};
+    static_assert(std::size(kMake) == kAioBackends.size());
+    for (std::size_t i = 0; i < kAioBackends.size(); ++i) {
+        if (options.kind == kAioBackends[i].name) return kMake[i](options);
+    }
+    if (options.kind != kAutoAioBackend) {
         return Status::invalid_argument(str_cat("io backend: unknown kind '", options.kind,
-                                                "' (expected auto, io_uring, libaio or posix)"));
+                                                "' (expected ", aio_backend_list(true), ")"));
     }
     std::string reasons;
-    auto note = [&](const Status& status) {
+    for (std::size_t i = 0; i + 1 < kAioBackends.size(); ++i) {
+        auto made = kMake[i](options);
+        if (made.has_value()) {
+            if (why != nullptr) *why = reasons;
+            return made;
+        }
         if (!reasons.empty()) reasons += "; ";
-        reasons += status.message();
-    };
-    auto uring = detail::make_uring_backend(options);
-    if (uring.has_value()) {
-        if (why != nullptr) *why = reasons;
-        return uring;
+        reasons += made.error().message();
     }
-    note(uring.error());
-    auto aio = detail::make_aio_backend(options);
-    if (aio.has_value()) {
-        if (why != nullptr) *why = reasons;
-        return aio;
-    }
-    note(aio.error());
     if (why != nullptr) *why = reasons;
-    return detail::make_posix_backend(options);
+    return kMake[kAioBackends.size() - 1](options);  // posix: always there
 }
 
 }  // namespace zinf::io

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/base/aio_backends.h"
 #include "src/base/config_keys.h"
 #include "src/base/log.h"
 
@@ -159,6 +160,10 @@ public:
 
     Status get_enum(std::string_view key, std::string& out,
                     std::initializer_list<std::string_view> choices) {
+        return get_enum(key, out, std::span<const std::string_view>(choices.begin(), choices.size()));
+    }
+    Status get_enum(std::string_view key, std::string& out,
+                    std::span<const std::string_view> choices) {
         const Json* value = nullptr;
         ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
@@ -334,7 +339,7 @@ Status read_aio(const Json& object, const std::string& path, std::vector<std::st
     ZINF_TRY(r.get_int(std::string_view("intra_op_parallelism"), aio.intra_op_parallelism, 1, 256));
     ZINF_TRY(r.get_bool("single_submit", aio.single_submit));
     ZINF_TRY(r.get_bool("overlap_events", aio.overlap_events));
-    ZINF_TRY(r.get_enum("backend", aio.backend, {"auto", "io_uring", "libaio", "posix"}));
+    ZINF_TRY(r.get_enum("backend", aio.backend, aio_backend_names(/*with_auto=*/true)));
     ZINF_TRY(r.get_tristate("use_direct", aio.use_direct));
     ZINF_TRY(r.get_bool("register_buffers", aio.register_buffers));
     ZINF_TRY(r.get_bool("sqpoll", aio.sqpoll));
