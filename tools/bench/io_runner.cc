@@ -59,7 +59,9 @@ void install_interrupt_handler() {
 
 bool interrupted() noexcept { return g_interrupted != 0; }
 
-Status interrupted_status() { return Status(StatusCode::kInternal, "interrupted by a signal", EINTR); }
+Status interrupted_status() {
+    return Status(StatusCode::kInternal, "interrupted by a signal", EINTR);
+}
 
 std::string_view io_op_name(IoOp op) noexcept { return op == IoOp::kRead ? "read" : "write"; }
 
@@ -109,23 +111,29 @@ Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::st
         Status status = check_writable_directory(dir);
         if (!status.is_ok()) return status.with_context("--path");
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        if (::stat(dir.c_str(), &st) != 0) {
+            return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        }
         auto& entry = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
         entry.first += share_bytes;
         entry.second += entry.second.empty() ? dir : ", " + dir;
     }
     for (const auto& dir : dirs) {
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        if (::stat(dir.c_str(), &st) != 0) {
+            return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        }
         const auto& [need, names] = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
         ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(dir));
         // Keep a margin so that the bench never fills a file system to the last block.
-        const std::uint64_t margin_bytes = std::min<std::uint64_t>(need / 20 + (64ULL << 20), 1ULL << 30);
+        const std::uint64_t margin_bytes =
+            std::min<std::uint64_t>(need / 20 + (64ULL << 20), 1ULL << 30);
         if (free_bytes < need + margin_bytes) {
-            return Status::no_space(str_cat(
-                "--path ", dir, ": not enough free space for the test file: needs ", need, " bytes (",
-                format_bytes(need), ", plus a margin of ", format_bytes(margin_bytes), ") on the file system of ",
-                names, ", has ", free_bytes, " bytes (", format_bytes(free_bytes), ") free; lower --size"));
+            return Status::no_space(
+                str_cat("--path ", dir, ": not enough free space for the test file: needs ", need,
+                        " bytes (", format_bytes(need), ", plus a margin of ",
+                        format_bytes(margin_bytes), ") on the file system of ", names, ", has ",
+                        free_bytes, " bytes (", format_bytes(free_bytes), ") free; lower --size"));
         }
     }
 
@@ -144,9 +152,10 @@ Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::st
         if (fd < 0) {
             const int err = errno;
             if (err == EEXIST) {
-                return Status::invalid_argument(str_cat(
-                    path, ": a file of this name already exists and was not created by this run; "
-                    "refusing to overwrite it (remove it if it is a leftover of an earlier bench)"));
+                return Status::invalid_argument(
+                    str_cat(path, ": a file of this name already exists and was not created by ",
+                            "this run; refusing to overwrite it (remove it if it is a leftover ",
+                            "of an earlier bench)"));
             }
             return Status::from_errno(err, str_cat("creating bench file ", path));
         }
@@ -192,7 +201,8 @@ PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
     ZINF_ASSERT_GT(aio.intra_op_parallelism, 0);
     const std::uint64_t block = aio.block_size_bytes;
     PassPlan plan;
-    std::uint64_t op = op_size_bytes != 0 ? op_size_bytes : std::max<std::uint64_t>(block, 1ULL << 20);
+    std::uint64_t op =
+        op_size_bytes != 0 ? op_size_bytes : std::max<std::uint64_t>(block, 1ULL << 20);
     op = (op + block - 1) / block * block;  // whole pieces only
     plan.op_size_bytes = op;
     // Keep every worker's queue full (queue_depth pieces each) and one operation per worker
@@ -202,8 +212,8 @@ PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
     // at 1 MiB / queue depth 8, median ratio to fio in alternated runs: a quarter more queued
     // 0.91-0.98, one more 0.96-1.00, a whole queue more 0.76-0.81; fio cycles through exactly
     // queue_depth buffers).
-    const std::uint64_t pieces_in_flight =
-        static_cast<std::uint64_t>(aio.queue_depth) * static_cast<std::uint64_t>(aio.intra_op_parallelism);
+    const std::uint64_t pieces_in_flight = static_cast<std::uint64_t>(aio.queue_depth) *
+                                           static_cast<std::uint64_t>(aio.intra_op_parallelism);
     const std::uint64_t bytes_in_flight = pieces_in_flight * block;
     std::uint64_t ops = (bytes_in_flight + op - 1) / op;
     ops += static_cast<std::uint64_t>(aio.intra_op_parallelism);
@@ -237,21 +247,24 @@ ProcessUsage process_usage() {
     const auto secs = [](const timeval& tv) {
         return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
     };
-    return ProcessUsage{secs(ru.ru_utime) + secs(ru.ru_stime),
-                        static_cast<std::uint64_t>(ru.ru_nvcsw) + static_cast<std::uint64_t>(ru.ru_nivcsw)};
+    return ProcessUsage{
+        secs(ru.ru_utime) + secs(ru.ru_stime),
+        static_cast<std::uint64_t>(ru.ru_nvcsw) + static_cast<std::uint64_t>(ru.ru_nivcsw)};
 }
 
 // ---------------------------------------------------------------------------------------------
 // IoSession
 
-Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const SessionOptions& options) {
+Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files,
+                                                     const SessionOptions& options) {
     const io::AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes % 512 != 0) {
-        return Status::invalid_argument(str_cat("--block-size: expected a multiple of 512 bytes, got ",
-                                                aio.block_size_bytes));
+        return Status::invalid_argument(
+            str_cat("--block-size: expected a multiple of 512 bytes, got ", aio.block_size_bytes));
     }
     auto session = std::unique_ptr<IoSession>(new IoSession(files, options));
-    session->plan_ = plan_pass(aio, options.op_size_bytes, options.buffer_limit_bytes, files.size_bytes());
+    session->plan_ =
+        plan_pass(aio, options.op_size_bytes, options.buffer_limit_bytes, files.size_bytes());
 
     io::EngineOptions engine_options;
     engine_options.aio = aio;
@@ -273,13 +286,14 @@ Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const Se
     }
     if (files.size_bytes() % alignment != 0) {
         return Status::invalid_argument(str_cat("--size ", files.size_bytes(),
-                                                " is not a multiple of the logical block size (", alignment,
-                                                " bytes) of ", files.paths().front()));
+                                                " is not a multiple of the logical block size (",
+                                                alignment, " bytes) of ", files.paths().front()));
     }
 
     // In transparent huge pages where the kernel has them, as the engine's own I/O buffers (the
     // pinned pools) are: see advise_huge_pages.
-    ZINF_ASSIGN_OR_RETURN(session->region_, AlignedBuffer::allocate_for_io(session->plan_.buffer_bytes));
+    ZINF_ASSIGN_OR_RETURN(session->region_,
+                          AlignedBuffer::allocate_for_io(session->plan_.buffer_bytes));
     // The buffers are filled only before the first write pass (fill_for_writes): a read-only
     // session leaves them untouched until registration pins them, as fio does with its buffers.
     if (aio.register_buffers) ZINF_TRY(session->engine_->register_buffers(session->region_.span()));
@@ -310,7 +324,9 @@ Status IoSession::drop_page_cache() {
     ZINF_TRY(engine_->sync(file_));
     for (const auto& path : files_.paths()) {
         FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path, " to drop its cached pages"));
+        if (!fd.valid()) {
+            return Status::from_errno(errno, str_cat("open ", path, " to drop its cached pages"));
+        }
         const int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
         if (rc != 0) return Status::from_errno(rc, str_cat("posix_fadvise(DONTNEED) ", path));
     }
@@ -320,7 +336,9 @@ Status IoSession::drop_page_cache() {
 Status IoSession::prepare_for_read() {
     if (files_.written()) return Status::ok();
     auto figures = run_pass(IoOp::kWrite, "preparing the test file");
-    if (!figures.has_value()) return figures.error().with_context("writing the test file before reading it");
+    if (!figures.has_value()) {
+        return figures.error().with_context("writing the test file before reading it");
+    }
     return Status::ok();
 }
 
