@@ -71,15 +71,19 @@ void declare_flags(cli::Args& args) {
 
 Result<CommOptions> parse_options(const cli::Args& args) {
     CommOptions o;
-    ZINF_ASSIGN_OR_RETURN(const std::string op,
-                          args.get_choice("op", {"all", "all_reduce", "reduce_scatter", "all_gather"}));
+    ZINF_ASSIGN_OR_RETURN(
+        const std::string op,
+        args.get_choice("op", {"all", "all_reduce", "reduce_scatter", "all_gather"}));
     for (Op k : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
         if (op == "all" || op == op_name(k)) o.ops.push_back(k);
     }
     ZINF_ASSIGN_OR_RETURN(o.sizes, args.get_size_list("sizes"));
     if (o.sizes.empty()) return Status::invalid_argument("--sizes: expected at least one size");
-    ZINF_ASSIGN_OR_RETURN(const std::string dtype, args.get_choice("dtype", {"fp32", "bf16", "fp16"}));
-    o.dtype = dtype == "fp32" ? DType::kFloat32 : dtype == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+    ZINF_ASSIGN_OR_RETURN(const std::string dtype,
+                          args.get_choice("dtype", {"fp32", "bf16", "fp16"}));
+    o.dtype = dtype == "fp32"   ? DType::kFloat32
+              : dtype == "bf16" ? DType::kBFloat16
+                                : DType::kFloat16;
     ZINF_ASSIGN_OR_RETURN(const std::int64_t iters, args.get_int("iters", 1, 100000));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t warmup, args.get_int("warmup", 0, 100000));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t rounds, args.get_int("rounds", 1, 1000));
@@ -99,9 +103,11 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
     auto* b = static_cast<std::uint16_t*>(inout);
     for (int i = 0; i < *len; ++i) {
         if constexpr (kBf16) {
-            b[i] = kernels::float_to_bf16(kernels::bf16_to_float(a[i]) + kernels::bf16_to_float(b[i]));
+            b[i] =
+                kernels::float_to_bf16(kernels::bf16_to_float(a[i]) + kernels::bf16_to_float(b[i]));
         } else {
-            b[i] = kernels::float_to_fp16(kernels::fp16_to_float(a[i]) + kernels::fp16_to_float(b[i]));
+            b[i] =
+                kernels::float_to_fp16(kernels::fp16_to_float(a[i]) + kernels::fp16_to_float(b[i]));
         }
     }
 }
@@ -113,7 +119,8 @@ Result<double> timed(const CommOptions& o, MPI_Comm comm, Fn batch) {
     MPI_Barrier(comm);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters; ++i) ZINF_TRY(batch());
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+    double mine =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
     double slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
     return slowest;
@@ -245,9 +252,10 @@ Status run(const CommOptions& o) {
 }  // namespace
 
 int run_comm(int argc, char** argv) {
-    cli::Args args("mpirun -np N zinfinity-bench comm [flags]",
-                   "Bus bandwidth of all-reduce, reduce-scatter and all-gather over zinfinity's MPI\n"
-                   "communicator against the plain MPI call of the same collective, per message size.");
+    cli::Args args(
+        "mpirun -np N zinfinity-bench comm [flags]",
+        "Bus bandwidth of all-reduce, reduce-scatter and all-gather over zinfinity's MPI\n"
+        "communicator against the plain MPI call of the same collective, per message size.");
     declare_flags(args);
     if (auto exit_code = args.parse_or_exit(argc, argv, "zinfinity-bench comm")) return *exit_code;
     auto options = parse_options(args);
