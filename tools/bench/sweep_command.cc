@@ -128,9 +128,8 @@ void declare_flags(cli::Args& args, bool tune) {
     declare_engine_flags(args, CommonFlagSet::kGrid);
 }
 
-Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
-    SweepOptions o;
-    ZINF_ASSIGN_OR_RETURN(o.common, parse_common_io_flags(args, CommonFlagSet::kGrid));
+// The grid's flags: backends, block sizes, queue depths and threads, each value checked.
+Status parse_grid(const cli::Args& args, SweepOptions& o) {
     o.backends = args.get_string_list("backends");
     if (o.backends.empty()) return Status::invalid_argument("--backends: empty list");
     for (const auto& b : o.backends) {
@@ -159,56 +158,68 @@ Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
             return Status::invalid_argument(str_cat("--threads: ", t, " is outside [1, 256]"));
         }
     }
-    if (tune) {
-        o.ops = {IoOp::kWrite, IoOp::kRead};
-        o.write_config = args.get("write-config");
-        if (o.write_config.empty()) {
-            return Status::invalid_argument(
-                "--write-config: missing; name the file for the aio block");
-        }
-        o.force = args.get_switch("force");
+    return Status::ok();
+}
+
+// tune's own flags: both ops, and --write-config, which must not exist unless --force.
+Status parse_tune_flags(const cli::Args& args, SweepOptions& o) {
+    o.ops = {IoOp::kWrite, IoOp::kRead};
+    o.write_config = args.get("write-config");
+    if (o.write_config.empty()) {
+        return Status::invalid_argument("--write-config: missing; name the file for the aio block");
+    }
+    o.force = args.get_switch("force");
+    struct stat st {};
+    if (!o.force && ::stat(o.write_config.c_str(), &st) == 0) {
+        return Status::invalid_argument(str_cat("--write-config ", o.write_config,
+                                                ": file exists; give --force to overwrite it"));
+    }
+    return Status::ok();
+}
+
+// sweep's own flags: --op, --vs-fio (which changes the grid's defaults), --pairs, --plot, --tmpfs.
+Status parse_sweep_flags(const cli::Args& args, SweepOptions& o) {
+    ZINF_ASSIGN_OR_RETURN(o.ops, parse_io_ops(args.get("op")));
+    o.vs_fio = args.get_switch("vs-fio");
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
+    o.pairs = static_cast<int>(pairs);
+    o.fio_binary = args.get("fio-binary");
+    o.plot_path = args.get("plot");
+    o.tmpfs = args.get_switch("tmpfs");
+    if (!o.plot_path.empty()) {
+        const auto slash = o.plot_path.rfind('/');
+        const std::string dir = slash == std::string::npos ? "." : o.plot_path.substr(0, slash + 1);
         struct stat st {};
-        if (!o.force && ::stat(o.write_config.c_str(), &st) == 0) {
-            return Status::invalid_argument(str_cat("--write-config ", o.write_config,
-                                                    ": file exists; give --force to overwrite it"));
-        }
-    } else {
-        ZINF_ASSIGN_OR_RETURN(o.ops, parse_io_ops(args.get("op")));
-        o.vs_fio = args.get_switch("vs-fio");
-        ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
-        o.pairs = static_cast<int>(pairs);
-        o.fio_binary = args.get("fio-binary");
-        o.plot_path = args.get("plot");
-        o.tmpfs = args.get_switch("tmpfs");
-        if (!o.plot_path.empty()) {
-            const auto slash = o.plot_path.rfind('/');
-            const std::string dir =
-                slash == std::string::npos ? "." : o.plot_path.substr(0, slash + 1);
-            struct stat st {};
-            if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-                return Status::invalid_argument(
-                    str_cat("--plot ", o.plot_path, ": directory ", dir, " does not exist"));
-            }
-        }
-        if (o.vs_fio) {
-            if (o.common.dirs.size() != 1) {
-                return Status::invalid_argument(
-                    "--vs-fio: give exactly one --path (fio and our striping differ)");
-            }
-            if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
-            if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
-            if (!args.given("threads")) o.threads = {1};
-            for (const auto& b : o.backends) {
-                if (b != "io_uring" && b != "libaio") {
-                    return Status::invalid_argument(
-                        str_cat("--vs-fio: backend ", b,
-                                " has no fio counterpart; compare io_uring or libaio"));
-                }
-            }
-        } else if (args.given("pairs")) {
-            return Status::invalid_argument("--pairs needs --vs-fio");
+        if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+            return Status::invalid_argument(
+                str_cat("--plot ", o.plot_path, ": directory ", dir, " does not exist"));
         }
     }
+    if (!o.vs_fio) {
+        if (args.given("pairs")) return Status::invalid_argument("--pairs needs --vs-fio");
+        return Status::ok();
+    }
+    if (o.common.dirs.size() != 1) {
+        return Status::invalid_argument(
+            "--vs-fio: give exactly one --path (fio and our striping differ)");
+    }
+    if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
+    if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
+    if (!args.given("threads")) o.threads = {1};
+    for (const auto& b : o.backends) {
+        if (b != "io_uring" && b != "libaio") {
+            return Status::invalid_argument(str_cat(
+                "--vs-fio: backend ", b, " has no fio counterpart; compare io_uring or libaio"));
+        }
+    }
+    return Status::ok();
+}
+
+Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
+    SweepOptions o;
+    ZINF_ASSIGN_OR_RETURN(o.common, parse_common_io_flags(args, CommonFlagSet::kGrid));
+    ZINF_TRY(parse_grid(args, o));
+    ZINF_TRY(tune ? parse_tune_flags(args, o) : parse_sweep_flags(args, o));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t loops, args.get_int("loops", 1, 100));
     o.loops = static_cast<int>(loops);
     return o;
@@ -614,22 +625,35 @@ Status write_text_file(const std::string& flag, const std::string& path, const s
     return Status::ok();
 }
 
-Status run(const SweepOptions& o, bool tune) {
-    std::vector<std::unique_ptr<BenchFiles>> targets;
-    std::vector<std::string> storages;
-    ZINF_ASSIGN_OR_RETURN(auto disk_files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
-    targets.push_back(std::move(disk_files));
-    storages.push_back(o.common.dirs.front());
+// What a sweep measures on: the bench file on each storage, the tmpfs when asked, and the grid.
+// Members are destroyed in reverse order: the mount is detached (lazily, MNT_DETACH) before the
+// files are removed, and the file on the tmpfs goes with the mount.
+struct SweepRig {
+    std::vector<std::unique_ptr<BenchFiles>> targets;  // one per storage, in order
+    std::vector<std::string> storages;  // the first --path, then "tmpfs" with --tmpfs
     std::unique_ptr<TmpfsMount> tmpfs;
-    if (o.tmpfs) {
-        ZINF_ASSIGN_OR_RETURN(tmpfs, TmpfsMount::create(o.common.size_bytes));
-        ZINF_ASSIGN_OR_RETURN(auto tmpfs_files, BenchFiles::create({tmpfs->path()}, o.common.size_bytes));
-        targets.push_back(std::move(tmpfs_files));
-        storages.push_back("tmpfs");
+    std::vector<GridPoint> points;  // storages x backends x block sizes x queue depths x threads
+
+    BenchFiles& files_of(const std::string& storage) {
+        return *targets[static_cast<std::size_t>(
+            std::find(storages.begin(), storages.end(), storage) - storages.begin())];
     }
-    // Declared after the mount: the files go first, then the mount (reverse order).
-    std::vector<GridPoint> points;
-    for (const auto& storage : storages) {
+};
+
+// Set up: the bench files (and the tmpfs), the grid points in order, and fio when --vs-fio.
+Result<SweepRig> set_up(const SweepOptions& o) {
+    SweepRig r;
+    ZINF_ASSIGN_OR_RETURN(auto disk_files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
+    r.targets.push_back(std::move(disk_files));
+    r.storages.push_back(o.common.dirs.front());
+    if (o.tmpfs) {
+        ZINF_ASSIGN_OR_RETURN(r.tmpfs, TmpfsMount::create(o.common.size_bytes));
+        ZINF_ASSIGN_OR_RETURN(auto tmpfs_files,
+                              BenchFiles::create({r.tmpfs->path()}, o.common.size_bytes));
+        r.targets.push_back(std::move(tmpfs_files));
+        r.storages.push_back("tmpfs");
+    }
+    for (const auto& storage : r.storages) {
         for (const auto& backend : o.backends) {
             for (const auto bs : o.block_sizes) {
                 for (const auto qd : o.queue_depths) {
@@ -641,40 +665,59 @@ Status run(const SweepOptions& o, bool tune) {
                         p.aio.block_size_bytes = bs;
                         p.aio.queue_depth = static_cast<int>(qd);
                         p.aio.intra_op_parallelism = static_cast<int>(threads);
-                        points.push_back(p);
+                        r.points.push_back(p);
                     }
                 }
             }
         }
     }
     if (o.vs_fio) ZINF_TRY(check_fio(o.fio_binary));
-    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s%s; ops:", tune ? "tune" : "sweep",
-                points.size(), static_cast<double>(o.common.size_bytes) / kBytesPerGb,
+    return r;
+}
+
+// What the run will do: the grid, the file, the ops, and how points compare.
+void print_plan(const SweepOptions& o, bool tune, const SweepRig& r) {
+    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s%s; ops:",
+                tune ? "tune" : "sweep", r.points.size(),
+                static_cast<double>(o.common.size_bytes) / kBytesPerGb,
                 format_bytes(o.common.size_bytes).c_str(), o.common.dirs.front().c_str(),
                 o.common.dirs.size() > 1 ? " (striped)" : "",
-                tmpfs ? str_cat(" and on a tmpfs at ", tmpfs->path()).c_str() : "");
+                r.tmpfs ? str_cat(" and on a tmpfs at ", r.tmpfs->path()).c_str() : "");
     for (const IoOp op : o.ops) std::printf(" %s", std::string(io_op_name(op)).c_str());
-    std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
+    std::printf("; O_DIRECT %s, registered buffers %s\n",
+                o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
                 o.common.aio.register_buffers ? "on" : "off");
     if (o.vs_fio) {
-        std::printf("each point: %d of our passes per op, each between two of fio's (same file, engine, block\n"
-                    "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the two; medians.\n"
-                    "CPU: user + system seconds per GB of the whole process, every thread (fio's too, with the\n"
-                    "kernel's io_uring workers, less its start-up); CPU ratio: the median of our passes' CPU over\n"
-                    "the mean of the two fio passes around each\n",
-                    o.pairs);
+        std::printf(
+            "each point: %d of our passes per op, each between two of fio's (same file, "
+            "engine, block\n"
+            "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the "
+            "two; medians.\n"
+            "CPU: user + system seconds per GB of the whole process, every thread (fio's too, "
+            "with the\n"
+            "kernel's io_uring workers, less its start-up); CPU ratio: the median of our "
+            "passes' CPU over\n"
+            "the mean of the two fio passes around each\n",
+            o.pairs);
     } else {
-        std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
-                                                         "reading back the same bytes)"
-                                                       : "GB/s of the op");
+        std::printf("score: %s\n",
+                    o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
+                                        "reading back the same bytes)"
+                                      : "GB/s of the op");
     }
+}
+
+// Measure: every point in order, each row printed as it is measured, under a header per
+// storage. A backend that cannot be set up on a storage is skipped for the rest of it.
+Status measure_grid(const SweepOptions& o, SweepRig& r) {
     std::map<std::string, std::string> unavailable_backend;  // per storage
     std::string current_storage;
-    for (auto& p : points) {
+    for (auto& p : r.points) {
         if (p.storage != current_storage) {
             current_storage = p.storage;
-            std::printf("\n%s:\n", p.storage == "tmpfs" ? str_cat("tmpfs (", tmpfs->path(), ")").c_str()
-                                                       : p.storage.c_str());
+            std::printf("\n%s:\n", p.storage == "tmpfs"
+                                       ? str_cat("tmpfs (", r.tmpfs->path(), ")").c_str()
+                                       : p.storage.c_str());
             if (o.vs_fio) {
                 print_vs_fio_header();
             } else {
@@ -686,8 +729,7 @@ Status run(const SweepOptions& o, bool tune) {
             p.skipped_reason = "backend unavailable (see above)";
             continue;
         }
-        BenchFiles& files = *targets[static_cast<std::size_t>(
-            std::find(storages.begin(), storages.end(), p.storage) - storages.begin())];
+        BenchFiles& files = r.files_of(p.storage);
         if (o.vs_fio) {
             ZINF_TRY(measure_vs_fio(o, files, p));
             print_vs_fio_rows(p);
@@ -697,60 +739,100 @@ Status run(const SweepOptions& o, bool tune) {
         }
         if (!p.available) unavailable_backend[p.storage] = p.aio.backend;
     }
-    Json worst_json = Json::object();
-    if (o.vs_fio) {
-        std::printf("\n");
-        for (const auto& storage : storages) {
-            const WorstOf w = worst_of(points, storage);
-            if (!w.ratio.set) continue;
-            print_worst(str_cat("on ", storage), w);
-            worst_json[storage] = worst_to_json(w);
-        }
-        const WorstOf w = worst_of(points, "");
-        if (!w.ratio.set) return Status::not_supported("no configuration of the grid could be measured");
-        print_worst("over the grid", w);
-        worst_json["grid"] = worst_to_json(w);
-        if (w.cpu_unresolved > 0) {
-            std::printf("* CPU ratio not resolved at %d of the comparisons: fio's start-up CPU varied by more than\n"
-                        "  1/%.0f of its I/O's (large buffers); left out of the highest; a larger --size resolves it\n",
-                        w.cpu_unresolved, kStartupSpreadsPerIo);
-        }
-    }
-    const GridPoint* best = pick_best(points);
-    if (best == nullptr) return Status::not_supported("no configuration of the grid could be measured");
-    std::printf("best (highest score; within %.0f%% of it fewer threads, lower queue depth, smaller block win):\n",
-                kTieFraction * 100);
-    print_row(*best, true);
+    return Status::ok();
+}
 
+// Report, --vs-fio: the worst ratios per storage and over the grid. Returns them as JSON.
+Result<Json> report_worst_vs_fio(const SweepRig& r) {
+    Json worst_json = Json::object();
+    std::printf("\n");
+    for (const auto& storage : r.storages) {
+        const WorstOf w = worst_of(r.points, storage);
+        if (!w.ratio.set) continue;
+        print_worst(str_cat("on ", storage), w);
+        worst_json[storage] = worst_to_json(w);
+    }
+    const WorstOf w = worst_of(r.points, "");
+    if (!w.ratio.set) {
+        return Status::not_supported("no configuration of the grid could be measured");
+    }
+    print_worst("over the grid", w);
+    worst_json["grid"] = worst_to_json(w);
+    if (w.cpu_unresolved > 0) {
+        std::printf(
+            "* CPU ratio not resolved at %d of the comparisons: fio's start-up CPU varied by "
+            "more than\n"
+            "  1/%.0f of its I/O's (large buffers); left out of the highest; a larger --size "
+            "resolves it\n",
+            w.cpu_unresolved, kStartupSpreadsPerIo);
+    }
+    return worst_json;
+}
+
+// The --json report: the grid, the best point and its aio block (and the --vs-fio figures).
+Json report_json(const SweepOptions& o, bool tune, const SweepRig& r, const GridPoint& best,
+                 const Json& worst_json) {
     Json report{{"command", tune ? "tune" : "sweep"},
                 {"size_bytes", o.common.size_bytes},
-                {"storages", storages},
+                {"storages", r.storages},
                 {"paths", o.common.dirs},
                 {"score_rule", o.ops.size() == 2 ? "harmonic_mean(read, write)" : "gb_per_s"}};
     Json grid = Json::array();
-    for (const auto& p : points) grid.push_back(point_to_json(p));
+    for (const auto& p : r.points) grid.push_back(point_to_json(p));
     report["grid"] = grid;
-    report["best"] = point_to_json(*best);
-    report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best->aio)));
+    report["best"] = point_to_json(best);
+    report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best.aio)));
     if (o.vs_fio) {
         report["pairs"] = o.pairs;
         report["worst_vs_fio"] = worst_json;
     }
+    return report;
+}
+
+// tune: the best point's aio block, checked to load as zinfinity reads it, to --write-config.
+Status write_tuned_config(const SweepOptions& o, const GridPoint& best) {
+    const std::string text = config::aio_to_json(engine::aio_config(best.aio)) + "\n";
+    // What we write must be what zinfinity reads back: check it before writing.
+    auto parsed = config::load_aio_from_string(text, "tune output");
+    if (!parsed.has_value()) {
+        return parsed.error().with_context("internal: the tuned aio block does not load");
+    }
+    ZINF_TRY(write_text_file("--write-config", o.write_config, text, o.force));
+    std::printf("wrote %s:\n%s", o.write_config.c_str(), text.c_str());
+    return Status::ok();
+}
+
+// Report: the worst ratios (--vs-fio), the best point, then the files asked for: --plot,
+// tune's --write-config, --json.
+Status report(const SweepOptions& o, bool tune, const SweepRig& r) {
+    Json worst_json = Json::object();
+    if (o.vs_fio) {
+        ZINF_ASSIGN_OR_RETURN(worst_json, report_worst_vs_fio(r));
+    }
+    const GridPoint* best = pick_best(r.points);
+    if (best == nullptr) {
+        return Status::not_supported("no configuration of the grid could be measured");
+    }
+    std::printf(
+        "best (highest score; within %.0f%% of it fewer threads, lower queue depth, smaller "
+        "block win):\n",
+        kTieFraction * 100);
+    print_row(*best, true);
+    const Json report = report_json(o, tune, r, *best, worst_json);
     if (!o.plot_path.empty()) {
-        ZINF_TRY(write_text_file("--plot", o.plot_path, render_plot(o, points), true));
+        ZINF_TRY(write_text_file("--plot", o.plot_path, render_plot(o, r.points), true));
         std::printf("plot: %s\n", o.plot_path.c_str());
     }
-
-    if (tune) {
-        const std::string text = config::aio_to_json(engine::aio_config(best->aio)) + "\n";
-        // What we write must be what zinfinity reads back: check it before writing.
-        auto parsed = config::load_aio_from_string(text, "tune output");
-        if (!parsed.has_value()) return parsed.error().with_context("internal: the tuned aio block does not load");
-        ZINF_TRY(write_text_file("--write-config", o.write_config, text, o.force));
-        std::printf("wrote %s:\n%s", o.write_config.c_str(), text.c_str());
-    }
+    if (tune) ZINF_TRY(write_tuned_config(o, *best));
     if (!o.common.json_path.empty()) ZINF_TRY(write_json_report(o.common.json_path, report));
     return Status::ok();
+}
+
+Status run(const SweepOptions& o, bool tune) {
+    ZINF_ASSIGN_OR_RETURN(SweepRig rig, set_up(o));
+    print_plan(o, tune, rig);
+    ZINF_TRY(measure_grid(o, rig));
+    return report(o, tune, rig);
 }
 
 // The --help summaries of the two commands.
