@@ -21,11 +21,8 @@
 #include "src/base/units.h"
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/generate.h"
-#include "src/engine/stack.h"
+#include "src/engine/launch_stack.h"
 #include "src/engine/trainer.h"
-#ifdef ZINF_TRAIN_HAVE_CUDA
-#include "src/engine/cuda_stack.h"
-#endif
 #include "src/engine/trace.h"
 #include "src/model/gpt.h"
 #include "tools/cli/args.h"
@@ -33,10 +30,6 @@
 #include "tools/train/prediction_png.h"
 #ifdef ZINF_TRAIN_HAVE_MPI
 #include "zero/mpi_communicator.h"
-#endif
-#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
-#include "src/device/cuda_device.h"
-#include "zero/nccl_mpi_bootstrap.h"
 #endif
 
 namespace {
@@ -50,13 +43,7 @@ double peak_rss_mib() {
 }
 
 // Where this process sits among the ranks (zero::detect_launch; one rank without MPI).
-struct Launch {
-    int rank = 0;
-    int world_size = 1;
-    int local_rank = 0;
-    std::string source = "single process";
-};
-Launch g_launch;
+zinf::Launch g_launch;
 
 // Errors carry the rank when there are several: every rank prints its own.
 int fail(const std::string& what, const Status& s) {
@@ -65,55 +52,6 @@ int fail(const std::string& what, const Status& s) {
     std::fprintf(stderr, "zinfinity-train: %s%s: %s\n", rank.c_str(), what.c_str(),
                  s.to_string().c_str());
     return 1;
-}
-
-// The communicator of several ranks: MPI between CPU-device ranks, NCCL (bootstrapped over MPI)
-// between GPU ranks. Empty for one rank: the stack's single-rank communicator.
-zinf::CommunicatorFactory communicator_factory(const zinf::config::EngineConfig& config) {
-    if (g_launch.world_size == 1) return {};
-    return [&config](zinf::Device& device) -> zinf::Result<std::unique_ptr<zinf::zero::Communicator>> {
-        if (device.kind() == zinf::DeviceKind::kCpu) {
-#ifdef ZINF_TRAIN_HAVE_MPI
-            zinf::zero::MpiCommunicatorOptions o;
-            o.deterministic = config.comm.deterministic;
-            o.timeout = std::chrono::seconds(config.comm.timeout_s);
-            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::MpiCommunicator::create(device, o));
-            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
-#endif
-        } else {
-#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
-            auto& cuda = static_cast<zinf::device::CudaDevice&>(device);
-            // NCCL orders its own reductions, and only its barrier waits with a bound.
-            if (config.comm.deterministic) {
-                zinf::log::warning("comm.deterministic: not implemented for GPU ranks (NCCL "
-                                   "orders its reductions itself); ignored");
-            }
-            zinf::zero::NcclCommunicatorOptions no;
-            if (config.comm.timeout_s > 0) no.barrier_timeout = std::chrono::seconds(config.comm.timeout_s);
-            zinf::log::warning("comm.timeout_s: on GPU ranks it bounds NCCL barriers only");
-            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::create_nccl_communicator_with_mpi(cuda, no));
-            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
-#endif
-        }
-        return Status::not_supported(zinf::str_cat(
-            "several ranks on device.type \"", config.device.type,
-            "\": this zinfinity-train was built without ",
-            device.kind() == zinf::DeviceKind::kCpu ? "MPI" : "NCCL and MPI"));
-    };
-}
-
-// The stack the config's device.type asks for.
-zinf::Result<zinf::TrainingStack> make_stack(const zinf::config::EngineConfig& config) {
-    if (config.device.type == "cuda") {
-#ifdef ZINF_TRAIN_HAVE_CUDA
-        return zinf::create_cuda_training_stack(config, communicator_factory(config));
-#else
-        return Status::not_supported(
-            "device.type: \"cuda\": this zinfinity-train was built without CUDA (nvcc not "
-            "found at build time)");
-#endif
-    }
-    return zinf::TrainingStack::create(config, {}, communicator_factory(config));
 }
 
 void declare_flags(zinf::cli::Args& args) {
@@ -518,9 +456,6 @@ int run(int argc, char** argv) {
     lo.log_warnings = g_launch.rank == 0;
     auto loaded = zinf::config::load(args.get("config"), lo);
     if (!loaded.has_value()) return fail("config", loaded.error());
-    if (g_launch.world_size > 1 && loaded->device.type == "cuda") {
-        loaded->device.local_rank = g_launch.local_rank;  // one GPU per rank of this node
-    }
     const auto& config = *loaded;
     auto flags = check_flags(args);
     if (!flags.has_value()) return fail("arguments", flags.error());
@@ -528,7 +463,8 @@ int run(int argc, char** argv) {
     // Data first: a missing dataset fails before gigabytes are allocated.
     auto data = zinf::load_datasets(config);
     if (!data.has_value()) return fail("data", data.error());
-    auto stack = make_stack(config);
+    // The device of device.type, and the communicator of the launch's ranks.
+    auto stack = zinf::create_training_stack(config, g_launch);
     if (!stack.has_value()) return fail("engine", stack.error());
     if (Status s = zinf::check_datasets(*data, stack->model->batch_shape()); !s.is_ok()) {
         return fail("data", s);
