@@ -1,8 +1,9 @@
 // TrainingStack: everything an Engine runs on, built from the config alone: the device (the
 // `device` block), its Compute, the communicator (the single-rank one, or what a
 // CommunicatorFactory makes: MPI for CPU ranks, NCCL for GPU ranks), the model (the `model`
-// block, through the model registry) and the Engine. What zinfinity-train and the tests use; an embedding program may build the pieces
-// itself and call Engine::create.
+// block, through the model registry) and the Engine. What the tests use; zinfinity-train goes
+// through create_training_stack (launch_stack.h), which picks the stack and the communicator
+// for its launch. An embedding program may build the pieces itself and call Engine::create.
 #pragma once
 
 #include <functional>

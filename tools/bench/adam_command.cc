@@ -72,7 +72,9 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     }
     ZINF_ASSIGN_OR_RETURN(const std::string dtype,
                           args.get_choice("grad-dtype", {"fp32", "bf16", "fp16"}));
-    o.grad_dtype = dtype == "fp32" ? DType::kFloat32 : dtype == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+    o.grad_dtype = dtype == "fp32"   ? DType::kFloat32
+                   : dtype == "bf16" ? DType::kBFloat16
+                                     : DType::kFloat16;
     ZINF_ASSIGN_OR_RETURN(o.variant,
                           args.get_choice("variant", {"auto", "avx512", "avx2", "scalar"}));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t threads, args.get_int("threads", 0, 4096));
@@ -113,12 +115,22 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-Status run(const AdamOptions& o) {
-    // oneTBB caps its workers at the core count; lift the cap so that --threads is what runs.
-    const int wanted_threads = o.threads == 0 ? tbb::info::default_concurrency() : o.threads;
-    const tbb::global_control allow_threads(tbb::global_control::max_allowed_parallelism,
-                                            static_cast<std::size_t>(wanted_threads));
-    // The variant: an explicit --variant wins; auto defers to ZINF_CPU_ISA, then the CPU.
+// The kernels of a run: the variant measured, the scalar one beside it, and the bound's loop.
+struct AdamKernels {
+    Isa isa = Isa::kScalar;
+    kernels::OptimizerKernel kernel;
+    kernels::OptimizerKernel scalar;
+    bool with_scalar = false;  // --no-scalar not given, and the measured variant is not scalar
+    kernels::ChunkLoop loop;
+    // The bound runs the widest vectors the CPU has, whatever variant is measured: it stands
+    // for the memory system, not for a variant.
+    BoundChunkFn bound_fn = nullptr;
+    const char* bound_isa = nullptr;
+};
+
+// Set up, part 1: the variant (an explicit --variant wins; auto defers to ZINF_CPU_ISA, then
+// the CPU), its kernel, the scalar kernel and the bound kernel.
+Result<AdamKernels> make_kernels(const AdamOptions& o) {
     Isa isa = Isa::kScalar;
     if (o.variant == "auto") {
         ZINF_ASSIGN_OR_RETURN(isa, kernels::resolve_isa("auto"));
@@ -134,48 +146,37 @@ Status run(const AdamOptions& o) {
     ZINF_ASSIGN_OR_RETURN(kernels::OptimizerKernel scalar,
                           kernels::OptimizerKernel::create(Isa::kScalar, o.threads));
     ZINF_ASSIGN_OR_RETURN(kernels::ChunkLoop loop, kernels::ChunkLoop::create(o.threads));
-    // The bound runs the widest vectors the CPU has, whatever variant is measured: it stands
-    // for the memory system, not for a variant.
-    BoundChunkFn bound_fn = nullptr;
-    const char* bound_isa = nullptr;
     if (kernels::isa_supported(Isa::kAvx512)) {
-        bound_fn = bound_chunk_avx512();
-        bound_isa = "avx512";
-    } else if (kernels::isa_supported(Isa::kAvx2)) {
-        bound_fn = bound_chunk_avx2();
-        bound_isa = "avx2";
-    } else {
-        return Status::not_supported(
-            "the bound kernel needs AVX2 or AVX-512; this CPU has neither");
+        return AdamKernels{isa, std::move(kernel), std::move(scalar), with_scalar,
+                           std::move(loop), bound_chunk_avx512(), "avx512"};
     }
-
-    const std::size_t n = o.params_numel;
-    const bool two_states = optimizer_descriptor(o.kind).kept_moment_count(false) == 2;
-    const std::size_t grad_bytes = dtype_size_bytes(o.grad_dtype);
-    const std::size_t bytes_per_param = (two_states ? 24 : 16) + grad_bytes + (o.bf16_copy ? 2 : 0);
-    const double bytes_per_step = static_cast<double>(bytes_per_param) * static_cast<double>(n);
-
-    ZINF_ASSIGN_OR_RETURN(AlignedBuffer params, allocate_stream(n * sizeof(float)));
-    ZINF_ASSIGN_OR_RETURN(AlignedBuffer state1, allocate_stream(n * sizeof(float)));
-    AlignedBuffer state2;
-    if (two_states) {
-        ZINF_ASSIGN_OR_RETURN(state2, allocate_stream(n * sizeof(float)));
+    if (kernels::isa_supported(Isa::kAvx2)) {
+        return AdamKernels{isa, std::move(kernel), std::move(scalar), with_scalar,
+                           std::move(loop), bound_chunk_avx2(), "avx2"};
     }
-    ZINF_ASSIGN_OR_RETURN(AlignedBuffer grads, allocate_stream(n * grad_bytes));
-    AlignedBuffer copy;
-    if (o.bf16_copy) {
-        ZINF_ASSIGN_OR_RETURN(copy, allocate_stream(n * sizeof(std::uint16_t)));
-    }
+    return Status::not_supported("the bound kernel needs AVX2 or AVX-512; this CPU has neither");
+}
 
-    float* p = params.as<float>();
-    float* s1 = state1.as<float>();
-    float* s2 = two_states ? state2.as<float>() : nullptr;
-    auto* copy_data = o.bf16_copy ? copy.as<std::uint16_t>() : nullptr;
+// The step's arrays, and what one step moves.
+struct AdamArrays {
+    std::size_t numel = 0;
+    bool two_states = false;  // the optimizer keeps two moments (its descriptor says), else one
+    std::size_t grad_bytes = 0;
+    std::size_t bytes_per_param = 0;
+    double bytes_per_step = 0;
+    AlignedBuffer params, state1, state2, grads, copy;  // state2 and copy may be empty
+    double first_touch_s = 0;
+};
 
-    // First touch on the threads and chunks that will use each page, so that no page fault
-    // (or NUMA misplacement) lands in a timed run. Gradients stay small so that the states
-    // never become denormal, which would measure the FPU's slow path instead of memory.
-    const auto t_init = std::chrono::steady_clock::now();
+// First touch on the threads and chunks that will use each page, so that no page fault (or
+// NUMA misplacement) lands in a timed run. Gradients stay small so that the states never become
+// denormal, which would measure the FPU's slow path instead of memory.
+void first_touch(const AdamOptions& o, const kernels::ChunkLoop& loop, AdamArrays& a) {
+    const std::size_t n = a.numel;
+    float* p = a.params.as<float>();
+    float* s1 = a.state1.as<float>();
+    float* s2 = a.two_states ? a.state2.as<float>() : nullptr;
+    auto* copy_data = o.bf16_copy ? a.copy.as<std::uint16_t>() : nullptr;
     loop.run(kernels::chunk_count_for(n), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kernels::kChunkNumel;
         const std::size_t end = std::min(n, begin + kernels::kChunkNumel);
@@ -186,128 +187,208 @@ Status run(const AdamOptions& o) {
             const float g = 1e-2f * hashed_unit(i, 2);
             switch (o.grad_dtype) {
                 case DType::kFloat32:
-                    grads.as<float>()[i] = g;
+                    a.grads.as<float>()[i] = g;
                     break;
                 case DType::kBFloat16:
-                    grads.as<std::uint16_t>()[i] = kernels::float_to_bf16(g);
+                    a.grads.as<std::uint16_t>()[i] = kernels::float_to_bf16(g);
                     break;
                 case DType::kFloat16:
-                    grads.as<std::uint16_t>()[i] = kernels::float_to_fp16(g);
+                    a.grads.as<std::uint16_t>()[i] = kernels::float_to_fp16(g);
                     break;
             }
             if (copy_data != nullptr) copy_data[i] = 0;
         }
     });
-    const double init_s = seconds_since(t_init);
+}
 
-    const BoundArgs bound_args{p, s1, s2, grads.data(), grad_bytes == 2, copy_data, 0.0f};
-    const auto run_bound = [&] {
+// Set up, part 2: the arrays of --params parameters, first-touched (timed).
+Result<AdamArrays> allocate_arrays(const AdamOptions& o, const kernels::ChunkLoop& loop) {
+    AdamArrays a;
+    a.numel = o.params_numel;
+    const std::size_t n = a.numel;
+    a.two_states = optimizer_descriptor(o.kind).kept_moment_count(false) == 2;
+    a.grad_bytes = dtype_size_bytes(o.grad_dtype);
+    a.bytes_per_param = (a.two_states ? 24 : 16) + a.grad_bytes + (o.bf16_copy ? 2 : 0);
+    a.bytes_per_step = static_cast<double>(a.bytes_per_param) * static_cast<double>(n);
+    ZINF_ASSIGN_OR_RETURN(a.params, allocate_stream(n * sizeof(float)));
+    ZINF_ASSIGN_OR_RETURN(a.state1, allocate_stream(n * sizeof(float)));
+    if (a.two_states) {
+        ZINF_ASSIGN_OR_RETURN(a.state2, allocate_stream(n * sizeof(float)));
+    }
+    ZINF_ASSIGN_OR_RETURN(a.grads, allocate_stream(n * a.grad_bytes));
+    if (o.bf16_copy) {
+        ZINF_ASSIGN_OR_RETURN(a.copy, allocate_stream(n * sizeof(std::uint16_t)));
+    }
+    const auto t_init = std::chrono::steady_clock::now();
+    first_touch(o, loop, a);
+    a.first_touch_s = seconds_since(t_init);
+    return a;
+}
+
+// Times one pass of the bound and one optimizer step over the same arrays. Each step advances
+// the step count, as training does.
+class PassTimer {
+public:
+    PassTimer(const AdamOptions& o, const AdamKernels& k, AdamArrays& a)
+        : kernels_(k),
+          numel_(a.numel),
+          bound_args_{a.params.as<float>(),
+                      a.state1.as<float>(),
+                      a.two_states ? a.state2.as<float>() : nullptr,
+                      a.grads.data(),
+                      a.grad_bytes == 2,
+                      o.bf16_copy ? a.copy.as<std::uint16_t>() : nullptr,
+                      0.0f},
+          grad_view_{a.grads.data(), numel_, o.grad_dtype},
+          param_copy_(o.bf16_copy ? kernels::ParamCopy::bf16({bound_args_.copy, numel_})
+                                  : kernels::ParamCopy::none()) {
+        hp_.kind = o.kind;
+        hp_.weight_decay = 0.01;
+        hp_.beta2 = o.kind == OptimizerKind::kLion ? 0.99 : 0.999;
+        hp_.torch_rounding = o.torch_rounding;
+        state_.params = {bound_args_.params, numel_};
+        state_.moments[0] = {bound_args_.exp_avg, numel_};
+        if (a.two_states) state_.moments[1] = {bound_args_.exp_avg_sq, numel_};
+    }
+
+    // Seconds of one bound pass.
+    double bound() const {
         const auto start = std::chrono::steady_clock::now();
-        loop.run(kernels::chunk_count_for(n), [&](std::size_t chunk) {
+        kernels_.loop.run(kernels::chunk_count_for(numel_), [&](std::size_t chunk) {
             const std::size_t begin = chunk * kernels::kChunkNumel;
-            bound_fn(bound_args, begin, std::min(n, begin + kernels::kChunkNumel));
+            kernels_.bound_fn(bound_args_, begin, std::min(numel_, begin + kernels::kChunkNumel));
         });
         return seconds_since(start);
-    };
-    kernels::OptimizerParams hp;
-    hp.kind = o.kind;
-    hp.weight_decay = 0.01;
-    hp.beta2 = o.kind == OptimizerKind::kLion ? 0.99 : 0.999;
-    hp.torch_rounding = o.torch_rounding;
-    kernels::OptimizerState state;
-    state.params = {p, n};
-    state.moments[0] = {s1, n};
-    if (two_states) state.moments[1] = {s2, n};
-    kernels::GradView grad_view{grads.data(), n, o.grad_dtype};
-    const kernels::ParamCopy param_copy =
-        o.bf16_copy ? kernels::ParamCopy::bf16({copy_data, n}) : kernels::ParamCopy::none();
-    Status step_status;
-    const auto run_step = [&](const kernels::OptimizerKernel& k) {
+    }
+    // Seconds of one step of `kernel`; its status is step_status().
+    double step(const kernels::OptimizerKernel& kernel) {
         const auto start = std::chrono::steady_clock::now();
-        step_status = k.step(hp, state, grad_view, param_copy);
+        step_status_ = kernel.step(hp_, state_, grad_view_, param_copy_);
         const double s = seconds_since(start);
-        ++hp.step;
+        ++hp_.step;
         return s;
-    };
+    }
+    const Status& step_status() const { return step_status_; }
 
+private:
+    const AdamKernels& kernels_;
+    std::size_t numel_;
+    BoundArgs bound_args_;
+    kernels::OptimizerParams hp_;
+    kernels::OptimizerState state_;
+    kernels::GradView grad_view_;
+    kernels::ParamCopy param_copy_;
+    Status step_status_;
+};
+
+void print_header(const AdamOptions& o, const AdamKernels& k, const AdamArrays& a) {
     std::printf(
         "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d "
         "threads\n",
         std::string(optimizer_kind_name(o.kind)).c_str(),
-        o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(n),
+        o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(a.numel),
         std::string(dtype_name(o.grad_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
-        std::string(kernels::isa_name(isa)).c_str(), o.variant.c_str(), kernel.threads());
+        std::string(kernels::isa_name(k.isa)).c_str(), o.variant.c_str(), k.kernel.threads());
     std::printf("cpu: %s\n", kernels::cpu_features().to_string().c_str());
     std::printf("bytes/param: %zu (%d fp32 streams read and written in place, %s grads read%s)\n",
-                bytes_per_param, two_states ? 3 : 2,
+                a.bytes_per_param, a.two_states ? 3 : 2,
                 std::string(dtype_name(o.grad_dtype)).c_str(),
                 o.bf16_copy ? ", bf16 copy written" : "");
     std::printf(
         "bound: the same streams with plain %s loads/stores and no arithmetic, same %zu-element "
-        "chunks "
-        "and threads\n",
-        bound_isa, kernels::kChunkNumel);
-    std::printf("first touch: %.2f s for %.2f GB\n", init_s, bytes_per_step / 1e9);
+        "chunks and threads\n",
+        k.bound_isa, kernels::kChunkNumel);
+    std::printf("first touch: %.2f s for %.2f GB\n", a.first_touch_s, a.bytes_per_step / 1e9);
+}
 
+// GB/s of each side of each pair, and the per-pair ratios to the bound.
+struct PairFigures {
+    std::vector<double> bound_gbs, kernel_gbs, ratios, scalar_gbs, scalar_ratios;
+};
+
+// Measure: one untimed round, then --pairs interleaved (bound, kernel) pairs with the scalar
+// variant after each; each pair's row is printed as it completes.
+Result<PairFigures> measure_pairs(const AdamOptions& o, const AdamKernels& k, const AdamArrays& a,
+                                  PassTimer& timer) {
     // One untimed round warms the threads, the caches' page-table entries and the CPU clocks.
-    (void)run_bound();
-    (void)run_step(kernel);
-    ZINF_TRY(step_status);
-    if (with_scalar) (void)run_step(scalar);
+    (void)timer.bound();
+    (void)timer.step(k.kernel);
+    ZINF_TRY(timer.step_status());
+    if (k.with_scalar) (void)timer.step(k.scalar);
 
     std::printf("\n%-5s %12s %12s %8s %14s", "pair", "bound GB/s", "kernel GB/s", "ratio",
                 "kernel Gpar/s");
-    if (with_scalar) std::printf(" %12s %8s", "scalar GB/s", "ratio");
+    if (k.with_scalar) std::printf(" %12s %8s", "scalar GB/s", "ratio");
     std::printf("\n");
-    std::vector<double> bound_gbs, kernel_gbs, ratios, scalar_gbs, scalar_ratios;
+    PairFigures f;
     for (int pair = 0; pair < o.pairs; ++pair) {
         // Flip the order every pair so that neither side always follows the other.
         double bound_s = 0, kernel_s = 0;
         if (pair % 2 == 0) {
-            bound_s = run_bound();
-            kernel_s = run_step(kernel);
+            bound_s = timer.bound();
+            kernel_s = timer.step(k.kernel);
         } else {
-            kernel_s = run_step(kernel);
-            bound_s = run_bound();
+            kernel_s = timer.step(k.kernel);
+            bound_s = timer.bound();
         }
-        ZINF_TRY(step_status);
-        const double b = bytes_per_step / bound_s / 1e9;
-        const double k = bytes_per_step / kernel_s / 1e9;
-        bound_gbs.push_back(b);
-        kernel_gbs.push_back(k);
-        ratios.push_back(k / b);
-        std::printf("%-5d %12.2f %12.2f %8.3f %14.3f", pair + 1, b, k, k / b,
-                    static_cast<double>(n) / kernel_s / 1e9);
-        if (with_scalar) {
-            const double scalar_s = run_step(scalar);
-            ZINF_TRY(step_status);
-            const double s = bytes_per_step / scalar_s / 1e9;
-            scalar_gbs.push_back(s);
-            scalar_ratios.push_back(s / b);
+        ZINF_TRY(timer.step_status());
+        const double b = a.bytes_per_step / bound_s / 1e9;
+        const double g = a.bytes_per_step / kernel_s / 1e9;
+        f.bound_gbs.push_back(b);
+        f.kernel_gbs.push_back(g);
+        f.ratios.push_back(g / b);
+        std::printf("%-5d %12.2f %12.2f %8.3f %14.3f", pair + 1, b, g, g / b,
+                    static_cast<double>(a.numel) / kernel_s / 1e9);
+        if (k.with_scalar) {
+            const double scalar_s = timer.step(k.scalar);
+            ZINF_TRY(timer.step_status());
+            const double s = a.bytes_per_step / scalar_s / 1e9;
+            f.scalar_gbs.push_back(s);
+            f.scalar_ratios.push_back(s / b);
             std::printf(" %12.2f %8.3f", s, s / b);
         }
         std::printf("\n");
         std::fflush(stdout);  // one line per pair as it completes, also when piped
     }
-    const double ratio = median(ratios);
-    std::printf("\nmedian bound:  %7.2f GB/s = %.3fe9 params/s\n", median(bound_gbs),
-                median(bound_gbs) * 1e9 / static_cast<double>(bytes_per_param) / 1e9);
+    return f;
+}
+
+// Report: the medians; an error when the median ratio is below --min-ratio.
+Status report(const AdamOptions& o, const AdamKernels& k, const AdamArrays& a,
+              const PairFigures& f) {
+    const double ratio = median(f.ratios);
+    const auto per_param = static_cast<double>(a.bytes_per_param);
+    std::printf("\nmedian bound:  %7.2f GB/s = %.3fe9 params/s\n", median(f.bound_gbs),
+                median(f.bound_gbs) * 1e9 / per_param / 1e9);
     std::printf("median kernel: %7.2f GB/s = %.3fe9 params/s (%s, %d threads)\n",
-                median(kernel_gbs), median(kernel_gbs) / static_cast<double>(bytes_per_param),
-                std::string(kernels::isa_name(isa)).c_str(), kernel.threads());
+                median(f.kernel_gbs), median(f.kernel_gbs) / per_param,
+                std::string(kernels::isa_name(k.isa)).c_str(), k.kernel.threads());
     std::printf("ratio to bound: %.3f (median of per-pair ratios; min %.3f, max %.3f)\n", ratio,
-                *std::min_element(ratios.begin(), ratios.end()),
-                *std::max_element(ratios.begin(), ratios.end()));
-    if (with_scalar) {
-        std::printf("scalar beside: %7.2f GB/s = %.3fe9 params/s, ratio %.3f\n", median(scalar_gbs),
-                    median(scalar_gbs) / static_cast<double>(bytes_per_param),
-                    median(scalar_ratios));
+                *std::min_element(f.ratios.begin(), f.ratios.end()),
+                *std::max_element(f.ratios.begin(), f.ratios.end()));
+    if (k.with_scalar) {
+        std::printf("scalar beside: %7.2f GB/s = %.3fe9 params/s, ratio %.3f\n",
+                    median(f.scalar_gbs), median(f.scalar_gbs) / per_param,
+                    median(f.scalar_ratios));
     }
     if (o.min_ratio > 0.0 && ratio < o.min_ratio) {
         return Status::internal(str_cat("ratio ", ratio, " is below --min-ratio ", o.min_ratio));
     }
     return Status::ok();
+}
+
+Status run(const AdamOptions& o) {
+    // oneTBB caps its workers at the core count; lift the cap so that --threads is what runs.
+    const int wanted_threads = o.threads == 0 ? tbb::info::default_concurrency() : o.threads;
+    const tbb::global_control allow_threads(tbb::global_control::max_allowed_parallelism,
+                                            static_cast<std::size_t>(wanted_threads));
+    ZINF_ASSIGN_OR_RETURN(const AdamKernels k, make_kernels(o));
+    ZINF_ASSIGN_OR_RETURN(AdamArrays a, allocate_arrays(o, k.loop));
+    PassTimer timer(o, k, a);
+    print_header(o, k, a);
+    ZINF_ASSIGN_OR_RETURN(const PairFigures figures, measure_pairs(o, k, a, timer));
+    return report(o, k, a, figures);
 }
 
 }  // namespace

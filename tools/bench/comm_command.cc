@@ -71,15 +71,19 @@ void declare_flags(cli::Args& args) {
 
 Result<CommOptions> parse_options(const cli::Args& args) {
     CommOptions o;
-    ZINF_ASSIGN_OR_RETURN(const std::string op,
-                          args.get_choice("op", {"all", "all_reduce", "reduce_scatter", "all_gather"}));
+    ZINF_ASSIGN_OR_RETURN(
+        const std::string op,
+        args.get_choice("op", {"all", "all_reduce", "reduce_scatter", "all_gather"}));
     for (Op k : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
         if (op == "all" || op == op_name(k)) o.ops.push_back(k);
     }
     ZINF_ASSIGN_OR_RETURN(o.sizes, args.get_size_list("sizes"));
     if (o.sizes.empty()) return Status::invalid_argument("--sizes: expected at least one size");
-    ZINF_ASSIGN_OR_RETURN(const std::string dtype, args.get_choice("dtype", {"fp32", "bf16", "fp16"}));
-    o.dtype = dtype == "fp32" ? DType::kFloat32 : dtype == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+    ZINF_ASSIGN_OR_RETURN(const std::string dtype,
+                          args.get_choice("dtype", {"fp32", "bf16", "fp16"}));
+    o.dtype = dtype == "fp32"   ? DType::kFloat32
+              : dtype == "bf16" ? DType::kBFloat16
+                                : DType::kFloat16;
     ZINF_ASSIGN_OR_RETURN(const std::int64_t iters, args.get_int("iters", 1, 100000));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t warmup, args.get_int("warmup", 0, 100000));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t rounds, args.get_int("rounds", 1, 1000));
@@ -99,9 +103,11 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
     auto* b = static_cast<std::uint16_t*>(inout);
     for (int i = 0; i < *len; ++i) {
         if constexpr (kBf16) {
-            b[i] = kernels::float_to_bf16(kernels::bf16_to_float(a[i]) + kernels::bf16_to_float(b[i]));
+            b[i] =
+                kernels::float_to_bf16(kernels::bf16_to_float(a[i]) + kernels::bf16_to_float(b[i]));
         } else {
-            b[i] = kernels::float_to_fp16(kernels::fp16_to_float(a[i]) + kernels::fp16_to_float(b[i]));
+            b[i] =
+                kernels::float_to_fp16(kernels::fp16_to_float(a[i]) + kernels::fp16_to_float(b[i]));
         }
     }
 }
@@ -113,53 +119,163 @@ Result<double> timed(const CommOptions& o, MPI_Comm comm, Fn batch) {
     MPI_Barrier(comm);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters; ++i) ZINF_TRY(batch());
-    double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+    double mine =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
     double slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
     return slowest;
 }
 
-Status run(const CommOptions& o) {
-    MPI_Comm comm;
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    int rank = 0, n = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &n);
+// What both sides run on: the duplicated world communicator, the CPU device and zinfinity's
+// communicator over it, the buffers, and the baseline's datatype and sum. The MPI handles are
+// freed by free_mpi_handles() at the end of a run that measured every size (after a failure
+// the job ends).
+struct CommRig {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0;
+    int n = 1;  // ranks
+    std::unique_ptr<device::CpuDevice> device;
+    std::unique_ptr<zero::MpiCommunicator> ours;
+    std::size_t element_bytes = 0;
+    std::size_t capacity = 0;  // bytes of each buffer
+    DeviceBuffer send;
+    DeviceBuffer recv;
+    std::vector<std::byte> initial;  // what `send` holds at the start of each round
+    MPI_Op op16 = MPI_OP_NULL;       // the 16-bit sum, for bf16 and fp16
+    MPI_Datatype type = MPI_FLOAT;
+    MPI_Op sum = MPI_SUM;
+
+    void free_mpi_handles() {
+        if (op16 != MPI_OP_NULL) MPI_Op_free(&op16);
+        MPI_Comm_free(&comm);
+    }
+};
+
+// Set up: the communicators, the device and its buffers, filled with ones.
+Result<CommRig> set_up(const CommOptions& o) {
+    CommRig r;
+    MPI_Comm_dup(MPI_COMM_WORLD, &r.comm);
+    MPI_Comm_rank(r.comm, &r.rank);
+    MPI_Comm_size(r.comm, &r.n);
     const std::uint64_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
     device::CpuDeviceOptions dopt;
-    dopt.budget_bytes = 4 * max_size + (64 << 20) + static_cast<std::size_t>(n) * 64;
-    ZINF_ASSIGN_OR_RETURN(auto device, device::CpuDevice::create(dopt));
+    dopt.budget_bytes = 4 * max_size + (64 << 20) + static_cast<std::size_t>(r.n) * 64;
+    ZINF_ASSIGN_OR_RETURN(r.device, device::CpuDevice::create(dopt));
     zero::MpiCommunicatorOptions co;
     co.deterministic = o.deterministic;
-    ZINF_ASSIGN_OR_RETURN(auto ours, zero::MpiCommunicator::create(*device, co));
+    ZINF_ASSIGN_OR_RETURN(r.ours, zero::MpiCommunicator::create(*r.device, co));
     const std::size_t eb = dtype_size_bytes(o.dtype);
+    r.element_bytes = eb;
     // Sizes round up to a multiple of the ranks' elements: room for that.
-    const std::size_t capacity = max_size + static_cast<std::size_t>(n) * 4 + 64;
-    ZINF_ASSIGN_OR_RETURN(auto send, DeviceBuffer::allocate(*device, capacity, "send"));
-    ZINF_ASSIGN_OR_RETURN(auto recv, DeviceBuffer::allocate(*device, capacity, "recv"));
+    r.capacity = max_size + static_cast<std::size_t>(r.n) * 4 + 64;
+    ZINF_ASSIGN_OR_RETURN(r.send, DeviceBuffer::allocate(*r.device, r.capacity, "send"));
+    ZINF_ASSIGN_OR_RETURN(r.recv, DeviceBuffer::allocate(*r.device, r.capacity, "recv"));
     // Both sides run on the same buffers (the CPU device's memory is host memory): the
     // comparison is of the calls, not of where the bytes sit.
-    std::vector<std::byte> initial(capacity);
+    r.initial.resize(r.capacity);
     // Small values (1.0 in every dtype): sums stay finite at any world size.
-    for (std::size_t i = 0; i + eb <= capacity; i += eb) {
+    for (std::size_t i = 0; i + eb <= r.capacity; i += eb) {
         const std::uint16_t one16 = o.dtype == DType::kBFloat16 ? 0x3F80 : 0x3C00;
         const float one = 1.0f;
-        std::memcpy(initial.data() + i, o.dtype == DType::kFloat32 ? static_cast<const void*>(&one)
-                                                                      : static_cast<const void*>(&one16),
+        std::memcpy(r.initial.data() + i,
+                    o.dtype == DType::kFloat32 ? static_cast<const void*>(&one)
+                                               : static_cast<const void*>(&one16),
                     eb);
     }
-    std::memcpy(send.data(), initial.data(), capacity);
-    MPI_Op op16 = MPI_OP_NULL;
-    if (o.dtype == DType::kBFloat16) MPI_Op_create(&sum16<true>, 1, &op16);
-    if (o.dtype == DType::kFloat16) MPI_Op_create(&sum16<false>, 1, &op16);
-    const MPI_Datatype type = o.dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
-    const MPI_Op sum = o.dtype == DType::kFloat32 ? MPI_SUM : op16;
+    std::memcpy(r.send.data(), r.initial.data(), r.capacity);
+    if (o.dtype == DType::kBFloat16) MPI_Op_create(&sum16<true>, 1, &r.op16);
+    if (o.dtype == DType::kFloat16) MPI_Op_create(&sum16<false>, 1, &r.op16);
+    r.type = o.dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
+    r.sum = o.dtype == DType::kFloat32 ? MPI_SUM : r.op16;
+    return r;
+}
 
-    if (rank == 0) {
-        std::printf("zinfinity-bench comm: %d rank(s), %s, communicator %s; %d iterations x %d "
-                    "alternated rounds, medians; busbw by nccl-tests' convention\n",
-                    n, dtype_name(o.dtype).data(), std::string(ours->name()).c_str(), o.iters,
-                    o.rounds);
+// One collective of `count` elements (per_rank of them each rank's share) through ours.
+Status ours_once(const CommOptions& o, CommRig& r, Op op, std::size_t count, std::size_t per_rank) {
+    switch (op) {
+        case Op::kAllReduce:
+            return r.ours->all_reduce(r.send.data(), r.send.data(), count, o.dtype,
+                                      zero::ReduceOp::kSum, 0);
+        case Op::kReduceScatter:
+            return r.ours->reduce_scatter(r.send.data(), r.recv.data(), per_rank, o.dtype,
+                                          zero::ReduceOp::kSum, 0);
+        case Op::kAllGather:
+            return r.ours->all_gather(r.send.data(), r.recv.data(), per_rank, o.dtype, 0);
+    }
+    return Status::ok();
+}
+
+// The same collective through plain MPI.
+Status plain_once(CommRig& r, Op op, std::size_t count, std::size_t per_rank) {
+    int rc = MPI_SUCCESS;
+    const int c = static_cast<int>(count), pr = static_cast<int>(per_rank);
+    switch (op) {
+        case Op::kAllReduce:
+            rc = MPI_Allreduce(MPI_IN_PLACE, r.send.data(), c, r.type, r.sum, r.comm);
+            break;
+        case Op::kReduceScatter:
+            rc = MPI_Reduce_scatter_block(r.send.data(), r.recv.data(), pr, r.type, r.sum, r.comm);
+            break;
+        case Op::kAllGather:
+            rc = MPI_Allgather(r.send.data(), pr, r.type, r.recv.data(), pr, r.type, r.comm);
+            break;
+    }
+    return rc == MPI_SUCCESS ? Status::ok() : Status::internal("MPI collective failed");
+}
+
+// The medians of one collective at one size.
+struct SizeFigures {
+    std::size_t bytes = 0;  // count x element bytes: the size rounded up to whole ranks' shares
+    double ours_s = 0;      // per collective
+    double plain_s = 0;
+    double ratio = 0;  // ours/MPI busbw (the inverse time ratio)
+};
+
+// Measure: --rounds alternated (ours, MPI) batches of one collective at one size.
+Result<SizeFigures> measure_size(const CommOptions& o, CommRig& r, Op op, std::uint64_t size) {
+    const std::size_t eb = r.element_bytes;
+    // Elements divisible by the ranks, rounded up so that the bytes are at least `size`.
+    const std::size_t count = std::max<std::size_t>(1, (size / eb + r.n - 1) / r.n) * r.n;
+    const std::size_t per_rank = count / r.n;
+    const auto ours = [&] { return ours_once(o, r, op, count, per_rank); };
+    const auto plain = [&] { return plain_once(r, op, count, per_rank); };
+    std::vector<double> t_ours, t_plain, ratios;
+    for (int round = 0; round < o.rounds; ++round) {
+        double a = 0, b = 0;
+        if (round % 2 == 0) {
+            ZINF_ASSIGN_OR_RETURN(a, timed(o, r.comm, ours));
+            ZINF_ASSIGN_OR_RETURN(b, timed(o, r.comm, plain));
+        } else {
+            ZINF_ASSIGN_OR_RETURN(b, timed(o, r.comm, plain));
+            ZINF_ASSIGN_OR_RETURN(a, timed(o, r.comm, ours));
+        }
+        t_ours.push_back(a);
+        t_plain.push_back(b);
+        ratios.push_back(b / a);  // busbw ratio = inverse time ratio
+        // The sums grow each iteration: start each round from the same values.
+        std::memcpy(r.send.data(), r.initial.data(), r.capacity);
+    }
+    return SizeFigures{count * eb, median(t_ours), median(t_plain), median(ratios)};
+}
+
+// Report, rank 0: one row per collective and size.
+void print_row(const CommRig& r, Op op, const SizeFigures& f) {
+    if (r.rank != 0) return;
+    const double bytes = static_cast<double>(f.bytes);
+    const double bus = bus_factor(op, r.n);
+    std::printf("%-15s %10s %9.1f us %7.2f GB/s %9.1f us %7.2f GB/s %9.3f\n", op_name(op),
+                format_bytes(f.bytes).c_str(), f.ours_s * 1e6, bytes / f.ours_s * bus / 1e9,
+                f.plain_s * 1e6, bytes / f.plain_s * bus / 1e9, f.ratio);
+}
+
+Status run(const CommOptions& o) {
+    ZINF_ASSIGN_OR_RETURN(CommRig rig, set_up(o));
+    if (rig.rank == 0) {
+        std::printf(
+            "zinfinity-bench comm: %d rank(s), %s, communicator %s; %d iterations x %d "
+            "alternated rounds, medians; busbw by nccl-tests' convention\n",
+            rig.n, dtype_name(o.dtype).data(), std::string(rig.ours->name()).c_str(), o.iters,
+            o.rounds);
         std::printf("%-15s %10s %12s %12s %12s %12s %9s\n", "op", "size", "ours time",
                     "ours busbw", "MPI time", "MPI busbw", "ours/MPI");
     }
@@ -167,77 +283,25 @@ Status run(const CommOptions& o) {
     std::string worst_at;
     for (Op op : o.ops) {
         for (std::uint64_t size : o.sizes) {
-            // Elements divisible by the ranks, rounded up so that the bytes are at least `size`.
-            const std::size_t count = std::max<std::size_t>(1, (size / eb + n - 1) / n) * n;
-            const std::size_t per_rank = count / n;
-            auto ours_once = [&]() -> Status {
-                switch (op) {
-                    case Op::kAllReduce:
-                        return ours->all_reduce(send.data(), send.data(), count, o.dtype,
-                                                zero::ReduceOp::kSum, 0);
-                    case Op::kReduceScatter:
-                        return ours->reduce_scatter(send.data(), recv.data(), per_rank, o.dtype,
-                                                    zero::ReduceOp::kSum, 0);
-                    case Op::kAllGather:
-                        return ours->all_gather(send.data(), recv.data(), per_rank, o.dtype, 0);
-                }
-                return Status::ok();
-            };
-            auto plain_once = [&]() -> Status {
-                int rc = MPI_SUCCESS;
-                const int c = static_cast<int>(count), pr = static_cast<int>(per_rank);
-                switch (op) {
-                    case Op::kAllReduce:
-                        rc = MPI_Allreduce(MPI_IN_PLACE, send.data(), c, type, sum, comm);
-                        break;
-                    case Op::kReduceScatter:
-                        rc = MPI_Reduce_scatter_block(send.data(), recv.data(), pr, type, sum, comm);
-                        break;
-                    case Op::kAllGather:
-                        rc = MPI_Allgather(send.data(), pr, type, recv.data(), pr, type, comm);
-                        break;
-                }
-                return rc == MPI_SUCCESS ? Status::ok() : Status::internal("MPI collective failed");
-            };
-            std::vector<double> t_ours, t_plain, ratios;
-            for (int r = 0; r < o.rounds; ++r) {
-                double a = 0, b = 0;
-                if (r % 2 == 0) {
-                    ZINF_ASSIGN_OR_RETURN(a, timed(o, comm, ours_once));
-                    ZINF_ASSIGN_OR_RETURN(b, timed(o, comm, plain_once));
-                } else {
-                    ZINF_ASSIGN_OR_RETURN(b, timed(o, comm, plain_once));
-                    ZINF_ASSIGN_OR_RETURN(a, timed(o, comm, ours_once));
-                }
-                t_ours.push_back(a);
-                t_plain.push_back(b);
-                ratios.push_back(b / a);  // busbw ratio = inverse time ratio
-                // The sums grow each iteration: start each round from the same values.
-                std::memcpy(send.data(), initial.data(), capacity);
-            }
-            const double bytes = static_cast<double>(count * eb);
-            const double to = median(t_ours), tp = median(t_plain), ratio = median(ratios);
-            const double f = bus_factor(op, n);
-            if (rank == 0) {
-                std::printf("%-15s %10s %9.1f us %7.2f GB/s %9.1f us %7.2f GB/s %9.3f\n",
-                            op_name(op), format_bytes(count * eb).c_str(), to * 1e6,
-                            bytes / to * f / 1e9, tp * 1e6, bytes / tp * f / 1e9, ratio);
-            }
-            if (count * eb >= (1u << 20) && ratio < worst) {
-                worst = ratio;
-                worst_at = str_cat(op_name(op), " ", format_bytes(count * eb));
+            ZINF_ASSIGN_OR_RETURN(const SizeFigures f, measure_size(o, rig, op, size));
+            print_row(rig, op, f);
+            if (f.bytes >= (1u << 20) && f.ratio < worst) {
+                worst = f.ratio;
+                worst_at = str_cat(op_name(op), " ", format_bytes(f.bytes));
             }
         }
     }
-    if (rank == 0 && !worst_at.empty()) {
-        std::printf("worst ours/MPI busbw ratio at >= 1 MiB: %.3f (%s)%s\n", worst, worst_at.c_str(),
-                    o.min_ratio > 0 ? (worst >= o.min_ratio ? "; --min-ratio met" : "; --min-ratio NOT met") : "");
+    if (rig.rank == 0 && !worst_at.empty()) {
+        std::printf(
+            "worst ours/MPI busbw ratio at >= 1 MiB: %.3f (%s)%s\n", worst, worst_at.c_str(),
+            o.min_ratio > 0 ? (worst >= o.min_ratio ? "; --min-ratio met" : "; --min-ratio NOT met")
+                            : "");
     }
     std::fflush(stdout);
-    if (op16 != MPI_OP_NULL) MPI_Op_free(&op16);
-    MPI_Comm_free(&comm);
+    rig.free_mpi_handles();
     if (o.min_ratio > 0 && !worst_at.empty() && worst < o.min_ratio) {
-        return Status::internal(str_cat("ours/MPI ratio ", worst, " below --min-ratio ", o.min_ratio));
+        return Status::internal(
+            str_cat("ours/MPI ratio ", worst, " below --min-ratio ", o.min_ratio));
     }
     return Status::ok();
 }
@@ -245,9 +309,10 @@ Status run(const CommOptions& o) {
 }  // namespace
 
 int run_comm(int argc, char** argv) {
-    cli::Args args("mpirun -np N zinfinity-bench comm [flags]",
-                   "Bus bandwidth of all-reduce, reduce-scatter and all-gather over zinfinity's MPI\n"
-                   "communicator against the plain MPI call of the same collective, per message size.");
+    cli::Args args(
+        "mpirun -np N zinfinity-bench comm [flags]",
+        "Bus bandwidth of all-reduce, reduce-scatter and all-gather over zinfinity's MPI\n"
+        "communicator against the plain MPI call of the same collective, per message size.");
     declare_flags(args);
     if (auto exit_code = args.parse_or_exit(argc, argv, "zinfinity-bench comm")) return *exit_code;
     auto options = parse_options(args);

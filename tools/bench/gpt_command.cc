@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -204,8 +205,8 @@ struct Trained {
 Result<Trained> make_model(const model::GptConfig& config, Device& device, Compute& compute) {
     Trained t;
     ZINF_ASSIGN_OR_RETURN(t.gpt, model::Gpt::create(config, device));
-    ZINF_ASSIGN_OR_RETURN(t.store,
-                          model::DeviceParameterStore::create(t.gpt->parameters(), device, compute));
+    ZINF_ASSIGN_OR_RETURN(
+        t.store, model::DeviceParameterStore::create(t.gpt->parameters(), device, compute));
     ZINF_TRY(t.store->initialize(1234, 0));
     return t;
 }
@@ -258,55 +259,81 @@ private:
     std::vector<float> a_, b_, c_;
 };
 
-Status run(const GptBenchOptions& o) {
+// The run's device, compute and the two models it times (plain and checkpointed), with one
+// batch of tokens and labels on the device.
+struct GptRig {
+    std::unique_ptr<device::CpuDevice> device;
+    std::unique_ptr<device::CpuCompute> cpu;
+    std::unique_ptr<RecordingCompute> compute;  // over `cpu`; both models run through it
+    Trained plain;
+    Trained ckpt;
+    DeviceBuffer tokens;
+    DeviceBuffer labels;
+    std::size_t rows = 0;
+
+    Result<float> run_step(Trained& t, std::uint64_t step_index) {
+        return step(t, *compute, tokens.as<std::int32_t>(), labels.as<std::int32_t>(), rows,
+                    step_index);
+    }
+};
+
+// Set up: the CPU device and compute, both models, and a batch of random bytes.
+Result<GptRig> set_up(const GptBenchOptions& o) {
+    GptRig r;
     device::CpuDeviceOptions dopt;
     dopt.budget_bytes = std::size_t{16} << 30;
-    ZINF_ASSIGN_OR_RETURN(auto device, device::CpuDevice::create(dopt));
-    ZINF_ASSIGN_OR_RETURN(auto cpu, device::CpuCompute::create(device.get(),
-                                                               device::CpuComputeOptions{o.threads}));
-    RecordingCompute compute(*cpu);
+    ZINF_ASSIGN_OR_RETURN(r.device, device::CpuDevice::create(dopt));
+    ZINF_ASSIGN_OR_RETURN(
+        r.cpu, device::CpuCompute::create(r.device.get(), device::CpuComputeOptions{o.threads}));
+    r.compute = std::make_unique<RecordingCompute>(*r.cpu);
     model::GptConfig plain_config = o.model;
     model::GptConfig ckpt_config = o.model;
     ckpt_config.checkpoint_activations = true;
-    ZINF_ASSIGN_OR_RETURN(Trained plain, make_model(plain_config, *device, compute));
-    ZINF_ASSIGN_OR_RETURN(Trained ckpt, make_model(ckpt_config, *device, compute));
+    ZINF_ASSIGN_OR_RETURN(r.plain, make_model(plain_config, *r.device, *r.compute));
+    ZINF_ASSIGN_OR_RETURN(r.ckpt, make_model(ckpt_config, *r.device, *r.compute));
 
-    const std::size_t rows = o.model.batch_rows_max;
-    const std::size_t n = rows * o.model.seq_len;
+    r.rows = o.model.batch_rows_max;
+    const std::size_t n = r.rows * o.model.seq_len;
     std::vector<std::int32_t> tokens(n), labels(n);
     std::mt19937 rng(3);
     for (std::size_t i = 0; i < n; ++i) {
         tokens[i] = static_cast<std::int32_t>(rng() % 256);
         labels[i] = static_cast<std::int32_t>(rng() % 256);
     }
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer td, DeviceBuffer::allocate(*device, n * 4, "tokens"));
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer ld, DeviceBuffer::allocate(*device, n * 4, "labels"));
-    ZINF_TRY(device->copy_to_device(td.data(), tokens.data(), n * 4, 0));
-    ZINF_TRY(device->copy_to_device(ld.data(), labels.data(), n * 4, 0));
-    ZINF_TRY(device->synchronize(0));
-    const auto* t = td.as<std::int32_t>();
-    const auto* l = ld.as<std::int32_t>();
+    ZINF_ASSIGN_OR_RETURN(r.tokens, DeviceBuffer::allocate(*r.device, n * 4, "tokens"));
+    ZINF_ASSIGN_OR_RETURN(r.labels, DeviceBuffer::allocate(*r.device, n * 4, "labels"));
+    ZINF_TRY(r.device->copy_to_device(r.tokens.data(), tokens.data(), n * 4, 0));
+    ZINF_TRY(r.device->copy_to_device(r.labels.data(), labels.data(), n * 4, 0));
+    ZINF_TRY(r.device->synchronize(0));
+    return r;
+}
 
-    // Warm-up, the GEMM record, and the check that the recompute is exact.
-    compute.recording = true;
-    ZINF_ASSIGN_OR_RETURN(const float loss_plain, step(plain, compute, t, l, rows, 1));
-    compute.recording = false;
-    ZINF_ASSIGN_OR_RETURN(const float loss_ckpt, step(ckpt, compute, t, l, rows, 1));
+// Warm-up, the GEMM record, and the check that the recompute is exact: one step of each model,
+// the plain one recorded. Returns the FLOPs of the recorded GEMMs.
+Result<double> record_step(GptRig& r) {
+    r.compute->recording = true;
+    ZINF_ASSIGN_OR_RETURN(const float loss_plain, r.run_step(r.plain, 1));
+    r.compute->recording = false;
+    ZINF_ASSIGN_OR_RETURN(const float loss_ckpt, r.run_step(r.ckpt, 1));
     if (std::memcmp(&loss_plain, &loss_ckpt, sizeof(float)) != 0) {
-        return Status::internal(str_cat("checkpointed loss ", loss_ckpt, " differs from ",
-                                        loss_plain));
+        return Status::internal(
+            str_cat("checkpointed loss ", loss_ckpt, " differs from ", loss_plain));
     }
     double flops = 0;
-    for (const GemmCall& g : compute.calls) flops += g.flops();
-    Replay replay(compute.calls);
-    replay.run(o.threads);
+    for (const GemmCall& g : r.compute->calls) flops += g.flops();
+    return flops;
+}
 
-    std::printf("gpt %zu layers x d_model %zu (%zu heads), %zu x %zu tokens per step, %d "
-                "threads; %s\n",
-                o.model.n_layer, o.model.d_model, o.model.n_head, rows, o.model.seq_len,
-                o.threads, cpu->name().data());
-    std::printf("  %zu GEMMs per step, %.2f GFLOP\n", compute.calls.size(), flops / 1e9);
+// Seconds of each leg per round.
+struct RoundFigures {
     std::vector<double> plain_s, ckpt_s, blas_s, gemm_ratio, ckpt_ratio;
+};
+
+// Measure: --pairs rounds of (step, checkpointed step, OpenBLAS replay), each round's line
+// printed as it completes.
+Result<RoundFigures> measure_rounds(const GptBenchOptions& o, GptRig& r, Replay& replay,
+                                    double flops) {
+    RoundFigures f;
     for (int p = 0; p < o.pairs; ++p) {
         // Rotate the order so no leg always runs first.
         double tp = 0, tc = 0, tb = 0;
@@ -314,36 +341,42 @@ Status run(const GptBenchOptions& o) {
             const int which = (leg + p) % 3;
             const auto t0 = Clock::now();
             if (which == 0) {
-                ZINF_TRY(step(plain, compute, t, l, rows, 2).status());
+                ZINF_TRY(r.run_step(r.plain, 2).status());
                 tp = seconds_since(t0);
             } else if (which == 1) {
-                ZINF_TRY(step(ckpt, compute, t, l, rows, 2).status());
+                ZINF_TRY(r.run_step(r.ckpt, 2).status());
                 tc = seconds_since(t0);
             } else {
                 tb = replay.run(o.threads);
             }
         }
-        plain_s.push_back(tp);
-        ckpt_s.push_back(tc);
-        blas_s.push_back(tb);
-        gemm_ratio.push_back(tb / tp);
-        ckpt_ratio.push_back(tc / tp);
+        f.plain_s.push_back(tp);
+        f.ckpt_s.push_back(tc);
+        f.blas_s.push_back(tb);
+        f.gemm_ratio.push_back(tb / tp);
+        f.ckpt_ratio.push_back(tc / tp);
         std::printf("  round %d: step %.1f ms (%.1f GFLOP/s of GEMM), checkpointed %.1f ms "
                     "(x%.3f), OpenBLAS on the same GEMMs %.1f ms (%.1f GFLOP/s)\n",
                     p + 1, 1e3 * tp, flops / tp / 1e9, 1e3 * tc, tc / tp, 1e3 * tb,
                     flops / tb / 1e9);
     }
-    const double gr = median(gemm_ratio);
-    const double cr = median(ckpt_ratio);
+    return f;
+}
+
+// Report: the medians against their targets; the status of --min-gemm-ratio and
+// --max-checkpoint-ratio.
+Status report(const GptBenchOptions& o, const GptRig& r, const RoundFigures& f, double flops) {
+    const double gr = median(f.gemm_ratio);
+    const double cr = median(f.ckpt_ratio);
     std::printf("summary: step %.1f ms = %.1f GFLOP/s of its GEMMs; OpenBLAS alone on the same "
                 "GEMMs %.1f GFLOP/s; ratio %.3f (target >= 0.7: %s)\n",
-                1e3 * median(plain_s), flops / median(plain_s) / 1e9,
-                flops / median(blas_s) / 1e9, gr, gr >= 0.7 ? "met" : "NOT met");
+                1e3 * median(f.plain_s), flops / median(f.plain_s) / 1e9,
+                flops / median(f.blas_s) / 1e9, gr, gr >= 0.7 ? "met" : "NOT met");
     std::printf("summary: checkpointed step %.1f ms, x%.3f the plain step (target <= 1.4: %s); "
                 "activations kept %.1f MiB -> %.1f MiB\n",
-                1e3 * median(ckpt_s), cr, cr <= 1.4 ? "met" : "NOT met",
-                static_cast<double>(plain.gpt->kept_activation_bytes()) / (1 << 20),
-                static_cast<double>(ckpt.gpt->kept_activation_bytes()) / (1 << 20));
+                1e3 * median(f.ckpt_s), cr, cr <= 1.4 ? "met" : "NOT met",
+                static_cast<double>(r.plain.gpt->kept_activation_bytes()) / (1 << 20),
+                static_cast<double>(r.ckpt.gpt->kept_activation_bytes()) / (1 << 20));
     if (o.min_gemm_ratio > 0 && gr < o.min_gemm_ratio) {
         return Status::internal(str_cat("GEMM ratio ", gr, " below --min-gemm-ratio ",
                                         o.min_gemm_ratio));
@@ -353,6 +386,20 @@ Status run(const GptBenchOptions& o) {
                                         o.max_checkpoint_ratio));
     }
     return Status::ok();
+}
+
+Status run(const GptBenchOptions& o) {
+    ZINF_ASSIGN_OR_RETURN(GptRig rig, set_up(o));
+    ZINF_ASSIGN_OR_RETURN(const double flops, record_step(rig));
+    Replay replay(rig.compute->calls);
+    replay.run(o.threads);
+    std::printf("gpt %zu layers x d_model %zu (%zu heads), %zu x %zu tokens per step, %d "
+                "threads; %s\n",
+                o.model.n_layer, o.model.d_model, o.model.n_head, rig.rows, o.model.seq_len,
+                o.threads, rig.cpu->name().data());
+    std::printf("  %zu GEMMs per step, %.2f GFLOP\n", rig.compute->calls.size(), flops / 1e9);
+    ZINF_ASSIGN_OR_RETURN(const RoundFigures figures, measure_rounds(o, rig, replay, flops));
+    return report(o, rig, figures, flops);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_status.h"
@@ -35,6 +37,8 @@ public:
     ~HostAllocMemory() {
         if (ptr_ != nullptr) static_cast<void>(cudaFreeHost(ptr_));
     }
+    HostAllocMemory(HostAllocMemory&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
+    HostAllocMemory& operator=(HostAllocMemory&&) = delete;
     HostAllocMemory(const HostAllocMemory&) = delete;
     HostAllocMemory& operator=(const HostAllocMemory&) = delete;
     Status allocate(std::size_t size_bytes) {
@@ -65,124 +69,180 @@ double gbps(std::size_t bytes, Clock::duration elapsed) {
     return static_cast<double>(bytes) / std::chrono::duration<double>(elapsed).count() / 1e9;
 }
 
-Status run(const H2dOptions& o) {
+// What the copies run between: the device and its memory, a stream, the pinned pool's buffers
+// (registered with the device, filled) and the baseline's cudaHostAlloc memory. Members are
+// destroyed in reverse order: the pool unregisters from the device before the device goes.
+struct H2dRig {
+    std::unique_ptr<device::CudaDevice> device;
+    DeviceBuffer device_memory;
+    StreamId stream = 0;
+    std::unique_ptr<swap::PinnedPool> pool;
+    std::vector<swap::PinnedBuffer> buffers;  // every buffer of the pool, in order
+    HostAllocMemory host;
+
+    std::byte* device_bytes() const { return device_memory.as<std::byte>(); }
+};
+
+// Set up: the device, then the pool path (the buffers the swap pipeline copies from), then the
+// baseline's memory.
+Result<H2dRig> set_up(const H2dOptions& o) {
     ZINF_TRY(device::CudaDevice::probe());
+    H2dRig r;
     device::CudaDeviceOptions device_options;
     device_options.local_rank = o.device_index;
     device_options.budget_bytes = o.size_bytes + (64ull << 20);
-    ZINF_ASSIGN_OR_RETURN(auto device, device::CudaDevice::create(device_options));
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer device_memory,
-                          DeviceBuffer::allocate(*device, o.size_bytes, "h2d bench"));
-    void* device_buffer = device_memory.data();
-    ZINF_ASSIGN_OR_RETURN(StreamId stream, device->create_stream());
+    ZINF_ASSIGN_OR_RETURN(r.device, device::CudaDevice::create(device_options));
+    ZINF_ASSIGN_OR_RETURN(r.device_memory,
+                          DeviceBuffer::allocate(*r.device, o.size_bytes, "h2d bench"));
+    ZINF_ASSIGN_OR_RETURN(r.stream, r.device->create_stream());
 
-    // The pool path: the buffers the swap pipeline copies from, registered with the device.
     swap::PinnedPoolOptions pool_options;
     pool_options.name = "h2d-bench";
     pool_options.buffer_size_bytes = o.buffer_size_bytes;
     pool_options.buffer_count = o.size_bytes / o.buffer_size_bytes;
-    pool_options.near_device = device.get();
+    pool_options.near_device = r.device.get();
     pool_options.allow_unlocked = true;  // cudaHostRegister page-locks it anyway
-    ZINF_ASSIGN_OR_RETURN(auto pool, swap::PinnedPool::create(pool_options));
-    ZINF_TRY(pool->register_with_device(*device));
-    std::vector<swap::PinnedBuffer> buffers;
-    for (std::size_t i = 0; i < pool->buffer_count(); ++i) {
-        ZINF_ASSIGN_OR_RETURN(auto buffer, pool->try_acquire());
+    ZINF_ASSIGN_OR_RETURN(r.pool, swap::PinnedPool::create(pool_options));
+    ZINF_TRY(r.pool->register_with_device(*r.device));
+    for (std::size_t i = 0; i < r.pool->buffer_count(); ++i) {
+        ZINF_ASSIGN_OR_RETURN(auto buffer, r.pool->try_acquire());
         for (std::size_t b = 0; b < buffer.size(); b += 4096) {
             buffer.data()[b] = static_cast<std::byte>((i * 131 + b / 4096) & 0xff);
         }
-        buffers.push_back(std::move(buffer));
+        r.buffers.push_back(std::move(buffer));
     }
 
     // The baseline: cudaMemcpy of the whole size from cudaHostAlloc memory.
-    HostAllocMemory host;
-    ZINF_TRY(host.allocate(o.size_bytes));
-    std::memset(host.data(), 0x5a, o.size_bytes);
+    ZINF_TRY(r.host.allocate(o.size_bytes));
+    std::memset(r.host.data(), 0x5a, o.size_bytes);
+    return r;
+}
 
-    auto* device_bytes = static_cast<std::byte*>(device_buffer);
-    auto pool_h2d = [&]() -> Status {
-        for (std::size_t i = 0; i < buffers.size(); ++i) {
-            ZINF_TRY(device->copy_to_device(device_bytes + i * o.buffer_size_bytes,
-                                            buffers[i].data(), o.buffer_size_bytes, stream));
-        }
-        return device->synchronize(stream);
-    };
-    auto pool_d2h = [&]() -> Status {
-        for (std::size_t i = 0; i < buffers.size(); ++i) {
-            ZINF_TRY(device->copy_to_host(buffers[i].data(), device_bytes + i * o.buffer_size_bytes,
-                                          o.buffer_size_bytes, stream));
-        }
-        return device->synchronize(stream);
-    };
-    auto base_h2d = [&]() -> Status {
-        ZINF_CUDA_TRY(cudaMemcpy(device_buffer, host.data(), o.size_bytes, cudaMemcpyHostToDevice));
-        return Status::ok();
-    };
-    auto base_d2h = [&]() -> Status {
-        ZINF_CUDA_TRY(cudaMemcpy(host.data(), device_buffer, o.size_bytes, cudaMemcpyDeviceToHost));
-        return Status::ok();
-    };
+// The four copies of the whole size: pool -> device, device -> pool (one asynchronous copy
+// per buffer, then a wait), and the baseline's two cudaMemcpy calls.
+Status pool_h2d(const H2dOptions& o, H2dRig& r) {
+    for (std::size_t i = 0; i < r.buffers.size(); ++i) {
+        ZINF_TRY(r.device->copy_to_device(r.device_bytes() + i * o.buffer_size_bytes,
+                                          r.buffers[i].data(), o.buffer_size_bytes, r.stream));
+    }
+    return r.device->synchronize(r.stream);
+}
+Status pool_d2h(const H2dOptions& o, H2dRig& r) {
+    for (std::size_t i = 0; i < r.buffers.size(); ++i) {
+        ZINF_TRY(r.device->copy_to_host(r.buffers[i].data(),
+                                        r.device_bytes() + i * o.buffer_size_bytes,
+                                        o.buffer_size_bytes, r.stream));
+    }
+    return r.device->synchronize(r.stream);
+}
+Status base_h2d(const H2dOptions& o, H2dRig& r) {
+    ZINF_CUDA_TRY(
+        cudaMemcpy(r.device_memory.data(), r.host.data(), o.size_bytes, cudaMemcpyHostToDevice));
+    return Status::ok();
+}
+Status base_d2h(const H2dOptions& o, H2dRig& r) {
+    ZINF_CUDA_TRY(
+        cudaMemcpy(r.host.data(), r.device_memory.data(), o.size_bytes, cudaMemcpyDeviceToHost));
+    return Status::ok();
+}
 
-    // Warm-up, and a check that the pool path moves the right bytes: pool -> device -> baseline
-    // host memory, compared with the pool.
-    ZINF_TRY(pool_h2d());
-    ZINF_TRY(base_d2h());
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-        if (std::memcmp(host.data() + i * o.buffer_size_bytes, buffers[i].data(),
+// Warm-up, and a check that the pool path moves the right bytes: pool -> device -> baseline
+// host memory, compared with the pool.
+Status warm_up(const H2dOptions& o, H2dRig& r) {
+    ZINF_TRY(pool_h2d(o, r));
+    ZINF_TRY(base_d2h(o, r));
+    for (std::size_t i = 0; i < r.buffers.size(); ++i) {
+        if (std::memcmp(r.host.data() + i * o.buffer_size_bytes, r.buffers[i].data(),
                         o.buffer_size_bytes) != 0) {
             return Status::corruption(str_cat("h2d: buffer ", i, " differs after a round trip"));
         }
     }
-    ZINF_TRY(base_h2d());
-    ZINF_TRY(pool_d2h());
+    ZINF_TRY(base_h2d(o, r));
+    return pool_d2h(o, r);
+}
 
-    Figures f_pool_h2d, f_base_h2d, f_pool_d2h, f_base_d2h;
-    auto time = [&](auto& body, Figures& figures) -> Status {
+// GB/s of each path and direction, one figure per repetition.
+struct H2dFigures {
+    Figures pool_h2d, base_h2d, pool_d2h, base_d2h;
+};
+
+// Measure: --reps repetitions of the four copies, interleaved, the order flipping every
+// repetition, so that drift hits both paths alike.
+Result<H2dFigures> measure(const H2dOptions& o, H2dRig& r) {
+    H2dFigures f;
+    const auto time = [&](Status (*copy)(const H2dOptions&, H2dRig&), Figures& figures) {
         const auto t0 = Clock::now();
-        ZINF_TRY(body());
+        ZINF_TRY(copy(o, r));
         figures.gbps.push_back(gbps(o.size_bytes, Clock::now() - t0));
         return Status::ok();
     };
-    // Interleaved, the order flipping every repetition, so that drift hits both paths alike.
-    for (int r = 0; r < o.reps; ++r) {
-        if (r % 2 == 0) {
-            ZINF_TRY(time(pool_h2d, f_pool_h2d));
-            ZINF_TRY(time(base_h2d, f_base_h2d));
-            ZINF_TRY(time(pool_d2h, f_pool_d2h));
-            ZINF_TRY(time(base_d2h, f_base_d2h));
+    for (int rep = 0; rep < o.reps; ++rep) {
+        if (rep % 2 == 0) {
+            ZINF_TRY(time(pool_h2d, f.pool_h2d));
+            ZINF_TRY(time(base_h2d, f.base_h2d));
+            ZINF_TRY(time(pool_d2h, f.pool_d2h));
+            ZINF_TRY(time(base_d2h, f.base_d2h));
         } else {
-            ZINF_TRY(time(base_h2d, f_base_h2d));
-            ZINF_TRY(time(pool_h2d, f_pool_h2d));
-            ZINF_TRY(time(base_d2h, f_base_d2h));
-            ZINF_TRY(time(pool_d2h, f_pool_d2h));
+            ZINF_TRY(time(base_h2d, f.base_h2d));
+            ZINF_TRY(time(pool_h2d, f.pool_h2d));
+            ZINF_TRY(time(base_d2h, f.base_d2h));
+            ZINF_TRY(time(pool_d2h, f.pool_d2h));
         }
     }
+    return f;
+}
 
+void report(const H2dOptions& o, const H2dRig& r, const H2dFigures& f) {
     std::printf(
         "zinfinity-bench h2d: %s, %llu MiB per copy, pool buffers %llu MiB x %zu, %d reps\n",
-        device->name().c_str(), static_cast<unsigned long long>(o.size_bytes >> 20),
-        static_cast<unsigned long long>(o.buffer_size_bytes >> 20), buffers.size(), o.reps);
+        r.device->name().c_str(), static_cast<unsigned long long>(o.size_bytes >> 20),
+        static_cast<unsigned long long>(o.buffer_size_bytes >> 20), r.buffers.size(), o.reps);
     std::printf("  %-4s %-34s %10s %10s %10s\n", "dir", "path", "median", "min", "max");
-    auto row = [](const char* dir, const char* path, const Figures& f) {
-        std::printf("  %-4s %-34s %7.2f GB/s %6.2f %10.2f\n", dir, path, f.median(), f.min(),
-                    f.max());
+    const auto row = [](const char* dir, const char* path, const Figures& figures) {
+        std::printf("  %-4s %-34s %7.2f GB/s %6.2f %10.2f\n", dir, path, figures.median(),
+                    figures.min(), figures.max());
     };
-    row("h2d", "pinned pool (CudaDevice, stream)", f_pool_h2d);
-    row("h2d", "cudaHostAlloc + cudaMemcpy", f_base_h2d);
-    row("d2h", "pinned pool (CudaDevice, stream)", f_pool_d2h);
-    row("d2h", "cudaHostAlloc + cudaMemcpy", f_base_d2h);
+    row("h2d", "pinned pool (CudaDevice, stream)", f.pool_h2d);
+    row("h2d", "cudaHostAlloc + cudaMemcpy", f.base_h2d);
+    row("d2h", "pinned pool (CudaDevice, stream)", f.pool_d2h);
+    row("d2h", "cudaHostAlloc + cudaMemcpy", f.base_d2h);
     std::printf("  pool / baseline: h2d %.2f, d2h %.2f\n",
-                f_pool_h2d.median() / f_base_h2d.median(),
-                f_pool_d2h.median() / f_base_d2h.median());
+                f.pool_h2d.median() / f.base_h2d.median(),
+                f.pool_d2h.median() / f.base_d2h.median());
     // One line for scripts (tools/gpu-check.sh).
     std::printf(
         "h2d-summary h2d_pool_gbps=%.2f h2d_baseline_gbps=%.2f d2h_pool_gbps=%.2f "
         "d2h_baseline_gbps=%.2f\n",
-        f_pool_h2d.median(), f_base_h2d.median(), f_pool_d2h.median(), f_base_d2h.median());
+        f.pool_h2d.median(), f.base_h2d.median(), f.pool_d2h.median(), f.base_d2h.median());
+}
 
-    buffers.clear();
-    pool.reset();  // unregisters from the device before the device goes
+Status run(const H2dOptions& o) {
+    ZINF_ASSIGN_OR_RETURN(H2dRig rig, set_up(o));
+    ZINF_TRY(warm_up(o, rig));
+    ZINF_ASSIGN_OR_RETURN(const H2dFigures figures, measure(o, rig));
+    report(o, rig, figures);
     return Status::ok();
+}
+
+void declare_flags(cli::Args& args) {
+    args.add("size", "256MiB", "bytes per copy (a multiple of --buffer-size)");
+    args.add("buffer-size", "64MiB", "pinned pool buffer size: one asynchronous copy per buffer");
+    args.add("reps", "10", "timed repetitions of each of the four copies");
+    args.add("device", "0", "CUDA device ordinal");
+}
+
+Result<H2dOptions> parse_options(const cli::Args& args) {
+    H2dOptions o;
+    ZINF_ASSIGN_OR_RETURN(o.size_bytes, args.get_size_bytes("size"));
+    ZINF_ASSIGN_OR_RETURN(o.buffer_size_bytes, args.get_size_bytes("buffer-size"));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t reps, args.get_int("reps", 1, 1000));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t device_index, args.get_int("device", 0, 1023));
+    o.reps = static_cast<int>(reps);
+    o.device_index = static_cast<int>(device_index);
+    if (o.buffer_size_bytes == 0 || o.size_bytes == 0 || o.size_bytes % o.buffer_size_bytes != 0) {
+        return Status::invalid_argument("--size must be a non-zero multiple of --buffer-size");
+    }
+    return o;
 }
 
 }  // namespace
@@ -194,30 +254,12 @@ int run_h2d(int argc, char** argv) {
                    "buffer on a stream) against cudaMemcpy of the whole size from cudaHostAlloc\n"
                    "memory, interleaved in the same run. Prints medians, minima and maxima.\n\n"
                    "Figures: GB/s (decimal, 1e9 bytes/s), host-timed, copy issue to completion.");
-    args.add("size", "256MiB", "bytes per copy (a multiple of --buffer-size)");
-    args.add("buffer-size", "64MiB", "pinned pool buffer size: one asynchronous copy per buffer");
-    args.add("reps", "10", "timed repetitions of each of the four copies");
-    args.add("device", "0", "CUDA device ordinal");
+    declare_flags(args);
     constexpr std::string_view kProgram = "zinfinity-bench h2d";
     if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
-    H2dOptions o;
-    auto size = args.get_size_bytes("size");
-    auto buffer = args.get_size_bytes("buffer-size");
-    auto reps = args.get_int("reps", 1, 1000);
-    auto device_index = args.get_int("device", 0, 1023);
-    for (const Status& s : {size.status(), buffer.status(), reps.status(), device_index.status()}) {
-        if (!s.is_ok()) return cli::report_error(kProgram, s);
-    }
-    o.size_bytes = *size;
-    o.buffer_size_bytes = *buffer;
-    o.reps = static_cast<int>(*reps);
-    o.device_index = static_cast<int>(*device_index);
-    if (o.buffer_size_bytes == 0 || o.size_bytes == 0 || o.size_bytes % o.buffer_size_bytes != 0) {
-        const Status bad =
-            Status::invalid_argument("--size must be a non-zero multiple of --buffer-size");
-        return cli::report_error(kProgram, bad);
-    }
-    const Status status = run(o);
+    auto options = parse_options(args);
+    if (!options.has_value()) return cli::report_error(kProgram, options.error());
+    const Status status = run(*options);
     return status.is_ok() ? 0 : cli::report_error(kProgram, status, 1);
 }
 

@@ -59,7 +59,9 @@ void install_interrupt_handler() {
 
 bool interrupted() noexcept { return g_interrupted != 0; }
 
-Status interrupted_status() { return Status(StatusCode::kInternal, "interrupted by a signal", EINTR); }
+Status interrupted_status() {
+    return Status(StatusCode::kInternal, "interrupted by a signal", EINTR);
+}
 
 std::string_view io_op_name(IoOp op) noexcept { return op == IoOp::kRead ? "read" : "write"; }
 
@@ -109,23 +111,29 @@ Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::st
         Status status = check_writable_directory(dir);
         if (!status.is_ok()) return status.with_context("--path");
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        if (::stat(dir.c_str(), &st) != 0) {
+            return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        }
         auto& entry = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
         entry.first += share_bytes;
         entry.second += entry.second.empty() ? dir : ", " + dir;
     }
     for (const auto& dir : dirs) {
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        if (::stat(dir.c_str(), &st) != 0) {
+            return Status::from_errno(errno, str_cat("--path: stat ", dir));
+        }
         const auto& [need, names] = need_by_device[static_cast<std::uint64_t>(st.st_dev)];
         ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(dir));
         // Keep a margin so that the bench never fills a file system to the last block.
-        const std::uint64_t margin_bytes = std::min<std::uint64_t>(need / 20 + (64ULL << 20), 1ULL << 30);
+        const std::uint64_t margin_bytes =
+            std::min<std::uint64_t>(need / 20 + (64ULL << 20), 1ULL << 30);
         if (free_bytes < need + margin_bytes) {
-            return Status::no_space(str_cat(
-                "--path ", dir, ": not enough free space for the test file: needs ", need, " bytes (",
-                format_bytes(need), ", plus a margin of ", format_bytes(margin_bytes), ") on the file system of ",
-                names, ", has ", free_bytes, " bytes (", format_bytes(free_bytes), ") free; lower --size"));
+            return Status::no_space(
+                str_cat("--path ", dir, ": not enough free space for the test file: needs ", need,
+                        " bytes (", format_bytes(need), ", plus a margin of ",
+                        format_bytes(margin_bytes), ") on the file system of ", names, ", has ",
+                        free_bytes, " bytes (", format_bytes(free_bytes), ") free; lower --size"));
         }
     }
 
@@ -144,9 +152,10 @@ Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::st
         if (fd < 0) {
             const int err = errno;
             if (err == EEXIST) {
-                return Status::invalid_argument(str_cat(
-                    path, ": a file of this name already exists and was not created by this run; "
-                    "refusing to overwrite it (remove it if it is a leftover of an earlier bench)"));
+                return Status::invalid_argument(
+                    str_cat(path, ": a file of this name already exists and was not created by ",
+                            "this run; refusing to overwrite it (remove it if it is a leftover ",
+                            "of an earlier bench)"));
             }
             return Status::from_errno(err, str_cat("creating bench file ", path));
         }
@@ -192,7 +201,8 @@ PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
     ZINF_ASSERT_GT(aio.intra_op_parallelism, 0);
     const std::uint64_t block = aio.block_size_bytes;
     PassPlan plan;
-    std::uint64_t op = op_size_bytes != 0 ? op_size_bytes : std::max<std::uint64_t>(block, 1ULL << 20);
+    std::uint64_t op =
+        op_size_bytes != 0 ? op_size_bytes : std::max<std::uint64_t>(block, 1ULL << 20);
     op = (op + block - 1) / block * block;  // whole pieces only
     plan.op_size_bytes = op;
     // Keep every worker's queue full (queue_depth pieces each) and one operation per worker
@@ -202,8 +212,8 @@ PassPlan plan_pass(const io::AioOptions& aio, std::uint64_t op_size_bytes,
     // at 1 MiB / queue depth 8, median ratio to fio in alternated runs: a quarter more queued
     // 0.91-0.98, one more 0.96-1.00, a whole queue more 0.76-0.81; fio cycles through exactly
     // queue_depth buffers).
-    const std::uint64_t pieces_in_flight =
-        static_cast<std::uint64_t>(aio.queue_depth) * static_cast<std::uint64_t>(aio.intra_op_parallelism);
+    const std::uint64_t pieces_in_flight = static_cast<std::uint64_t>(aio.queue_depth) *
+                                           static_cast<std::uint64_t>(aio.intra_op_parallelism);
     const std::uint64_t bytes_in_flight = pieces_in_flight * block;
     std::uint64_t ops = (bytes_in_flight + op - 1) / op;
     ops += static_cast<std::uint64_t>(aio.intra_op_parallelism);
@@ -237,21 +247,24 @@ ProcessUsage process_usage() {
     const auto secs = [](const timeval& tv) {
         return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
     };
-    return ProcessUsage{secs(ru.ru_utime) + secs(ru.ru_stime),
-                        static_cast<std::uint64_t>(ru.ru_nvcsw) + static_cast<std::uint64_t>(ru.ru_nivcsw)};
+    return ProcessUsage{
+        secs(ru.ru_utime) + secs(ru.ru_stime),
+        static_cast<std::uint64_t>(ru.ru_nvcsw) + static_cast<std::uint64_t>(ru.ru_nivcsw)};
 }
 
 // ---------------------------------------------------------------------------------------------
 // IoSession
 
-Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const SessionOptions& options) {
+Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files,
+                                                     const SessionOptions& options) {
     const io::AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes % 512 != 0) {
-        return Status::invalid_argument(str_cat("--block-size: expected a multiple of 512 bytes, got ",
-                                                aio.block_size_bytes));
+        return Status::invalid_argument(
+            str_cat("--block-size: expected a multiple of 512 bytes, got ", aio.block_size_bytes));
     }
     auto session = std::unique_ptr<IoSession>(new IoSession(files, options));
-    session->plan_ = plan_pass(aio, options.op_size_bytes, options.buffer_limit_bytes, files.size_bytes());
+    session->plan_ =
+        plan_pass(aio, options.op_size_bytes, options.buffer_limit_bytes, files.size_bytes());
 
     io::EngineOptions engine_options;
     engine_options.aio = aio;
@@ -273,13 +286,14 @@ Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files, const Se
     }
     if (files.size_bytes() % alignment != 0) {
         return Status::invalid_argument(str_cat("--size ", files.size_bytes(),
-                                                " is not a multiple of the logical block size (", alignment,
-                                                " bytes) of ", files.paths().front()));
+                                                " is not a multiple of the logical block size (",
+                                                alignment, " bytes) of ", files.paths().front()));
     }
 
     // In transparent huge pages where the kernel has them, as the engine's own I/O buffers (the
     // pinned pools) are: see advise_huge_pages.
-    ZINF_ASSIGN_OR_RETURN(session->region_, AlignedBuffer::allocate_for_io(session->plan_.buffer_bytes));
+    ZINF_ASSIGN_OR_RETURN(session->region_,
+                          AlignedBuffer::allocate_for_io(session->plan_.buffer_bytes));
     // The buffers are filled only before the first write pass (fill_for_writes): a read-only
     // session leaves them untouched until registration pins them, as fio does with its buffers.
     if (aio.register_buffers) ZINF_TRY(session->engine_->register_buffers(session->region_.span()));
@@ -310,7 +324,9 @@ Status IoSession::drop_page_cache() {
     ZINF_TRY(engine_->sync(file_));
     for (const auto& path : files_.paths()) {
         FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path, " to drop its cached pages"));
+        if (!fd.valid()) {
+            return Status::from_errno(errno, str_cat("open ", path, " to drop its cached pages"));
+        }
         const int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
         if (rc != 0) return Status::from_errno(rc, str_cat("posix_fadvise(DONTNEED) ", path));
     }
@@ -320,137 +336,153 @@ Status IoSession::drop_page_cache() {
 Status IoSession::prepare_for_read() {
     if (files_.written()) return Status::ok();
     auto figures = run_pass(IoOp::kWrite, "preparing the test file");
-    if (!figures.has_value()) return figures.error().with_context("writing the test file before reading it");
+    if (!figures.has_value()) {
+        return figures.error().with_context("writing the test file before reading it");
+    }
     return Status::ok();
 }
 
-Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label) {
-    if (op == IoOp::kRead) {
-        ZINF_TRY(prepare_for_read());
-        ZINF_TRY(drop_page_cache());
-    } else {
-        fill_for_writes();  // untimed
+namespace {
+
+// The operations in flight of one pass: `slots` of them, each on its own op_bytes slice of the
+// region, completed in submission order (the oldest first) and refilled in one batch. What
+// the pass counts (bytes and operations done, the first error) lives here too.
+class PassRing {
+public:
+    PassRing(io::Engine& engine, io::FileId file, std::span<std::byte> region, IoOp op,
+             std::uint64_t total_bytes, const PassPlan& plan)
+        : engine_(engine),
+          file_(file),
+          region_(region),
+          op_(op),
+          total_bytes_(total_bytes),
+          op_bytes_(plan.op_size_bytes),
+          slots_(plan.ops_outstanding),
+          handles_(std::make_unique<io::IoHandle[]>(slots_)) {
+        batch_.reserve(slots_);
     }
-    const std::uint64_t total_bytes = files_.size_bytes();
-    const std::uint64_t op_bytes = plan_.op_size_bytes;
-    const std::size_t slots = plan_.ops_outstanding;
-    ZINF_ASSERT_GT(slots, 0u);
-    ZINF_ASSERT_LE(static_cast<std::uint64_t>(slots) * op_bytes, region_.size());
-    ZINF_ASSERT(is_aligned(region_.data(), kDefaultAlignmentBytes));
 
-    // The handles live as long as this pass, and every exit below drains them first.
-    auto handles = std::make_unique<io::IoHandle[]>(slots);
-    std::vector<io::Engine::BatchItem> batch;
-    batch.reserve(slots);
-    const io::OpKind kind = op == IoOp::kRead ? io::OpKind::kRead : io::OpKind::kWrite;
-
-    std::uint64_t next_offset = 0;
-    std::size_t oldest = 0;       // ring index of the oldest outstanding operation
-    std::size_t outstanding = 0;
-    std::uint64_t bytes_done = 0;
-    std::uint64_t ops_done = 0;
-    Status first_error;
-    bool stopping = false;
-
-    std::string label = progress_label.empty() ? std::string(io_op_name(op)) : std::string(progress_label);
-    cli::Progress progress(label, static_cast<double>(total_bytes), "GB", kBytesPerGb);
-
-    // Queues operations on the free slots (oldest + outstanding, ...) in one batch.
-    const auto refill = [&]() -> Status {
-        batch.clear();
-        while (outstanding < slots && next_offset < total_bytes && !stopping) {
-            const std::size_t slot = (oldest + outstanding) % slots;
-            const std::uint64_t length = std::min(op_bytes, total_bytes - next_offset);
-            batch.push_back(io::Engine::BatchItem{&handles[slot], kind, file_, next_offset,
-                                                  region_.span().subspan(slot * op_bytes, length)});
-            next_offset += length;
-            ++outstanding;
+    // Runs the pass to its end: until every operation completed, or until what is in flight
+    // drained after an error or an interruption.
+    void run(cli::Progress* progress) {
+        first_error_ = refill();
+        if (!first_error_.is_ok()) stopping_ = true;
+        while (outstanding_ > 0) {
+            retire_oldest(wait_oldest());
+            if (interrupted()) stopping_ = true;
+            // Collect whatever else has completed in order, then queue the freed slots at once.
+            while (outstanding_ > 0 && handles_[oldest_].done()) {
+                retire_oldest(handles_[oldest_].wait());
+            }
+            if (!stopping_) {
+                Status s = refill();
+                if (!s.is_ok()) {
+                    first_error_ = s;
+                    stopping_ = true;
+                }
+            }
+            if (progress != nullptr) progress->update(static_cast<double>(bytes_done_));
         }
-        if (batch.empty()) return Status::ok();
-        Status status = engine_->submit(batch);
+    }
+
+    Status& first_error() { return first_error_; }
+    std::uint64_t bytes_done() const { return bytes_done_; }
+    std::uint64_t bytes_submitted() const { return next_offset_; }
+    std::uint64_t ops_done() const { return ops_done_; }
+
+private:
+    // Queues operations on the free slots (oldest + outstanding, ...) in one batch.
+    Status refill() {
+        batch_.clear();
+        while (outstanding_ < slots_ && next_offset_ < total_bytes_ && !stopping_) {
+            const std::size_t slot = (oldest_ + outstanding_) % slots_;
+            const std::uint64_t length = std::min(op_bytes_, total_bytes_ - next_offset_);
+            batch_.push_back(io::Engine::BatchItem{&handles_[slot], kind(), file_, next_offset_,
+                                                   region_.subspan(slot * op_bytes_, length)});
+            next_offset_ += length;
+            ++outstanding_;
+        }
+        if (batch_.empty()) return Status::ok();
+        Status status = engine_.submit(batch_);
         if (!status.is_ok()) {
             // Nothing of the batch started (the engine checks arguments before starting any).
-            outstanding -= batch.size();
-            return status.with_context(str_cat(io_op_name(op), " submit at offset ", batch.front().offset_bytes));
+            outstanding_ -= batch_.size();
+            return status.with_context(
+                str_cat(io_op_name(op_), " submit at offset ", batch_.front().offset_bytes));
         }
         return Status::ok();
-    };
+    }
 
-    engine_->reset_stats();
-    const ProcessUsage usage_start = process_usage();
-    const auto start = std::chrono::steady_clock::now();
-    first_error = refill();
-    if (!first_error.is_ok()) stopping = true;
-    while (outstanding > 0) {
-        io::IoHandle& handle = handles[oldest];
+    // Waits for the oldest operation, in slices so that an interruption is noticed; the bound
+    // is kOpWaitSlicesMax slices.
+    Status wait_oldest() {
+        io::IoHandle& handle = handles_[oldest_];
         Status status = Status::timeout("unreached");
         for (int i = 0; i < kOpWaitSlicesMax; ++i) {
             status = handle.wait_for(kOpWaitSlice);
             if (status.code() != StatusCode::kTimeout) break;
-            if (interrupted()) stopping = true;
+            if (interrupted()) stopping_ = true;
         }
-        ZINF_ASSERT_MSG(handle.done(), str_cat("a ", io_op_name(op), " operation did not complete in ten minutes"));
-        --outstanding;
-        oldest = (oldest + 1) % slots;
-        ++ops_done;
+        ZINF_ASSERT_MSG(handle.done(), str_cat("a ", io_op_name(op_),
+                                               " operation did not complete in ten minutes"));
+        return status;
+    }
+
+    // Counts the oldest operation, completed with `status`, and frees its slot. The first
+    // error stops the pass.
+    void retire_oldest(const Status& status) {
+        const io::IoHandle& handle = handles_[oldest_];
         if (status.is_ok()) {
-            bytes_done += handle.bytes();
-        } else if (first_error.is_ok()) {
-            first_error = status;
-            stopping = true;
+            bytes_done_ += handle.bytes();
+        } else if (first_error_.is_ok()) {
+            first_error_ = status;
+            stopping_ = true;
         }
-        if (interrupted()) stopping = true;
-        // Collect whatever else has completed in order, then queue the freed slots at once.
-        while (outstanding > 0 && handles[oldest].done()) {
-            Status s = handles[oldest].wait();
-            if (s.is_ok()) {
-                bytes_done += handles[oldest].bytes();
-            } else if (first_error.is_ok()) {
-                first_error = s;
-                stopping = true;
-            }
-            --outstanding;
-            oldest = (oldest + 1) % slots;
-            ++ops_done;
-        }
-        if (!stopping) {
-            Status s = refill();
-            if (!s.is_ok()) {
-                first_error = s;
-                stopping = true;
-            }
-        }
-        if (options_.show_progress) progress.update(static_cast<double>(bytes_done));
+        --outstanding_;
+        oldest_ = (oldest_ + 1) % slots_;
+        ++ops_done_;
     }
-    if (first_error.is_ok() && !interrupted() && op == IoOp::kWrite && !is_direct()) {
-        // A buffered write is not done until it is on the disk.
-        first_error = engine_->sync(file_);
-    }
-    const auto end = std::chrono::steady_clock::now();
-    const ProcessUsage usage_end = process_usage();
-    progress.finish();
 
-    if (!first_error.is_ok()) return first_error;
-    if (interrupted()) return interrupted_status();
-    ZINF_ASSERT_EQ(bytes_done, total_bytes);
-    ZINF_ASSERT_EQ(next_offset, total_bytes);
-    if (op == IoOp::kWrite) files_.mark_written();
+    io::OpKind kind() const { return op_ == IoOp::kRead ? io::OpKind::kRead : io::OpKind::kWrite; }
 
-    const io::EngineStats stats = engine_->stats();
+    io::Engine& engine_;
+    io::FileId file_;
+    std::span<std::byte> region_;
+    IoOp op_;
+    std::uint64_t total_bytes_;
+    std::uint64_t op_bytes_;
+    std::size_t slots_;
+    // The handles live as long as the pass, and run() returns only once they have drained.
+    std::unique_ptr<io::IoHandle[]> handles_;
+    std::vector<io::Engine::BatchItem> batch_;
+    std::uint64_t next_offset_ = 0;
+    std::size_t oldest_ = 0;  // ring index of the oldest outstanding operation
+    std::size_t outstanding_ = 0;
+    std::uint64_t bytes_done_ = 0;
+    std::uint64_t ops_done_ = 0;
+    Status first_error_;
+    bool stopping_ = false;
+};
+
+// The figures of a completed pass from what it moved, how long it took, the engine's counters
+// and the process's usage around it.
+PassFigures pass_figures(IoOp op, const PassRing& ring, double seconds,
+                         const io::EngineStats& stats, std::span<const std::byte> region,
+                         const ProcessUsage& usage_start, const ProcessUsage& usage_end) {
     PassFigures f;
     f.op = op;
-    if (auto huge = huge_page_bytes_backing(region_.span()); huge.has_value()) {
-        f.buffer_huge_page_bytes = std::min<std::uint64_t>(*huge, region_.size());
+    if (auto huge = huge_page_bytes_backing(region); huge.has_value()) {
+        f.buffer_huge_page_bytes = std::min<std::uint64_t>(*huge, region.size());
     }
-    f.bytes = bytes_done;
-    f.seconds = std::chrono::duration<double>(end - start).count();
-    f.gb_per_s = static_cast<double>(bytes_done) / kBytesPerGb / f.seconds;
+    f.bytes = ring.bytes_done();
+    f.seconds = seconds;
+    f.gb_per_s = static_cast<double>(f.bytes) / kBytesPerGb / f.seconds;
     f.pieces = stats.pieces_completed;
-    f.ops = ops_done;
+    f.ops = ring.ops_done();
     f.iops = static_cast<double>(stats.pieces_completed) / f.seconds;
     f.latency_us_p50 = stats.latency_us_p50;
     f.latency_us_p99 = stats.latency_us_p99;
-    const double gb = static_cast<double>(bytes_done) / kBytesPerGb;
+    const double gb = static_cast<double>(f.bytes) / kBytesPerGb;
     f.cpu_seconds = usage_end.cpu_seconds - usage_start.cpu_seconds;
     f.cpu_seconds_per_gb = f.cpu_seconds / gb;
     f.context_switches = usage_end.context_switches - usage_start.context_switches;
@@ -461,6 +493,48 @@ Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label
     f.pieces_fixed_file = stats.pieces_fixed_file;
     f.pieces_plain = stats.pieces_plain;
     return f;
+}
+
+}  // namespace
+
+Result<PassFigures> IoSession::run_pass(IoOp op, std::string_view progress_label) {
+    if (op == IoOp::kRead) {
+        ZINF_TRY(prepare_for_read());
+        ZINF_TRY(drop_page_cache());
+    } else {
+        fill_for_writes();  // untimed
+    }
+    const std::uint64_t total_bytes = files_.size_bytes();
+    ZINF_ASSERT_GT(plan_.ops_outstanding, 0u);
+    ZINF_ASSERT_LE(static_cast<std::uint64_t>(plan_.ops_outstanding) * plan_.op_size_bytes,
+                   region_.size());
+    ZINF_ASSERT(is_aligned(region_.data(), kDefaultAlignmentBytes));
+
+    PassRing ring(*engine_, file_, region_.span(), op, total_bytes, plan_);
+    std::string label =
+        progress_label.empty() ? std::string(io_op_name(op)) : std::string(progress_label);
+    cli::Progress progress(label, static_cast<double>(total_bytes), "GB", kBytesPerGb);
+
+    engine_->reset_stats();
+    const ProcessUsage usage_start = process_usage();
+    const auto start = std::chrono::steady_clock::now();
+    ring.run(options_.show_progress ? &progress : nullptr);
+    if (ring.first_error().is_ok() && !interrupted() && op == IoOp::kWrite && !is_direct()) {
+        // A buffered write is not done until it is on the disk.
+        ring.first_error() = engine_->sync(file_);
+    }
+    const auto end = std::chrono::steady_clock::now();
+    const ProcessUsage usage_end = process_usage();
+    progress.finish();
+
+    if (!ring.first_error().is_ok()) return ring.first_error();
+    if (interrupted()) return interrupted_status();
+    ZINF_ASSERT_EQ(ring.bytes_done(), total_bytes);
+    ZINF_ASSERT_EQ(ring.bytes_submitted(), total_bytes);
+    if (op == IoOp::kWrite) files_.mark_written();
+    const io::EngineStats stats = engine_->stats();
+    return pass_figures(op, ring, std::chrono::duration<double>(end - start).count(), stats,
+                        region_.span(), usage_start, usage_end);
 }
 
 }  // namespace zinf::bench

@@ -93,36 +93,53 @@ struct PhaseResult {
     double checksum_s = 0;  // hashing per step (verify on)
 };
 
-// One store (checksums on or off): initialize the states, then alternate (I/O-only, step) pairs.
-Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engine& engine,
-                              swap::PinnedPool& pool, const kernels::OptimizerKernel& kernel,
-                              BenchGrads& grads) {
+// One phase's store and swapper (checksums on or off). Members are destroyed in reverse order:
+// the swapper, then the store, which removes the swap files before the next phase.
+struct Phase {
+    std::unique_ptr<swap::SwapStore> store;
+    std::unique_ptr<swap::OptimizerSwapper> swapper;
+};
+
+// Set up a phase: the store and its swapper, committed, and the states initialized (timed).
+Result<Phase> set_up_phase(const Options& o, bool verify, io::Engine& engine,
+                           swap::PinnedPool& pool, const kernels::OptimizerKernel& kernel) {
+    Phase ph;
     swap::SwapStoreOptions so;
     so.paths = o.paths;
     so.verify_checksums = verify;
     so.name = "optimizer";
-    ZINF_ASSIGN_OR_RETURN(auto store, swap::SwapStore::create(engine, so));
+    ZINF_ASSIGN_OR_RETURN(ph.store, swap::SwapStore::create(engine, so));
     swap::OptimizerSwapperOptions oo;
     oo.numel = o.params;
     oo.sub_group_numel = o.sub_group;
     oo.kind = kernels::OptimizerKind::kAdamW;
     oo.pipeline_read = o.pipeline_read;
     oo.pipeline_write = o.pipeline_write;
-    ZINF_ASSIGN_OR_RETURN(auto swapper, swap::OptimizerSwapper::create(*store, pool, kernel, oo));
-    ZINF_TRY(store->commit());
+    ZINF_ASSIGN_OR_RETURN(ph.swapper, swap::OptimizerSwapper::create(*ph.store, pool, kernel, oo));
+    ZINF_TRY(ph.store->commit());
 
     std::printf("\nchecksums %s (swap.verify_checksums = %s)\n", verify ? "on" : "off",
                 verify ? "true" : "false");
     BenchParams init;
     const auto t0 = std::chrono::steady_clock::now();
-    ZINF_TRY(swapper->initialize(init));
+    ZINF_TRY(ph.swapper->initialize(init));
     const double init_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  initialize: wrote %s in %.1f s (%.2f GB/s)\n",
-                format_bytes(store->data_bytes()).c_str(), init_s,
-                static_cast<double>(store->data_bytes()) / init_s / 1e9);
+                format_bytes(ph.store->data_bytes()).c_str(), init_s,
+                static_cast<double>(ph.store->data_bytes()) / init_s / 1e9);
     std::fflush(stdout);
+    return ph;
+}
 
+// Seconds of each measured pass, in order.
+struct PairTimes {
+    std::vector<double> io_s, step_s, compute_s, sum_s;
+};
+
+// Measure: one unmeasured step, then `pairs` alternated (I/O-only, step) pairs, each pair's
+// line printed as it completes.
+Result<PairTimes> measure_pairs(const Options& o, int pairs, Phase& ph, BenchGrads& grads) {
     kernels::OptimizerParams hp;
     hp.kind = kernels::OptimizerKind::kAdamW;
     hp.lr = 1e-4;
@@ -130,42 +147,48 @@ Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engi
     std::uint64_t step = 0;
     // One unmeasured step: thread pools start, the disk settles after the initial writes.
     hp.step = ++step;
-    ZINF_TRY(swapper->step(hp, grads));
+    ZINF_TRY(ph.swapper->step(hp, grads));
 
-    std::vector<double> io_s, step_s, compute_s, sum_s;
-    const double moved = 2.0 * static_cast<double>(store->data_bytes());
+    PairTimes t;
+    const double moved = 2.0 * static_cast<double>(ph.store->data_bytes());
     for (int pair = 0; pair < pairs; ++pair) {
         if (g_interrupted.load()) return Status::internal("interrupted");
         // Alternate the order within pairs so that drift does not favour one side.
         for (int k = 0; k < 2; ++k) {
             const bool io_first = pair % 2 == 0;
             const bool do_io = (k == 0) == io_first;
-            store->reset_stats();
+            ph.store->reset_stats();
             if (do_io) {
-                ZINF_TRY(swapper->io_only_pass());
-                io_s.push_back(swapper->last_step_stats().seconds);
+                ZINF_TRY(ph.swapper->io_only_pass());
+                t.io_s.push_back(ph.swapper->last_step_stats().seconds);
             } else {
                 hp.step = ++step;
-                ZINF_TRY(swapper->step(hp, grads));
-                const auto& st = swapper->last_step_stats();
-                step_s.push_back(st.seconds);
-                compute_s.push_back(st.compute_seconds);
-                sum_s.push_back(static_cast<double>(store->stats().checksum_ns) * 1e-9);
+                ZINF_TRY(ph.swapper->step(hp, grads));
+                const auto& st = ph.swapper->last_step_stats();
+                t.step_s.push_back(st.seconds);
+                t.compute_s.push_back(st.compute_seconds);
+                t.sum_s.push_back(static_cast<double>(ph.store->stats().checksum_ns) * 1e-9);
             }
         }
-        const double a = io_s.back(), b = step_s.back();
+        const double a = t.io_s.back(), b = t.step_s.back();
         std::printf(
             "  pair %d: I/O-only %6.2f s (%.2f GB/s moved)   step %6.2f s (%.3g params/s, "
             "Adam %.2f s, hashing %.2f s)   step/I-O-only throughput %.3f\n",
-            pair + 1, a, moved / a / 1e9, b, static_cast<double>(o.params) / b, compute_s.back(),
-            sum_s.back(), a / b);
+            pair + 1, a, moved / a / 1e9, b, static_cast<double>(o.params) / b, t.compute_s.back(),
+            t.sum_s.back(), a / b);
         std::fflush(stdout);
     }
+    return t;
+}
+
+// Report: the phase's medians against the I/O-bound limit.
+PhaseResult report_phase(const Options& o, bool verify, int pairs, const Phase& ph,
+                         const PairTimes& t) {
     PhaseResult r;
-    r.io_only_s = median(io_s);
-    r.step_s = median(step_s);
-    r.compute_s = median(compute_s);
-    r.checksum_s = median(sum_s);
+    r.io_only_s = median(t.io_s);
+    r.step_s = median(t.step_s);
+    r.compute_s = median(t.compute_s);
+    r.checksum_s = median(t.sum_s);
     const double limit = static_cast<double>(o.params) / r.io_only_s;
     const double achieved = static_cast<double>(o.params) / r.step_s;
     std::printf(
@@ -177,11 +200,18 @@ Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engi
                 r.compute_s, static_cast<double>(o.params) / r.compute_s, r.io_only_s);
     if (verify) {
         std::printf("  checksum hashing per step %.2f s (XXH3 over %s out and in)\n", r.checksum_s,
-                    format_bytes(2 * store->data_bytes()).c_str());
+                    format_bytes(2 * ph.store->data_bytes()).c_str());
     }
-    swapper.reset();
-    store.reset();  // removes the swap files before the next phase
     return r;
+}
+
+// One store (checksums on or off): initialize the states, then alternate (I/O-only, step) pairs.
+Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engine& engine,
+                              swap::PinnedPool& pool, const kernels::OptimizerKernel& kernel,
+                              BenchGrads& grads) {
+    ZINF_ASSIGN_OR_RETURN(Phase phase, set_up_phase(o, verify, engine, pool, kernel));
+    ZINF_ASSIGN_OR_RETURN(const PairTimes times, measure_pairs(o, pairs, phase, grads));
+    return report_phase(o, verify, pairs, phase, times);
 }
 
 Status run(const Options& o) {
@@ -243,19 +273,7 @@ Status run(const Options& o) {
     return Status::ok();
 }
 
-}  // namespace
-
-int run_optimizer(int argc, char** argv) {
-    cli::Args args(
-        "zinfinity-bench optimizer --path DIR [--path DIR2 ...] [flags]",
-        "Runs the NVMe-offloaded optimizer step (AdamW over fp32 master parameters and\n"
-        "states streamed through pinned buffers by sub-group: read i+1, update i, write\n"
-        "i-1) and compares it with its I/O-bound limit, measured in the same run as an\n"
-        "I/O-only pass that reads and writes the same bytes in the same pattern without\n"
-        "the optimizer. Alternates (I/O-only, step) pairs, prints each and the medians,\n"
-        "first with swap checksums verified, then without (the checksum cost). The swap\n"
-        "files live in a locked per-run directory under each --path (12 B per parameter,\n"
-        "free space is checked first) and are removed at exit, also on Ctrl-C.");
+void declare_flags(cli::Args& args) {
     args.add("params", "2G", "parameters (counts: 2G = 2e9, 1e8, 256M)");
     args.add("offload", "nvme", "where the optimizer states live: nvme (the only choice here)");
     args.add("sub-group-size", "1e8",
@@ -272,60 +290,64 @@ int run_optimizer(int argc, char** argv) {
     args.add("threads", "1", "aio.thread_count: I/O threads (each with its own ring)");
     args.add("isa", "auto", "CPU optimizer variant: auto, avx512, avx2, scalar");
     args.add("cpu-threads", "0", "CPU optimizer threads (0: all cores)");
-    constexpr std::string_view kProgram = "zinfinity-bench optimizer";
-    auto fail = [&](const Status& s, int code) { return cli::report_error(kProgram, s, code); };
-    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
-    Options o;
-    auto params = args.get_count("params");
-    if (!params.has_value()) return fail(params.error(), 2);
-    auto sub_group = args.get_count("sub-group-size");
-    if (!sub_group.has_value()) return fail(sub_group.error(), 2);
-    o.params = *params;
-    o.sub_group = std::min(*sub_group, *params);
-    if (o.params == 0 || o.sub_group == 0)
-        return fail(Status::invalid_argument("--params and --sub-group-size must be positive"), 2);
-    auto offload = args.get_choice("offload", {"nvme"});
-    if (!offload.has_value()) return fail(offload.error(), 2);
-    o.paths = args.get_list("path");
-    if (o.paths.empty()) return fail(Status::invalid_argument("--path DIR is required"), 2);
-    auto pairs = args.get_int("pairs", 1, 100);
-    auto pairs_off = args.get_int("pairs-unverified", 0, 100);
-    if (!pairs.has_value()) return fail(pairs.error(), 2);
-    if (!pairs_off.has_value()) return fail(pairs_off.error(), 2);
-    o.pairs = static_cast<int>(*pairs);
-    o.pairs_unverified = static_cast<int>(*pairs_off);
-    auto dtype = args.get_choice("grad-dtype", {"fp32", "bf16"});
-    if (!dtype.has_value()) return fail(dtype.error(), 2);
-    o.grads_bf16 = *dtype == "bf16";
-    auto pr = args.get_bool("pipeline-read");
-    auto pw = args.get_bool("pipeline-write");
-    if (!pr.has_value()) return fail(pr.error(), 2);
-    if (!pw.has_value()) return fail(pw.error(), 2);
-    o.pipeline_read = *pr;
-    o.pipeline_write = *pw;
-    auto backend = args.get_choice("backend", {"auto", "io_uring", "libaio", "posix"});
-    auto block = args.get_size_bytes("block-size");
-    auto depth = args.get_int("queue-depth", 1, 4096);
-    auto threads = args.get_int("threads", 1, 64);
-    auto isa = args.get_choice("isa", {"auto", "avx512", "avx2", "scalar"});
-    auto cpu_threads = args.get_int("cpu-threads", 0, 1024);
-    if (!backend.has_value()) return fail(backend.error(), 2);
-    if (!block.has_value()) return fail(block.error(), 2);
-    if (!depth.has_value()) return fail(depth.error(), 2);
-    if (!threads.has_value()) return fail(threads.error(), 2);
-    if (!isa.has_value()) return fail(isa.error(), 2);
-    if (!cpu_threads.has_value()) return fail(cpu_threads.error(), 2);
-    o.aio.backend = *backend;
-    o.aio.block_size_bytes = *block;
-    o.aio.queue_depth = static_cast<int>(*depth);
-    o.aio.intra_op_parallelism = static_cast<int>(*threads);
-    o.cpu_isa = *isa;
-    o.cpu_threads = static_cast<int>(*cpu_threads);
+}
 
+// Parse: the flags in the order they are checked; the first bad one is the error.
+Result<Options> parse_options(const cli::Args& args) {
+    Options o;
+    ZINF_ASSIGN_OR_RETURN(const std::uint64_t params, args.get_count("params"));
+    ZINF_ASSIGN_OR_RETURN(const std::uint64_t sub_group, args.get_count("sub-group-size"));
+    o.params = params;
+    o.sub_group = std::min(sub_group, params);
+    if (o.params == 0 || o.sub_group == 0) {
+        return Status::invalid_argument("--params and --sub-group-size must be positive");
+    }
+    ZINF_TRY(args.get_choice("offload", {"nvme"}).status());
+    o.paths = args.get_list("path");
+    if (o.paths.empty()) return Status::invalid_argument("--path DIR is required");
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 100));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs_off, args.get_int("pairs-unverified", 0, 100));
+    o.pairs = static_cast<int>(pairs);
+    o.pairs_unverified = static_cast<int>(pairs_off);
+    ZINF_ASSIGN_OR_RETURN(const std::string dtype, args.get_choice("grad-dtype", {"fp32", "bf16"}));
+    o.grads_bf16 = dtype == "bf16";
+    ZINF_ASSIGN_OR_RETURN(o.pipeline_read, args.get_bool("pipeline-read"));
+    ZINF_ASSIGN_OR_RETURN(o.pipeline_write, args.get_bool("pipeline-write"));
+    ZINF_ASSIGN_OR_RETURN(o.aio.backend,
+                          args.get_choice("backend", {"auto", "io_uring", "libaio", "posix"}));
+    ZINF_ASSIGN_OR_RETURN(o.aio.block_size_bytes, args.get_size_bytes("block-size"));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t depth, args.get_int("queue-depth", 1, 4096));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t threads, args.get_int("threads", 1, 64));
+    ZINF_ASSIGN_OR_RETURN(o.cpu_isa, args.get_choice("isa", {"auto", "avx512", "avx2", "scalar"}));
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t cpu_threads, args.get_int("cpu-threads", 0, 1024));
+    o.aio.queue_depth = static_cast<int>(depth);
+    o.aio.intra_op_parallelism = static_cast<int>(threads);
+    o.cpu_threads = static_cast<int>(cpu_threads);
+    return o;
+}
+
+}  // namespace
+
+int run_optimizer(int argc, char** argv) {
+    cli::Args args(
+        "zinfinity-bench optimizer --path DIR [--path DIR2 ...] [flags]",
+        "Runs the NVMe-offloaded optimizer step (AdamW over fp32 master parameters and\n"
+        "states streamed through pinned buffers by sub-group: read i+1, update i, write\n"
+        "i-1) and compares it with its I/O-bound limit, measured in the same run as an\n"
+        "I/O-only pass that reads and writes the same bytes in the same pattern without\n"
+        "the optimizer. Alternates (I/O-only, step) pairs, prints each and the medians,\n"
+        "first with swap checksums verified, then without (the checksum cost). The swap\n"
+        "files live in a locked per-run directory under each --path (12 B per parameter,\n"
+        "free space is checked first) and are removed at exit, also on Ctrl-C.");
+    declare_flags(args);
+    constexpr std::string_view kProgram = "zinfinity-bench optimizer";
+    if (auto exit_code = args.parse_or_exit(argc, argv, kProgram)) return *exit_code;
+    auto options = parse_options(args);
+    if (!options.has_value()) return cli::report_error(kProgram, options.error(), 2);
     std::signal(SIGINT, on_interrupt);
     std::signal(SIGTERM, on_interrupt);
-    const Status s = run(o);
-    if (!s.is_ok()) return fail(s, g_interrupted.load() ? 130 : 1);
+    const Status s = run(*options);
+    if (!s.is_ok()) return cli::report_error(kProgram, s, g_interrupted.load() ? 130 : 1);
     return 0;
 }
 

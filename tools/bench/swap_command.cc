@@ -313,204 +313,227 @@ double gbps(std::uint64_t bytes, double seconds) {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / kBytesPerGb : 0;
 }
 
-int run(const SwapOptions& o) {
-    install_interrupt_handler();
-    const Partitioning parts = partition(o);
-    const std::size_t count = parts.sizes.size();
-    const std::uint64_t file_bytes = [&] {
-        std::uint64_t total = 0;
-        for (std::uint64_t s : parts.sizes) total += align_up(s, 4096);
-        return total;
-    }();
+// What a run streams through: the bench file, the device, the pinned pool, the engine, the
+// mover and the residency manager with every partition registered on NVMe. Members are
+// destroyed in reverse order: the manager, the mover, the engine (which holds the region
+// registered), then the region, the device and the file.
+struct SwapRig {
+    Partitioning parts;
+    std::uint64_t file_bytes = 0;
+    std::unique_ptr<BenchFiles> files;
+    std::unique_ptr<Device> device;
+    AlignedBuffer region;
+    std::unique_ptr<io::Engine> engine;
+    std::unique_ptr<tier::EngineMover> mover;
+    io::FileId file = 0;
+    std::size_t align = 0;  // of the mover's host buffers
+    tier::ResidencyOptions rm_options;
+    std::unique_ptr<tier::ResidencyManager> rm;
+};
 
-    // Checks the directory and its free space, creates the file exclusively, removes it at exit.
-    auto files = BenchFiles::create({o.dir}, file_bytes);
-    if (!files.has_value()) {
-        std::fprintf(stderr, "zinfinity-bench swap: %s\n", files.error().to_string().c_str());
-        return 1;
-    }
-    auto fail = [&](const Status& status) {
-        std::fprintf(stderr, "zinfinity-bench swap: %s\n", status.to_string().c_str());
-        return 1;
-    };
-
-    // Teardown order: the manager, the mover, the engine (which holds the region registered),
-    // then the region and the device.
-    Result<std::unique_ptr<Device>> device = Status::internal("no device");
+// The device tier --device asks for, holding --device-budget.
+Result<std::unique_ptr<Device>> make_device(const SwapOptions& o) {
 #ifdef ZINF_BENCH_HAVE_CUDA
     if (o.cuda) {
         device::CudaDeviceOptions cuda_options;
         cuda_options.budget_bytes = o.device_budget_bytes;
-        auto made = device::CudaDevice::create(cuda_options);
-        if (made.has_value()) {
-            device = std::unique_ptr<Device>(std::move(made).value());
-        } else {
-            device = made.error();
-        }
+        ZINF_ASSIGN_OR_RETURN(auto made, device::CudaDevice::create(cuda_options));
+        return std::unique_ptr<Device>(std::move(made));
     }
 #endif
-    if (!o.cuda) {
-        auto made =
-            device::CpuDevice::create({.budget_bytes = o.device_budget_bytes, .worker_thread = true});
-        if (made.has_value()) {
-            device = std::unique_ptr<Device>(std::move(made).value());
-        } else {
-            device = made.error();
-        }
+    ZINF_ASSIGN_OR_RETURN(
+        auto made,
+        device::CpuDevice::create({.budget_bytes = o.device_budget_bytes, .worker_thread = true}));
+    return std::unique_ptr<Device>(std::move(made));
+}
+
+// The residency manager over the rig's mover and device, every partition registered on NVMe.
+Status make_residency_manager(const SwapOptions& o, SwapRig& r) {
+    const std::size_t count = r.parts.sizes.size();
+    r.rm_options.device_budget_bytes = o.device_budget_bytes;
+    r.rm_options.host_budget_bytes = r.region.size();
+    r.rm_options.prefetch_bucket_numel = o.prefetch_numel;
+    r.rm_options.max_live_numel = o.max_live_numel;
+    r.rm_options.dtype = o.dtype;
+    r.rm_options.partition_capacity = count;
+    r.rm_options.trace_capacity = count;
+    ZINF_ASSIGN_OR_RETURN(r.rm,
+                          tier::ResidencyManager::create(r.rm_options, *r.mover, r.device.get()));
+    for (std::size_t i = 0; i < count; ++i) {
+        ZINF_TRY(r.rm->register_partition(static_cast<tier::PartitionId>(i), r.parts.sizes[i],
+                                          o.dtype, tier::Tier::kNvme));
     }
-    if (!device.has_value()) return fail(device.error());
-    std::printf("device tier: %s\n", (*device)->name().c_str());
+    return Status::ok();
+}
+
+// Set up: the rig, in order. Prints the device tier once it exists.
+Result<SwapRig> set_up(const SwapOptions& o) {
+    SwapRig r;
+    r.parts = partition(o);
+    for (std::uint64_t s : r.parts.sizes) r.file_bytes += align_up(s, 4096);
+    // Checks the directory and its free space, creates the file exclusively, removes it at exit.
+    ZINF_ASSIGN_OR_RETURN(r.files, BenchFiles::create({o.dir}, r.file_bytes));
+    ZINF_ASSIGN_OR_RETURN(r.device, make_device(o));
+    std::printf("device tier: %s\n", r.device->name().c_str());
     auto region = AlignedBuffer::allocate_for_io(o.pinned_bytes);
-    if (!region.has_value()) return fail(region.error().with_context("allocating the pinned pool"));
+    if (!region.has_value()) return region.error().with_context("allocating the pinned pool");
+    r.region = std::move(region).value();
     io::EngineOptions engine_options;
     engine_options.aio = o.aio;
-    auto engine = io::Engine::create(engine_options);
-    if (!engine.has_value()) return fail(engine.error());
+    ZINF_ASSIGN_OR_RETURN(r.engine, io::Engine::create(engine_options));
     tier::EngineMoverOptions mover_options;
-    mover_options.path = (*files)->paths()[0];
+    mover_options.path = r.files->paths()[0];
     mover_options.create_file = false;  // BenchFiles created it exclusively
-    mover_options.capacity_bytes = file_bytes;
-    auto mover = tier::EngineMover::create(**engine, device->get(), region->span(), mover_options);
-    if (!mover.has_value()) return fail(mover.error());
-    const io::FileId file = (*mover)->file();
-    const std::size_t align = (*mover)->host_alignment_bytes();
+    mover_options.capacity_bytes = r.file_bytes;
+    ZINF_ASSIGN_OR_RETURN(r.mover, tier::EngineMover::create(*r.engine, r.device.get(),
+                                                             r.region.span(), mover_options));
+    r.file = r.mover->file();
+    r.align = r.mover->host_alignment_bytes();
+    ZINF_TRY(make_residency_manager(o, r));
+    return r;
+}
 
-    tier::ResidencyOptions rm_options;
-    rm_options.device_budget_bytes = o.device_budget_bytes;
-    rm_options.host_budget_bytes = region->size();
-    rm_options.prefetch_bucket_numel = o.prefetch_numel;
-    rm_options.max_live_numel = o.max_live_numel;
-    rm_options.dtype = o.dtype;
-    rm_options.partition_capacity = count;
-    rm_options.trace_capacity = count;
-    auto rm = tier::ResidencyManager::create(rm_options, **mover, device->get());
-    if (!rm.has_value()) return fail(rm.error());
-    for (std::size_t i = 0; i < count; ++i) {
-        const Status st = (*rm)->register_partition(static_cast<tier::PartitionId>(i),
-                                                    parts.sizes[i], o.dtype, tier::Tier::kNvme);
-        if (!st.is_ok()) return fail(st);
-    }
-
+void print_setup(const SwapOptions& o, const SwapRig& r) {
     std::printf("zinfinity-bench swap: model %s in %zu partitions of %s (%s), file %s\n",
-                format_bytes(parts.total_bytes).c_str(), count,
+                format_bytes(r.parts.total_bytes).c_str(), r.parts.sizes.size(),
                 format_bytes(o.partition_bytes).c_str(), std::string(dtype_name(o.dtype)).c_str(),
-                mover_options.path.c_str());
+                r.files->paths()[0].c_str());
     std::printf(
         "  backend %s, block %s, queue depth %d, %d thread(s), O_DIRECT %s; pinned pool %s, device "
-        "budget %s, "
-        "prefetch %" PRIu64 " elements (%s), max live %" PRIu64 " elements\n",
-        std::string((*engine)->backend_name()).c_str(),
-        format_bytes(o.aio.block_size_bytes).c_str(), o.aio.queue_depth, o.aio.intra_op_parallelism,
-        (*engine)->is_direct(file) ? "on" : "off", format_bytes(o.pinned_bytes).c_str(),
-        format_bytes(o.device_budget_bytes).c_str(), o.prefetch_numel,
-        format_bytes(rm_options.prefetch_depth_bytes()).c_str(), o.max_live_numel);
+        "budget %s, prefetch %" PRIu64 " elements (%s), max live %" PRIu64 " elements\n",
+        std::string(r.engine->backend_name()).c_str(), format_bytes(o.aio.block_size_bytes).c_str(),
+        o.aio.queue_depth, o.aio.intra_op_parallelism, r.engine->is_direct(r.file) ? "on" : "off",
+        format_bytes(o.pinned_bytes).c_str(), format_bytes(o.device_budget_bytes).c_str(),
+        o.prefetch_numel, format_bytes(r.rm_options.prefetch_depth_bytes()).c_str(),
+        o.max_live_numel);
     std::fflush(stdout);
+}
 
-    // 1. Write the model (untimed for the figures; through the pinned pool, O_DIRECT).
-    auto written = raw_pass(**engine, **mover, file, region->span(), parts, align, /*write=*/true,
-                            o.progress, "writing the model");
-    if (!written.has_value()) return fail(written.error());
-    (*files)->mark_written();
-    std::printf("  wrote the model in %.2f s (%.2f GB/s)\n", *written,
-                gbps(parts.total_bytes, *written));
+// One streaming phase: its compute per partition, its polling and whether it checks the data.
+struct StreamingPhase {
+    double compute_ms = 0;
+    std::int64_t poll_us = 0;
+    bool check = false;
+    const char* label = "";
+};
 
-    // 2. The engine's raw read rate, now and again at the end (the disk drifts).
-    auto raw1 = raw_pass(**engine, **mover, file, region->span(), parts, align, false, o.progress,
-                         "raw read");
-    if (!raw1.has_value()) return fail(raw1.error());
+// The measured iterations of a streaming phase, averaged.
+struct StreamingFigures {
+    double seconds = 0;            // per iteration
+    std::uint64_t nvme_bytes = 0;  // per iteration
+    std::uint64_t bad_words = 0;   // over every iteration, the warm-up's included
+    tier::ResidencyStats before;   // around the measured iterations
+    tier::ResidencyStats after;
+};
 
-    // 3. The recording iteration (no trace yet: no prefetch, LRU).
-    auto recording = run_iteration(**rm, parts, 0, 0, false, o.progress, "recording the trace");
-    if (!recording.has_value()) return fail(recording.error());
-
-    // 4. I/O alone: streaming along the trace with no compute. Each timed phase starts after an
-    // untimed iteration of the same kind, so that what the previous phase left in flight (the
-    // next iteration's first reads) neither helps nor hinders it: a steady state, as in training.
-    if (auto warm =
-            run_iteration(**rm, parts, 0, 0, false, o.progress, "streaming, I/O alone (warm-up)");
-        !warm) {
-        return fail(warm.error());
-    }
-    double io_seconds = 0;
-    std::uint64_t io_nvme_bytes = 0;
+// Each timed phase starts after an untimed iteration of the same kind, so that what the
+// previous phase left in flight (the next iteration's first reads) neither helps nor hinders
+// it: a steady state, as in training.
+Result<StreamingFigures> measure_streaming(const SwapOptions& o, SwapRig& r,
+                                           const StreamingPhase& phase) {
+    StreamingFigures f;
+    const std::string warm_label = str_cat(phase.label, " (warm-up)");
+    ZINF_ASSIGN_OR_RETURN(const IterationFigures warm,
+                          run_iteration(*r.rm, r.parts, phase.compute_ms, phase.poll_us,
+                                        phase.check, o.progress, warm_label.c_str()));
+    f.bad_words += warm.bad_words;
+    f.before = r.rm->stats();
     for (int i = 0; i < o.iterations; ++i) {
-        auto f = run_iteration(**rm, parts, 0, 0, false, o.progress, "streaming, I/O alone");
-        if (!f.has_value()) return fail(f.error());
-        io_seconds += f->seconds;
-        io_nvme_bytes += f->nvme_bytes;
+        ZINF_ASSIGN_OR_RETURN(const IterationFigures it,
+                              run_iteration(*r.rm, r.parts, phase.compute_ms, phase.poll_us,
+                                            phase.check, o.progress, phase.label));
+        f.seconds += it.seconds;
+        f.nvme_bytes += it.nvme_bytes;
+        f.bad_words += it.bad_words;
     }
-    io_seconds /= o.iterations;
-    io_nvme_bytes /= static_cast<std::uint64_t>(o.iterations);
-    const double compute_ms =
-        o.compute_auto ? io_seconds * 1000.0 / static_cast<double>(count) : o.compute_ms;
+    f.seconds /= o.iterations;
+    f.nvme_bytes /= static_cast<std::uint64_t>(o.iterations);
+    f.after = r.rm->stats();
+    return f;
+}
 
+// Every figure of a run.
+struct SwapFigures {
+    double raw1_seconds = 0;  // the engine's raw read, before and after the streaming
+    double raw2_seconds = 0;
+    IterationFigures recording;
+    StreamingFigures io_alone;
+    double compute_ms = 0;  // per partition
+    double compute_seconds = 0;
+    StreamingFigures with_compute;
+};
+
+// Measure: write the model, then the phases in order, between two raw reads (the disk drifts).
+Result<SwapFigures> measure(const SwapOptions& o, SwapRig& r) {
+    SwapFigures f;
+    const auto raw = [&](bool write, const char* label) {
+        return raw_pass(*r.engine, *r.mover, r.file, r.region.span(), r.parts, r.align, write,
+                        o.progress, label);
+    };
+    // 1. Write the model (untimed for the figures; through the pinned pool, O_DIRECT).
+    ZINF_ASSIGN_OR_RETURN(const double written, raw(/*write=*/true, "writing the model"));
+    r.files->mark_written();
+    std::printf("  wrote the model in %.2f s (%.2f GB/s)\n", written,
+                gbps(r.parts.total_bytes, written));
+    // 2. The engine's raw read rate, now and again at the end.
+    ZINF_ASSIGN_OR_RETURN(f.raw1_seconds, raw(false, "raw read"));
+    // 3. The recording iteration (no trace yet: no prefetch, LRU).
+    ZINF_ASSIGN_OR_RETURN(
+        f.recording, run_iteration(*r.rm, r.parts, 0, 0, false, o.progress, "recording the trace"));
+    // 4. I/O alone: streaming along the trace with no compute.
+    ZINF_ASSIGN_OR_RETURN(f.io_alone,
+                          measure_streaming(o, r, {0, 0, false, "streaming, I/O alone"}));
+    const double count = static_cast<double>(r.parts.sizes.size());
+    f.compute_ms = o.compute_auto ? f.io_alone.seconds * 1000.0 / count : o.compute_ms;
     // 5. Compute alone: the same busy loop per partition, no data.
     const auto compute_start = Clock::now();
-    {
-        const auto compute = std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double, std::milli>(compute_ms));
-        for (std::size_t i = 0; i < count; ++i) busy_until(Clock::now() + compute);
-    }
-    const double compute_seconds = seconds_since(compute_start);
+    const auto compute = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(f.compute_ms));
+    for (std::size_t i = 0; i < r.parts.sizes.size(); ++i) busy_until(Clock::now() + compute);
+    f.compute_seconds = seconds_since(compute_start);
+    // 6. Overlapped: streaming with compute, data checked (sampled) inside the compute.
+    ZINF_ASSIGN_OR_RETURN(
+        f.with_compute,
+        measure_streaming(o, r, {f.compute_ms, o.poll_us, !o.cuda, "streaming with compute"}));
+    ZINF_ASSIGN_OR_RETURN(f.raw2_seconds, raw(false, "raw read"));
+    return f;
+}
 
-    // 6. Overlapped: streaming with compute, data checked (sampled) inside the compute (after a
-    // warm-up iteration, as for I/O alone).
-    double wall_seconds = 0;
-    std::uint64_t wall_nvme_bytes = 0;
-    std::uint64_t bad_words = 0;
-    if (auto warm = run_iteration(**rm, parts, compute_ms, o.poll_us, !o.cuda, o.progress,
-                                  "streaming with compute (warm-up)");
-        !warm) {
-        return fail(warm.error());
-    } else {
-        bad_words += warm->bad_words;
-    }
-    const tier::ResidencyStats before = (*rm)->stats();
-    for (int i = 0; i < o.iterations; ++i) {
-        auto f = run_iteration(**rm, parts, compute_ms, o.poll_us, !o.cuda, o.progress,
-                               "streaming with compute");
-        if (!f.has_value()) return fail(f.error());
-        wall_seconds += f->seconds;
-        wall_nvme_bytes += f->nvme_bytes;
-        bad_words += f->bad_words;
-    }
-    wall_seconds /= o.iterations;
-    wall_nvme_bytes /= static_cast<std::uint64_t>(o.iterations);
-    const tier::ResidencyStats after = (*rm)->stats();
-
-    auto raw2 = raw_pass(**engine, **mover, file, region->span(), parts, align, false, o.progress,
-                         "raw read");
-    if (!raw2.has_value()) return fail(raw2.error());
-
-    const double raw1_gbps = gbps(parts.total_bytes, *raw1);
-    const double raw2_gbps = gbps(parts.total_bytes, *raw2);
+// Report: the figures beside the raw read rate; 1 when data came back wrong or a budget was
+// exceeded, else 0.
+int report(const SwapOptions& o, const SwapRig& r, const SwapFigures& f) {
+    const std::uint64_t total_bytes = r.parts.total_bytes;
+    const double raw1_gbps = gbps(total_bytes, f.raw1_seconds);
+    const double raw2_gbps = gbps(total_bytes, f.raw2_seconds);
     const double raw_gbps = (raw1_gbps + raw2_gbps) / 2;
-    const double io_gbps = gbps(io_nvme_bytes, io_seconds);
-    const double wall_gbps = gbps(wall_nvme_bytes, wall_seconds);
-    const double efficiency = wall_seconds / std::max(io_seconds, compute_seconds);
+    const StreamingFigures& io = f.io_alone;
+    const StreamingFigures& wall = f.with_compute;
+    const double io_gbps = gbps(io.nvme_bytes, io.seconds);
+    const double efficiency = wall.seconds / std::max(io.seconds, f.compute_seconds);
     const auto [rss_peak, rss_now] = rss_bytes();
-    const tier::ResidencyStats s = (*rm)->stats();
+    const tier::ResidencyStats s = r.rm->stats();
 
     std::printf("\n");
     std::printf(
         "  raw read (engine, same file, same pinned pool): %.2f GB/s (%.2f before, %.2f after)\n",
         raw_gbps, raw1_gbps, raw2_gbps);
     std::printf("  recording iteration (no trace, no prefetch):    %.2f s, %.2f GB/s from NVMe\n",
-                recording->seconds, gbps(recording->nvme_bytes, recording->seconds));
+                f.recording.seconds, gbps(f.recording.nvme_bytes, f.recording.seconds));
     std::printf(
         "  streaming, I/O alone:    %.3f s, %.2f GB/s from NVMe (%s per iteration), %.2f GB/s "
-        "delivered; "
-        "%.2f x raw (target >= 0.90)\n",
-        io_seconds, io_gbps, format_bytes(io_nvme_bytes).c_str(),
-        gbps(parts.total_bytes, io_seconds), raw_gbps > 0 ? io_gbps / raw_gbps : 0.0);
-    std::printf("  compute alone:           %.3f s (%.3f ms per partition%s)\n", compute_seconds,
-                compute_ms, o.compute_auto ? ", auto: the I/O time per partition" : "");
+        "delivered; %.2f x raw (target >= 0.90)\n",
+        io.seconds, io_gbps, format_bytes(io.nvme_bytes).c_str(), gbps(total_bytes, io.seconds),
+        raw_gbps > 0 ? io_gbps / raw_gbps : 0.0);
+    std::printf("  compute alone:           %.3f s (%.3f ms per partition%s)\n", f.compute_seconds,
+                f.compute_ms, o.compute_auto ? ", auto: the I/O time per partition" : "");
     std::printf(
         "  streaming with compute:  %.3f s, %.2f GB/s from NVMe (%s per iteration); stall %.3f s; "
         "hits %" PRIu64 ", late %" PRIu64 ", misses %" PRIu64 "\n",
-        wall_seconds, wall_gbps, format_bytes(wall_nvme_bytes).c_str(),
-        std::chrono::duration<double>(after.stall_time - before.stall_time).count() / o.iterations,
-        after.hits - before.hits, after.late - before.late, after.misses - before.misses);
+        wall.seconds, gbps(wall.nvme_bytes, wall.seconds), format_bytes(wall.nvme_bytes).c_str(),
+        std::chrono::duration<double>(wall.after.stall_time - wall.before.stall_time).count() /
+            o.iterations,
+        wall.after.hits - wall.before.hits, wall.after.late - wall.before.late,
+        wall.after.misses - wall.before.misses);
     std::printf(
         "  overlap efficiency:      %.3f = wall / max(I/O alone, compute alone) (target <= "
         "1.10)%s\n",
@@ -521,21 +544,35 @@ int run(const SwapOptions& o) {
         format_bytes(rss_peak).c_str(), format_bytes(rss_now).c_str(),
         format_bytes(s.tiers[1].peak_bytes).c_str(), format_bytes(s.tiers[1].budget_bytes).c_str(),
         format_bytes(s.tiers[0].peak_bytes).c_str(), format_bytes(s.tiers[0].budget_bytes).c_str());
-    std::printf("  residency: %s\n", (*rm)->stats_summary().c_str());
+    std::printf("  residency: %s\n", r.rm->stats_summary().c_str());
     if (o.cuda) {
         std::printf("  data: not checked (the device tier is GPU memory; the store's checksums "
                     "verified every read from NVMe)\n");
     }
-    if (bad_words != 0) {
+    if (wall.bad_words != 0) {
         std::fprintf(stderr, "zinfinity-bench swap: %" PRIu64 " sampled words read back wrong\n",
-                     bad_words);
+                     wall.bad_words);
         return 1;
     }
-    if (s.tiers[1].peak_bytes > region->size() || s.tiers[0].peak_bytes > o.device_budget_bytes) {
+    if (s.tiers[1].peak_bytes > r.region.size() || s.tiers[0].peak_bytes > o.device_budget_bytes) {
         std::fprintf(stderr, "zinfinity-bench swap: a budget was exceeded\n");
         return 1;
     }
     return 0;
+}
+
+int run(const SwapOptions& o) {
+    install_interrupt_handler();
+    const auto fail = [](const Status& status) {
+        std::fprintf(stderr, "zinfinity-bench swap: %s\n", status.to_string().c_str());
+        return 1;
+    };
+    auto rig = set_up(o);
+    if (!rig.has_value()) return fail(rig.error());
+    print_setup(o, *rig);
+    auto figures = measure(o, *rig);
+    if (!figures.has_value()) return fail(figures.error());
+    return report(o, *rig, *figures);
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ void declare_flags(cli::Args& args, bool tune) {
                         "ratio that fio's start-up swamps), then the worst ratio of the\n"
                         "grid. Needs one --path; the grid defaults become backends\n"
                         "io_uring,libaio, queue depths 4,8,16,32, threads 1");
-        args.add("pairs", "5", "our passes per op and point with --vs-fio, each between two of fio's");
+        args.add("pairs", "5",
+                 "our passes per op and point with --vs-fio, each between two of fio's");
         args.add("fio-binary", "fio", "the fio that --vs-fio runs");
         args.add("plot", "",
                  "also draw the grid into this SVG file: GB/s against block size,\n"
@@ -127,83 +128,107 @@ void declare_flags(cli::Args& args, bool tune) {
     declare_engine_flags(args, CommonFlagSet::kGrid);
 }
 
-Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
-    SweepOptions o;
-    ZINF_ASSIGN_OR_RETURN(o.common, parse_common_io_flags(args, CommonFlagSet::kGrid));
+// The grid's flags: backends, block sizes, queue depths and threads, each value checked.
+Status parse_grid(const cli::Args& args, SweepOptions& o) {
     o.backends = args.get_string_list("backends");
     if (o.backends.empty()) return Status::invalid_argument("--backends: empty list");
     for (const auto& b : o.backends) {
         if (b != "io_uring" && b != "libaio" && b != "posix") {
-            return Status::invalid_argument(str_cat("--backends: expected io_uring, libaio or posix, got '", b, "'"));
+            return Status::invalid_argument(
+                str_cat("--backends: expected io_uring, libaio or posix, got '", b, "'"));
         }
     }
     ZINF_ASSIGN_OR_RETURN(o.block_sizes, args.get_size_list("block-sizes"));
     for (const auto bs : o.block_sizes) {
         if (bs == 0 || bs % 512 != 0 || bs > (1ULL << 30)) {
-            return Status::invalid_argument(str_cat("--block-sizes: ", bs, " is not a multiple of 512 up to 1 GiB"));
+            return Status::invalid_argument(
+                str_cat("--block-sizes: ", bs, " is not a multiple of 512 up to 1 GiB"));
         }
     }
     ZINF_ASSIGN_OR_RETURN(o.queue_depths, args.get_int_list("queue-depths"));
     for (const auto qd : o.queue_depths) {
-        if (qd == 0 || qd > 4096) return Status::invalid_argument(str_cat("--queue-depths: ", qd, " is outside [1, 4096]"));
+        if (qd == 0 || qd > 4096) {
+            return Status::invalid_argument(
+                str_cat("--queue-depths: ", qd, " is outside [1, 4096]"));
+        }
     }
     ZINF_ASSIGN_OR_RETURN(o.threads, args.get_int_list("threads"));
     for (const auto t : o.threads) {
-        if (t == 0 || t > 256) return Status::invalid_argument(str_cat("--threads: ", t, " is outside [1, 256]"));
-    }
-    if (tune) {
-        o.ops = {IoOp::kWrite, IoOp::kRead};
-        o.write_config = args.get("write-config");
-        if (o.write_config.empty()) {
-            return Status::invalid_argument("--write-config: missing; name the file for the aio block");
+        if (t == 0 || t > 256) {
+            return Status::invalid_argument(str_cat("--threads: ", t, " is outside [1, 256]"));
         }
-        o.force = args.get_switch("force");
+    }
+    return Status::ok();
+}
+
+// tune's own flags: both ops, and --write-config, which must not exist unless --force.
+Status parse_tune_flags(const cli::Args& args, SweepOptions& o) {
+    o.ops = {IoOp::kWrite, IoOp::kRead};
+    o.write_config = args.get("write-config");
+    if (o.write_config.empty()) {
+        return Status::invalid_argument("--write-config: missing; name the file for the aio block");
+    }
+    o.force = args.get_switch("force");
+    struct stat st {};
+    if (!o.force && ::stat(o.write_config.c_str(), &st) == 0) {
+        return Status::invalid_argument(str_cat("--write-config ", o.write_config,
+                                                ": file exists; give --force to overwrite it"));
+    }
+    return Status::ok();
+}
+
+// sweep's own flags: --op, --vs-fio (which changes the grid's defaults), --pairs, --plot, --tmpfs.
+Status parse_sweep_flags(const cli::Args& args, SweepOptions& o) {
+    ZINF_ASSIGN_OR_RETURN(o.ops, parse_io_ops(args.get("op")));
+    o.vs_fio = args.get_switch("vs-fio");
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
+    o.pairs = static_cast<int>(pairs);
+    o.fio_binary = args.get("fio-binary");
+    o.plot_path = args.get("plot");
+    o.tmpfs = args.get_switch("tmpfs");
+    if (!o.plot_path.empty()) {
+        const auto slash = o.plot_path.rfind('/');
+        const std::string dir = slash == std::string::npos ? "." : o.plot_path.substr(0, slash + 1);
         struct stat st {};
-        if (!o.force && ::stat(o.write_config.c_str(), &st) == 0) {
-            return Status::invalid_argument(str_cat("--write-config ", o.write_config,
-                                                    ": file exists; give --force to overwrite it"));
-        }
-    } else {
-        ZINF_ASSIGN_OR_RETURN(o.ops, parse_io_ops(args.get("op")));
-        o.vs_fio = args.get_switch("vs-fio");
-        ZINF_ASSIGN_OR_RETURN(const std::int64_t pairs, args.get_int("pairs", 1, 1000));
-        o.pairs = static_cast<int>(pairs);
-        o.fio_binary = args.get("fio-binary");
-        o.plot_path = args.get("plot");
-        o.tmpfs = args.get_switch("tmpfs");
-        if (!o.plot_path.empty()) {
-            const auto slash = o.plot_path.rfind('/');
-            const std::string dir = slash == std::string::npos ? "." : o.plot_path.substr(0, slash + 1);
-            struct stat st {};
-            if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-                return Status::invalid_argument(str_cat("--plot ", o.plot_path, ": directory ", dir, " does not exist"));
-            }
-        }
-        if (o.vs_fio) {
-            if (o.common.dirs.size() != 1) {
-                return Status::invalid_argument("--vs-fio: give exactly one --path (fio and our striping differ)");
-            }
-            if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
-            if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
-            if (!args.given("threads")) o.threads = {1};
-            for (const auto& b : o.backends) {
-                if (b != "io_uring" && b != "libaio") {
-                    return Status::invalid_argument(str_cat("--vs-fio: backend ", b,
-                                                            " has no fio counterpart; compare io_uring or libaio"));
-                }
-            }
-        } else if (args.given("pairs")) {
-            return Status::invalid_argument("--pairs needs --vs-fio");
+        if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+            return Status::invalid_argument(
+                str_cat("--plot ", o.plot_path, ": directory ", dir, " does not exist"));
         }
     }
+    if (!o.vs_fio) {
+        if (args.given("pairs")) return Status::invalid_argument("--pairs needs --vs-fio");
+        return Status::ok();
+    }
+    if (o.common.dirs.size() != 1) {
+        return Status::invalid_argument(
+            "--vs-fio: give exactly one --path (fio and our striping differ)");
+    }
+    if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
+    if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
+    if (!args.given("threads")) o.threads = {1};
+    for (const auto& b : o.backends) {
+        if (b != "io_uring" && b != "libaio") {
+            return Status::invalid_argument(str_cat(
+                "--vs-fio: backend ", b, " has no fio counterpart; compare io_uring or libaio"));
+        }
+    }
+    return Status::ok();
+}
+
+Result<SweepOptions> parse_options(const cli::Args& args, bool tune) {
+    SweepOptions o;
+    ZINF_ASSIGN_OR_RETURN(o.common, parse_common_io_flags(args, CommonFlagSet::kGrid));
+    ZINF_TRY(parse_grid(args, o));
+    ZINF_TRY(tune ? parse_tune_flags(args, o) : parse_sweep_flags(args, o));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t loops, args.get_int("loops", 1, 100));
     o.loops = static_cast<int>(loops);
     return o;
 }
 
 void print_row(const GridPoint& p, bool best) {
-    std::printf("%-9s %9s %5d %7d", p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(),
-                p.aio.queue_depth, p.aio.intra_op_parallelism);
+    std::printf("%-9s %9s %5d %7d", p.aio.backend.c_str(),
+                format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
+                p.aio.intra_op_parallelism);
     if (!p.available) {
         std::printf("   skipped: %s\n", p.skipped_reason.c_str());
         std::fflush(stdout);
@@ -228,21 +253,28 @@ void print_row(const GridPoint& p, bool best) {
 }
 
 void print_header() {
-    std::printf("%-9s %9s %5s %7s %10s %10s %10s %10s %10s %10s %10s\n", "backend", "block", "qd", "threads",
-                "write GB/s", "read GB/s", "score", "w CPU/GB", "r CPU/GB", "w p99 us", "r p99 us");
+    std::printf("%-9s %9s %5s %7s %10s %10s %10s %10s %10s %10s %10s\n", "backend", "block", "qd",
+                "threads", "write GB/s", "read GB/s", "score", "w CPU/GB", "r CPU/GB", "w p99 us",
+                "r p99 us");
 }
 
 std::string point_name(const GridPoint& p) {
-    return str_cat(p.storage, ", ", p.aio.backend, ", block ", format_bytes(p.aio.block_size_bytes), ", qd ",
-                   p.aio.queue_depth, p.aio.intra_op_parallelism > 1 ? str_cat(", ", p.aio.intra_op_parallelism, " threads") : "");
+    return str_cat(p.storage, ", ", p.aio.backend, ", block ", format_bytes(p.aio.block_size_bytes),
+                   ", qd ", p.aio.queue_depth,
+                   p.aio.intra_op_parallelism > 1
+                       ? str_cat(", ", p.aio.intra_op_parallelism, " threads")
+                       : "");
 }
 
 // The session of one grid point; null (the point marked unavailable, with the reason) when its
 // backend cannot be set up here.
-Result<std::unique_ptr<IoSession>> open_session(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
+Result<std::unique_ptr<IoSession>> open_session(const SweepOptions& o, BenchFiles& files,
+                                                GridPoint& p) {
     auto session = IoSession::create(files, session_options(o.common, p.aio));
     if (session.has_value()) return std::move(*session);
-    if (session.error().code() != StatusCode::kNotSupported) return session.error().with_context(point_name(p));
+    if (session.error().code() != StatusCode::kNotSupported) {
+        return session.error().with_context(point_name(p));
+    }
     p.available = false;
     p.skipped_reason = session.error().message();
     return std::unique_ptr<IoSession>();
@@ -257,7 +289,8 @@ Status measure(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
         for (int loop = 0; loop < o.loops; ++loop) {
             auto f = session->run_pass(op);
             if (!f.has_value()) {
-                return f.error().with_context(str_cat(p.aio.backend, " block ", p.aio.block_size_bytes, " qd ",
+                return f.error().with_context(str_cat(p.aio.backend, " block ",
+                                                      p.aio.block_size_bytes, " qd ",
                                                       p.aio.queue_depth, " ", io_op_name(op)));
             }
             passes.push_back(*f);
@@ -289,7 +322,8 @@ const GridPoint* pick_best(const std::vector<GridPoint>& points) {
     for (const auto& p : points) {
         if (!p.available || p.score < best_score * (1.0 - kTieFraction)) continue;
         const auto key = [](const GridPoint& g) {
-            return std::make_tuple(g.aio.intra_op_parallelism, g.aio.queue_depth, g.aio.block_size_bytes, -g.score);
+            return std::make_tuple(g.aio.intra_op_parallelism, g.aio.queue_depth,
+                                   g.aio.block_size_bytes, -g.score);
         };
         if (best == nullptr || key(p) < key(*best)) best = &p;
     }
@@ -330,16 +364,16 @@ Json point_to_json(const GridPoint& p) {
 
 
 void print_vs_fio_header() {
-    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s %13s\n", "backend", "block", "qd",
-                "threads", "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU", "fio CPU", "CPU ratio",
-                "switches/pc");
+    std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s %13s\n", "backend", "block",
+                "qd", "threads", "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU",
+                "fio CPU", "CPU ratio", "switches/pc");
 }
 
 void print_vs_fio_rows(const GridPoint& p) {
     if (!p.available) {
         std::printf("%-9s %9s %5d %7d   skipped: %s\n", p.aio.backend.c_str(),
-                    format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth, p.aio.intra_op_parallelism,
-                    p.skipped_reason.c_str());
+                    format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
+                    p.aio.intra_op_parallelism, p.skipped_reason.c_str());
         return;
     }
     for (const auto* c : {&p.fio_write, &p.fio_read}) {
@@ -347,13 +381,15 @@ void print_vs_fio_rows(const GridPoint& p) {
         const FioComparison& f = **c;
         // Context switches per block-size piece, ours / fio (medians).
         const double pieces_per_gb = kBytesPerGb / static_cast<double>(p.aio.block_size_bytes);
-        std::printf("%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %8.3f%c %6.2f/%-6.2f\n",
-                    p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
-                    p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(), f.ours_gb_per_s.median,
-                    f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max, f.ours_cpu_s_per_gb.median,
-                    f.fio_cpu_s_per_gb.median, f.cpu_ratio.median, f.cpu_resolved ? ' ' : '*',
-                    f.ours_context_switches_per_gb.median / pieces_per_gb,
-                    f.fio_context_switches_per_gb.median / pieces_per_gb);
+        std::printf(
+            "%-9s %9s %5d %7d %-5s %10.3f %10.3f %7.3f (%5.3f - %5.3f) %10.4f %10.4f %8.3f%c "
+            "%6.2f/%-6.2f\n",
+            p.aio.backend.c_str(), format_bytes(p.aio.block_size_bytes).c_str(), p.aio.queue_depth,
+            p.aio.intra_op_parallelism, std::string(io_op_name(f.op)).c_str(),
+            f.ours_gb_per_s.median, f.fio_gb_per_s.median, f.ratio.median, f.ratio.min, f.ratio.max,
+            f.ours_cpu_s_per_gb.median, f.fio_cpu_s_per_gb.median, f.cpu_ratio.median,
+            f.cpu_resolved ? ' ' : '*', f.ours_context_switches_per_gb.median / pieces_per_gb,
+            f.fio_context_switches_per_gb.median / pieces_per_gb);
     }
     std::fflush(stdout);
 }
@@ -365,7 +401,9 @@ Status measure_vs_fio(const SweepOptions& o, BenchFiles& files, GridPoint& p) {
     for (const IoOp op : o.ops) {
         const FioJob job = fio_job_for(o.fio_binary, files, p.aio, session->is_direct(), op);
         auto c = compare_with_fio(*session, job, o.pairs);
-        if (!c.has_value()) return c.error().with_context(str_cat(point_name(p), ", ", io_op_name(op)));
+        if (!c.has_value()) {
+            return c.error().with_context(str_cat(point_name(p), ", ", io_op_name(op)));
+        }
         if (op == IoOp::kRead) {
             p.read_gb_per_s = c->ours_gb_per_s.median;
             p.read_cpu_s_per_gb = c->ours_cpu_s_per_gb.median;
@@ -402,7 +440,9 @@ WorstOf worst_of(const std::vector<GridPoint>& points, const std::string& storag
             if (!c->has_value()) continue;
             const FioComparison& f = **c;
             const std::string where = str_cat(point_name(p), ", ", io_op_name(f.op));
-            if (!w.ratio.set || f.ratio.median < w.ratio.value) w.ratio = Worst{f.ratio.median, where, true};
+            if (!w.ratio.set || f.ratio.median < w.ratio.value) {
+                w.ratio = Worst{f.ratio.median, where, true};
+            }
             if (!f.cpu_resolved) {
                 ++w.cpu_unresolved;
             } else if (f.cpu_ratio.median > 0 && (!w.cpu.set || f.cpu_ratio.median > w.cpu.value)) {
@@ -414,8 +454,11 @@ WorstOf worst_of(const std::vector<GridPoint>& points, const std::string& storag
 }
 
 void print_worst(const std::string& where, const WorstOf& w) {
-    std::printf("worst ratio ours/fio %s: %.3f (%s)", where.c_str(), w.ratio.value, w.ratio.where.c_str());
-    if (w.cpu.set) std::printf("; highest CPU ratio ours/fio %.2f (%s)", w.cpu.value, w.cpu.where.c_str());
+    std::printf("worst ratio ours/fio %s: %.3f (%s)", where.c_str(), w.ratio.value,
+                w.ratio.where.c_str());
+    if (w.cpu.set) {
+        std::printf("; highest CPU ratio ours/fio %.2f (%s)", w.cpu.value, w.cpu.where.c_str());
+    }
     std::printf("\n");
 }
 
@@ -433,22 +476,27 @@ class TmpfsMount {
 public:
     static Result<std::unique_ptr<TmpfsMount>> create(std::uint64_t file_bytes) {
         // Room for the file, the bench's free-space margin and some slack.
-        const std::uint64_t size = file_bytes + std::min<std::uint64_t>(file_bytes / 20 + (64ULL << 20), 1ULL << 30) +
-                                   (64ULL << 20);
+        const std::uint64_t size =
+            file_bytes + std::min<std::uint64_t>(file_bytes / 20 + (64ULL << 20), 1ULL << 30) +
+            (64ULL << 20);
         const std::uint64_t available = mem_available_bytes();
         if (available != 0 && available < size + (1ULL << 30)) {
-            return Status::no_space(str_cat("--tmpfs: a tmpfs for a ", format_bytes(file_bytes),
-                                            " test file needs ", format_bytes(size), " of memory (plus 1 GiB to spare); ",
-                                            format_bytes(available), " is available; lower --size"));
+            return Status::no_space(
+                str_cat("--tmpfs: a tmpfs for a ", format_bytes(file_bytes), " test file needs ",
+                        format_bytes(size), " of memory (plus 1 GiB to spare); ",
+                        format_bytes(available), " is available; lower --size"));
         }
         char pattern[] = "/tmp/zinf-bench-tmpfs-XXXXXX";
-        if (::mkdtemp(pattern) == nullptr) return Status::from_errno(errno, "--tmpfs: mkdtemp under /tmp");
+        if (::mkdtemp(pattern) == nullptr) {
+            return Status::from_errno(errno, "--tmpfs: mkdtemp under /tmp");
+        }
         auto m = std::unique_ptr<TmpfsMount>(new TmpfsMount(pattern));
         const std::string data = str_cat("size=", size, ",mode=0700");
         if (::mount("tmpfs", pattern, "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
             const int err = errno;
-            return Status::from_errno(err, str_cat("--tmpfs: mount -t tmpfs on ", pattern,
-                                                   err == EPERM ? " (needs root, CAP_SYS_ADMIN)" : ""));
+            return Status::from_errno(err,
+                                      str_cat("--tmpfs: mount -t tmpfs on ", pattern,
+                                              err == EPERM ? " (needs root, CAP_SYS_ADMIN)" : ""));
         }
         m->mounted_ = true;
         return m;
@@ -457,7 +505,9 @@ public:
         if (mounted_ && ::umount2(path_.c_str(), MNT_DETACH) != 0) {
             log::warning("--tmpfs: unmounting ", path_, ": ", std::strerror(errno));
         }
-        if (::rmdir(path_.c_str()) != 0) log::warning("--tmpfs: removing ", path_, ": ", std::strerror(errno));
+        if (::rmdir(path_.c_str()) != 0) {
+            log::warning("--tmpfs: removing ", path_, ": ", std::strerror(errno));
+        }
     }
     TmpfsMount(const TmpfsMount&) = delete;
     TmpfsMount& operator=(const TmpfsMount&) = delete;
@@ -488,7 +538,9 @@ std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& poi
     // with --vs-fio, the same for fio, dashed.
     std::vector<std::string> storages;
     for (const auto& p : points) {
-        if (std::find(storages.begin(), storages.end(), p.storage) == storages.end()) storages.push_back(p.storage);
+        if (std::find(storages.begin(), storages.end(), p.storage) == storages.end()) {
+            storages.push_back(p.storage);
+        }
     }
     std::vector<PlotPanel> panels;
     for (const auto& storage : storages) {
@@ -496,12 +548,13 @@ std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& poi
             for (const IoOp op : o.ops) {
                 PlotPanel panel;
                 panel.title = str_cat(io_op_name(op), ", ", backend, ", ", storage);
-                std::map<std::pair<int, int>, std::pair<PlotSeries, PlotSeries>> lines;  // (qd, threads)
+                std::map<std::pair<int, int>, std::pair<PlotSeries, PlotSeries>>
+                    lines;  // (qd, threads)
                 int colour = 0;
                 for (const auto qd : o.queue_depths) {
                     for (const auto threads : o.threads) {
-                        const std::string tail =
-                            str_cat("qd ", qd, threads > 1 ? str_cat(" x", threads) : std::string());
+                        const std::string tail = str_cat(
+                            "qd ", qd, threads > 1 ? str_cat(" x", threads) : std::string());
                         PlotSeries ours;
                         ours.label = str_cat("ours ", tail);
                         ours.color = colour;
@@ -516,8 +569,9 @@ std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& poi
                                                   {"queue-depth", std::to_string(qd)},
                                                   {"threads", std::to_string(threads)}};
                         }
-                        lines.emplace(std::make_pair(static_cast<int>(qd), static_cast<int>(threads)),
-                                      std::make_pair(std::move(ours), std::move(fio)));
+                        lines.emplace(
+                            std::make_pair(static_cast<int>(qd), static_cast<int>(threads)),
+                            std::make_pair(std::move(ours), std::move(fio)));
                         ++colour;
                     }
                 }
@@ -529,7 +583,9 @@ std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& poi
                     const double ours = op == IoOp::kRead ? p.read_gb_per_s : p.write_gb_per_s;
                     if (ours > 0) it->second.first.points.emplace_back(x, ours);
                     const auto& c = op == IoOp::kRead ? p.fio_read : p.fio_write;
-                    if (c.has_value()) it->second.second.points.emplace_back(x, c->fio_gb_per_s.median);
+                    if (c.has_value()) {
+                        it->second.second.points.emplace_back(x, c->fio_gb_per_s.median);
+                    }
                 }
                 for (auto& [key, pair] : lines) {
                     if (!pair.first.points.empty()) panel.series.push_back(std::move(pair.first));
@@ -549,7 +605,8 @@ std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& poi
     return render_svg_plot(options, panels);
 }
 
-Status write_text_file(const std::string& flag, const std::string& path, const std::string& text, bool force) {
+Status write_text_file(const std::string& flag, const std::string& path, const std::string& text,
+                       bool force) {
     // Without --force the file is created exclusively, so a config that appeared since the flags
     // were checked is still not overwritten.
     const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL);
@@ -568,22 +625,35 @@ Status write_text_file(const std::string& flag, const std::string& path, const s
     return Status::ok();
 }
 
-Status run(const SweepOptions& o, bool tune) {
-    std::vector<std::unique_ptr<BenchFiles>> targets;
-    std::vector<std::string> storages;
-    ZINF_ASSIGN_OR_RETURN(auto disk_files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
-    targets.push_back(std::move(disk_files));
-    storages.push_back(o.common.dirs.front());
+// What a sweep measures on: the bench file on each storage, the tmpfs when asked, and the grid.
+// Members are destroyed in reverse order: the mount is detached (lazily, MNT_DETACH) before the
+// files are removed, and the file on the tmpfs goes with the mount.
+struct SweepRig {
+    std::vector<std::unique_ptr<BenchFiles>> targets;  // one per storage, in order
+    std::vector<std::string> storages;  // the first --path, then "tmpfs" with --tmpfs
     std::unique_ptr<TmpfsMount> tmpfs;
-    if (o.tmpfs) {
-        ZINF_ASSIGN_OR_RETURN(tmpfs, TmpfsMount::create(o.common.size_bytes));
-        ZINF_ASSIGN_OR_RETURN(auto tmpfs_files, BenchFiles::create({tmpfs->path()}, o.common.size_bytes));
-        targets.push_back(std::move(tmpfs_files));
-        storages.push_back("tmpfs");
+    std::vector<GridPoint> points;  // storages x backends x block sizes x queue depths x threads
+
+    BenchFiles& files_of(const std::string& storage) {
+        return *targets[static_cast<std::size_t>(
+            std::find(storages.begin(), storages.end(), storage) - storages.begin())];
     }
-    // Declared after the mount: the files go first, then the mount (reverse order).
-    std::vector<GridPoint> points;
-    for (const auto& storage : storages) {
+};
+
+// Set up: the bench files (and the tmpfs), the grid points in order, and fio when --vs-fio.
+Result<SweepRig> set_up(const SweepOptions& o) {
+    SweepRig r;
+    ZINF_ASSIGN_OR_RETURN(auto disk_files, BenchFiles::create(o.common.dirs, o.common.size_bytes));
+    r.targets.push_back(std::move(disk_files));
+    r.storages.push_back(o.common.dirs.front());
+    if (o.tmpfs) {
+        ZINF_ASSIGN_OR_RETURN(r.tmpfs, TmpfsMount::create(o.common.size_bytes));
+        ZINF_ASSIGN_OR_RETURN(auto tmpfs_files,
+                              BenchFiles::create({r.tmpfs->path()}, o.common.size_bytes));
+        r.targets.push_back(std::move(tmpfs_files));
+        r.storages.push_back("tmpfs");
+    }
+    for (const auto& storage : r.storages) {
         for (const auto& backend : o.backends) {
             for (const auto bs : o.block_sizes) {
                 for (const auto qd : o.queue_depths) {
@@ -595,40 +665,59 @@ Status run(const SweepOptions& o, bool tune) {
                         p.aio.block_size_bytes = bs;
                         p.aio.queue_depth = static_cast<int>(qd);
                         p.aio.intra_op_parallelism = static_cast<int>(threads);
-                        points.push_back(p);
+                        r.points.push_back(p);
                     }
                 }
             }
         }
     }
     if (o.vs_fio) ZINF_TRY(check_fio(o.fio_binary));
-    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s%s; ops:", tune ? "tune" : "sweep",
-                points.size(), static_cast<double>(o.common.size_bytes) / kBytesPerGb,
+    return r;
+}
+
+// What the run will do: the grid, the file, the ops, and how points compare.
+void print_plan(const SweepOptions& o, bool tune, const SweepRig& r) {
+    std::printf("%s: %zu configurations on a %.3f GB (%s) test file in %s%s%s; ops:",
+                tune ? "tune" : "sweep", r.points.size(),
+                static_cast<double>(o.common.size_bytes) / kBytesPerGb,
                 format_bytes(o.common.size_bytes).c_str(), o.common.dirs.front().c_str(),
                 o.common.dirs.size() > 1 ? " (striped)" : "",
-                tmpfs ? str_cat(" and on a tmpfs at ", tmpfs->path()).c_str() : "");
+                r.tmpfs ? str_cat(" and on a tmpfs at ", r.tmpfs->path()).c_str() : "");
     for (const IoOp op : o.ops) std::printf(" %s", std::string(io_op_name(op)).c_str());
-    std::printf("; O_DIRECT %s, registered buffers %s\n", o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
+    std::printf("; O_DIRECT %s, registered buffers %s\n",
+                o.common.aio.use_direct == io::DirectMode::kOn ? "on" : "off",
                 o.common.aio.register_buffers ? "on" : "off");
     if (o.vs_fio) {
-        std::printf("each point: %d of our passes per op, each between two of fio's (same file, engine, block\n"
-                    "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the two; medians.\n"
-                    "CPU: user + system seconds per GB of the whole process, every thread (fio's too, with the\n"
-                    "kernel's io_uring workers, less its start-up); CPU ratio: the median of our passes' CPU over\n"
-                    "the mean of the two fio passes around each\n",
-                    o.pairs);
+        std::printf(
+            "each point: %d of our passes per op, each between two of fio's (same file, "
+            "engine, block\n"
+            "size, queue depth, O_DIRECT); a ratio is our pass over the geometric mean of the "
+            "two; medians.\n"
+            "CPU: user + system seconds per GB of the whole process, every thread (fio's too, "
+            "with the\n"
+            "kernel's io_uring workers, less its start-up); CPU ratio: the median of our "
+            "passes' CPU over\n"
+            "the mean of the two fio passes around each\n",
+            o.pairs);
     } else {
-        std::printf("score: %s\n", o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
-                                                         "reading back the same bytes)"
-                                                       : "GB/s of the op");
+        std::printf("score: %s\n",
+                    o.ops.size() == 2 ? "harmonic mean of write and read GB/s (GB/s of writing and "
+                                        "reading back the same bytes)"
+                                      : "GB/s of the op");
     }
+}
+
+// Measure: every point in order, each row printed as it is measured, under a header per
+// storage. A backend that cannot be set up on a storage is skipped for the rest of it.
+Status measure_grid(const SweepOptions& o, SweepRig& r) {
     std::map<std::string, std::string> unavailable_backend;  // per storage
     std::string current_storage;
-    for (auto& p : points) {
+    for (auto& p : r.points) {
         if (p.storage != current_storage) {
             current_storage = p.storage;
-            std::printf("\n%s:\n", p.storage == "tmpfs" ? str_cat("tmpfs (", tmpfs->path(), ")").c_str()
-                                                       : p.storage.c_str());
+            std::printf("\n%s:\n", p.storage == "tmpfs"
+                                       ? str_cat("tmpfs (", r.tmpfs->path(), ")").c_str()
+                                       : p.storage.c_str());
             if (o.vs_fio) {
                 print_vs_fio_header();
             } else {
@@ -640,8 +729,7 @@ Status run(const SweepOptions& o, bool tune) {
             p.skipped_reason = "backend unavailable (see above)";
             continue;
         }
-        BenchFiles& files = *targets[static_cast<std::size_t>(
-            std::find(storages.begin(), storages.end(), p.storage) - storages.begin())];
+        BenchFiles& files = r.files_of(p.storage);
         if (o.vs_fio) {
             ZINF_TRY(measure_vs_fio(o, files, p));
             print_vs_fio_rows(p);
@@ -651,79 +739,123 @@ Status run(const SweepOptions& o, bool tune) {
         }
         if (!p.available) unavailable_backend[p.storage] = p.aio.backend;
     }
-    Json worst_json = Json::object();
-    if (o.vs_fio) {
-        std::printf("\n");
-        for (const auto& storage : storages) {
-            const WorstOf w = worst_of(points, storage);
-            if (!w.ratio.set) continue;
-            print_worst(str_cat("on ", storage), w);
-            worst_json[storage] = worst_to_json(w);
-        }
-        const WorstOf w = worst_of(points, "");
-        if (!w.ratio.set) return Status::not_supported("no configuration of the grid could be measured");
-        print_worst("over the grid", w);
-        worst_json["grid"] = worst_to_json(w);
-        if (w.cpu_unresolved > 0) {
-            std::printf("* CPU ratio not resolved at %d of the comparisons: fio's start-up CPU varied by more than\n"
-                        "  1/%.0f of its I/O's (large buffers); left out of the highest; a larger --size resolves it\n",
-                        w.cpu_unresolved, kStartupSpreadsPerIo);
-        }
-    }
-    const GridPoint* best = pick_best(points);
-    if (best == nullptr) return Status::not_supported("no configuration of the grid could be measured");
-    std::printf("best (highest score; within %.0f%% of it fewer threads, lower queue depth, smaller block win):\n",
-                kTieFraction * 100);
-    print_row(*best, true);
+    return Status::ok();
+}
 
+// Report, --vs-fio: the worst ratios per storage and over the grid. Returns them as JSON.
+Result<Json> report_worst_vs_fio(const SweepRig& r) {
+    Json worst_json = Json::object();
+    std::printf("\n");
+    for (const auto& storage : r.storages) {
+        const WorstOf w = worst_of(r.points, storage);
+        if (!w.ratio.set) continue;
+        print_worst(str_cat("on ", storage), w);
+        worst_json[storage] = worst_to_json(w);
+    }
+    const WorstOf w = worst_of(r.points, "");
+    if (!w.ratio.set) {
+        return Status::not_supported("no configuration of the grid could be measured");
+    }
+    print_worst("over the grid", w);
+    worst_json["grid"] = worst_to_json(w);
+    if (w.cpu_unresolved > 0) {
+        std::printf(
+            "* CPU ratio not resolved at %d of the comparisons: fio's start-up CPU varied by "
+            "more than\n"
+            "  1/%.0f of its I/O's (large buffers); left out of the highest; a larger --size "
+            "resolves it\n",
+            w.cpu_unresolved, kStartupSpreadsPerIo);
+    }
+    return worst_json;
+}
+
+// The --json report: the grid, the best point and its aio block (and the --vs-fio figures).
+Json report_json(const SweepOptions& o, bool tune, const SweepRig& r, const GridPoint& best,
+                 const Json& worst_json) {
     Json report{{"command", tune ? "tune" : "sweep"},
                 {"size_bytes", o.common.size_bytes},
-                {"storages", storages},
+                {"storages", r.storages},
                 {"paths", o.common.dirs},
                 {"score_rule", o.ops.size() == 2 ? "harmonic_mean(read, write)" : "gb_per_s"}};
     Json grid = Json::array();
-    for (const auto& p : points) grid.push_back(point_to_json(p));
+    for (const auto& p : r.points) grid.push_back(point_to_json(p));
     report["grid"] = grid;
-    report["best"] = point_to_json(*best);
-    report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best->aio)));
+    report["best"] = point_to_json(best);
+    report["best_aio"] = Json::parse(config::aio_to_json(engine::aio_config(best.aio)));
     if (o.vs_fio) {
         report["pairs"] = o.pairs;
         report["worst_vs_fio"] = worst_json;
     }
+    return report;
+}
+
+// tune: the best point's aio block, checked to load as zinfinity reads it, to --write-config.
+Status write_tuned_config(const SweepOptions& o, const GridPoint& best) {
+    const std::string text = config::aio_to_json(engine::aio_config(best.aio)) + "\n";
+    // What we write must be what zinfinity reads back: check it before writing.
+    auto parsed = config::load_aio_from_string(text, "tune output");
+    if (!parsed.has_value()) {
+        return parsed.error().with_context("internal: the tuned aio block does not load");
+    }
+    ZINF_TRY(write_text_file("--write-config", o.write_config, text, o.force));
+    std::printf("wrote %s:\n%s", o.write_config.c_str(), text.c_str());
+    return Status::ok();
+}
+
+// Report: the worst ratios (--vs-fio), the best point, then the files asked for: --plot,
+// tune's --write-config, --json.
+Status report(const SweepOptions& o, bool tune, const SweepRig& r) {
+    Json worst_json = Json::object();
+    if (o.vs_fio) {
+        ZINF_ASSIGN_OR_RETURN(worst_json, report_worst_vs_fio(r));
+    }
+    const GridPoint* best = pick_best(r.points);
+    if (best == nullptr) {
+        return Status::not_supported("no configuration of the grid could be measured");
+    }
+    std::printf(
+        "best (highest score; within %.0f%% of it fewer threads, lower queue depth, smaller "
+        "block win):\n",
+        kTieFraction * 100);
+    print_row(*best, true);
+    const Json report = report_json(o, tune, r, *best, worst_json);
     if (!o.plot_path.empty()) {
-        ZINF_TRY(write_text_file("--plot", o.plot_path, render_plot(o, points), true));
+        ZINF_TRY(write_text_file("--plot", o.plot_path, render_plot(o, r.points), true));
         std::printf("plot: %s\n", o.plot_path.c_str());
     }
-
-    if (tune) {
-        const std::string text = config::aio_to_json(engine::aio_config(best->aio)) + "\n";
-        // What we write must be what zinfinity reads back: check it before writing.
-        auto parsed = config::load_aio_from_string(text, "tune output");
-        if (!parsed.has_value()) return parsed.error().with_context("internal: the tuned aio block does not load");
-        ZINF_TRY(write_text_file("--write-config", o.write_config, text, o.force));
-        std::printf("wrote %s:\n%s", o.write_config.c_str(), text.c_str());
-    }
+    if (tune) ZINF_TRY(write_tuned_config(o, *best));
     if (!o.common.json_path.empty()) ZINF_TRY(write_json_report(o.common.json_path, report));
     return Status::ok();
 }
 
+Status run(const SweepOptions& o, bool tune) {
+    ZINF_ASSIGN_OR_RETURN(SweepRig rig, set_up(o));
+    print_plan(o, tune, rig);
+    ZINF_TRY(measure_grid(o, rig));
+    return report(o, tune, rig);
+}
+
+// The --help summaries of the two commands.
+constexpr const char* kTuneSummary =
+    "Runs the sweep grid (backends x block sizes x queue depths x threads), writing and\n"
+    "reading the bench's own test file at each point, and writes the best configuration\n"
+    "as an `aio` JSON block that zinfinity configs accept.\n\n"
+    "Rule: the best point has the highest harmonic mean of write and read GB/s, i.e. the\n"
+    "rate of writing and reading back the same bytes, as a swap cycle does. Points within\n"
+    "1% of it count as equal; among them fewer threads, then a lower queue depth, then a\n"
+    "smaller block size win (less memory and CPU). The test file is created exclusively\n"
+    "and removed at exit.";
+constexpr const char* kSweepSummary =
+    "Measures every combination of backends x block sizes x queue depths x threads on the\n"
+    "bench's own test file (created exclusively, removed at exit) and prints a table of\n"
+    "GB/s (decimal), CPU seconds per GB and p99 op latency, marking the best point (highest\n"
+    "harmonic mean of write and read GB/s with both ops, else the op's GB/s).";
+
 int run_command(int argc, char** argv, bool tune) {
     const char* name = tune ? "tune" : "sweep";
-    cli::Args args(
-        tune ? "zinfinity-bench tune --path DIR --write-config FILE [flags]"
-             : "zinfinity-bench sweep --path DIR [flags]",
-        tune ? "Runs the sweep grid (backends x block sizes x queue depths x threads), writing and\n"
-               "reading the bench's own test file at each point, and writes the best configuration\n"
-               "as an `aio` JSON block that zinfinity configs accept.\n\n"
-               "Rule: the best point has the highest harmonic mean of write and read GB/s, i.e. the\n"
-               "rate of writing and reading back the same bytes, as a swap cycle does. Points within\n"
-               "1% of it count as equal; among them fewer threads, then a lower queue depth, then a\n"
-               "smaller block size win (less memory and CPU). The test file is created exclusively\n"
-               "and removed at exit."
-             : "Measures every combination of backends x block sizes x queue depths x threads on the\n"
-               "bench's own test file (created exclusively, removed at exit) and prints a table of\n"
-               "GB/s (decimal), CPU seconds per GB and p99 op latency, marking the best point (highest\n"
-               "harmonic mean of write and read GB/s with both ops, else the op's GB/s).");
+    cli::Args args(tune ? "zinfinity-bench tune --path DIR --write-config FILE [flags]"
+                        : "zinfinity-bench sweep --path DIR [flags]",
+                   tune ? kTuneSummary : kSweepSummary);
     declare_flags(args, tune);
     const std::string program = std::string("zinfinity-bench ") + name;
     if (auto exit_code = args.parse_or_exit(argc, argv, program)) return *exit_code;

@@ -21,11 +21,8 @@
 #include "src/base/units.h"
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/generate.h"
-#include "src/engine/stack.h"
+#include "src/engine/launch_stack.h"
 #include "src/engine/trainer.h"
-#ifdef ZINF_TRAIN_HAVE_CUDA
-#include "src/engine/cuda_stack.h"
-#endif
 #include "src/engine/trace.h"
 #include "src/model/gpt.h"
 #include "tools/cli/args.h"
@@ -33,10 +30,6 @@
 #include "tools/train/prediction_png.h"
 #ifdef ZINF_TRAIN_HAVE_MPI
 #include "zero/mpi_communicator.h"
-#endif
-#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
-#include "src/device/cuda_device.h"
-#include "zero/nccl_mpi_bootstrap.h"
 #endif
 
 namespace {
@@ -50,13 +43,7 @@ double peak_rss_mib() {
 }
 
 // Where this process sits among the ranks (zero::detect_launch; one rank without MPI).
-struct Launch {
-    int rank = 0;
-    int world_size = 1;
-    int local_rank = 0;
-    std::string source = "single process";
-};
-Launch g_launch;
+zinf::Launch g_launch;
 
 // Errors carry the rank when there are several: every rank prints its own.
 int fail(const std::string& what, const Status& s) {
@@ -65,55 +52,6 @@ int fail(const std::string& what, const Status& s) {
     std::fprintf(stderr, "zinfinity-train: %s%s: %s\n", rank.c_str(), what.c_str(),
                  s.to_string().c_str());
     return 1;
-}
-
-// The communicator of several ranks: MPI between CPU-device ranks, NCCL (bootstrapped over MPI)
-// between GPU ranks. Empty for one rank: the stack's single-rank communicator.
-zinf::CommunicatorFactory communicator_factory(const zinf::config::EngineConfig& config) {
-    if (g_launch.world_size == 1) return {};
-    return [&config](zinf::Device& device) -> zinf::Result<std::unique_ptr<zinf::zero::Communicator>> {
-        if (device.kind() == zinf::DeviceKind::kCpu) {
-#ifdef ZINF_TRAIN_HAVE_MPI
-            zinf::zero::MpiCommunicatorOptions o;
-            o.deterministic = config.comm.deterministic;
-            o.timeout = std::chrono::seconds(config.comm.timeout_s);
-            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::MpiCommunicator::create(device, o));
-            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
-#endif
-        } else {
-#if defined(ZINF_TRAIN_HAVE_CUDA) && defined(ZINF_TRAIN_HAVE_NCCL_MPI)
-            auto& cuda = static_cast<zinf::device::CudaDevice&>(device);
-            // NCCL orders its own reductions, and only its barrier waits with a bound.
-            if (config.comm.deterministic) {
-                zinf::log::warning("comm.deterministic: not implemented for GPU ranks (NCCL "
-                                   "orders its reductions itself); ignored");
-            }
-            zinf::zero::NcclCommunicatorOptions no;
-            if (config.comm.timeout_s > 0) no.barrier_timeout = std::chrono::seconds(config.comm.timeout_s);
-            zinf::log::warning("comm.timeout_s: on GPU ranks it bounds NCCL barriers only");
-            ZINF_ASSIGN_OR_RETURN(auto c, zinf::zero::create_nccl_communicator_with_mpi(cuda, no));
-            return std::unique_ptr<zinf::zero::Communicator>(std::move(c));
-#endif
-        }
-        return Status::not_supported(zinf::str_cat(
-            "several ranks on device.type \"", config.device.type,
-            "\": this zinfinity-train was built without ",
-            device.kind() == zinf::DeviceKind::kCpu ? "MPI" : "NCCL and MPI"));
-    };
-}
-
-// The stack the config's device.type asks for.
-zinf::Result<zinf::TrainingStack> make_stack(const zinf::config::EngineConfig& config) {
-    if (config.device.type == "cuda") {
-#ifdef ZINF_TRAIN_HAVE_CUDA
-        return zinf::create_cuda_training_stack(config, communicator_factory(config));
-#else
-        return Status::not_supported(
-            "device.type: \"cuda\": this zinfinity-train was built without CUDA (nvcc not "
-            "found at build time)");
-#endif
-    }
-    return zinf::TrainingStack::create(config, {}, communicator_factory(config));
 }
 
 void declare_flags(zinf::cli::Args& args) {
@@ -196,7 +134,8 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
         f.temperature = std::strtod(t.c_str(), &end);
         if (t.empty() || end == nullptr || *end != '\0' || errno != 0 ||
             !(f.temperature >= 0.0) || !std::isfinite(f.temperature)) {
-            return Status::invalid_argument("--temperature: expected a number >= 0 (0: greedy), got '" + t + "'");
+            return Status::invalid_argument(
+                "--temperature: expected a number >= 0 (0: greedy), got '" + t + "'");
         }
     }
     if (args.given("generate")) {
@@ -408,7 +347,8 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
     }
     std::printf("predict: %zu of %zu right\n", right, predictions.size());
     if (c.data.dataset == "fashion-mnist" && !images.empty() && g_launch.rank == 0) {
-        ZINF_TRY(zinf::train::write_prediction_grid(png_path, images).with_context("--predict-png"));
+        ZINF_TRY(
+            zinf::train::write_prediction_grid(png_path, images).with_context("--predict-png"));
         std::printf("predict: %s (%zu images, captioned P:<predicted> T:<true>)\n",
                     png_path.c_str(), images.size());
     }
@@ -419,11 +359,13 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
 void print_overlap(const zinf::OverlapFigures& f, std::uint64_t steps) {
     std::printf("measure-overlap: %" PRIu64 " steps per pass\n", steps);
     std::printf("  real steps:   %.3f s/step\n", f.real_seconds);
-    std::printf("  I/O-only:     %.3f s/step (parameters, gradients, optimizer states; no compute)\n",
-                f.io_only_seconds);
-    std::printf("  compute-only: %.3f s/step (the same engine and budgets, its I/O discarded: %" PRIu64
-                " operations, %" PRIu64 " bytes still moved)\n",
-                f.compute_only_seconds, f.compute_only_ops_discarded, f.compute_only_bytes_moved);
+    std::printf(
+        "  I/O-only:     %.3f s/step (parameters, gradients, optimizer states; no compute)\n",
+        f.io_only_seconds);
+    std::printf(
+        "  compute-only: %.3f s/step (the same engine and budgets, its I/O discarded: %" PRIu64
+        " operations, %" PRIu64 " bytes still moved)\n",
+        f.compute_only_seconds, f.compute_only_ops_discarded, f.compute_only_bytes_moved);
     std::printf("  real / max(compute-only, I/O-only) = %.3f (target <= 1.15: %s)\n", f.ratio(),
                 f.ratio() <= 1.15 ? "met" : "NOT met");
     std::fflush(stdout);
@@ -459,9 +401,10 @@ int generate_text(zinf::Engine& engine, const std::string& prompt, const Flags& 
         std::fputc(c, stdout);
         std::fflush(stdout);
     };
-    std::printf("generate (%zu bytes, %s):\n%s", o.bytes,
-                o.temperature == 0.0 ? "greedy" : ("temperature " + std::to_string(o.temperature)).c_str(),
-                prompt.c_str());
+    std::printf(
+        "generate (%zu bytes, %s):\n%s", o.bytes,
+        o.temperature == 0.0 ? "greedy" : ("temperature " + std::to_string(o.temperature)).c_str(),
+        prompt.c_str());
     std::fflush(stdout);
     auto text = zinf::generate(engine, prompt, o);
     std::printf("\n");
@@ -492,6 +435,102 @@ int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flag
     return 0;
 }
 
+// The config --config names, with the --set overrides, for this launch's world size.
+zinf::Result<zinf::config::EngineConfig> load_config(const zinf::cli::Args& args) {
+    zinf::config::LoadOptions lo;
+    lo.overrides = args.get_list("set");
+    lo.world_size = g_launch.world_size;
+    // One rank reports the config's warnings; the others would repeat them.
+    lo.log_warnings = g_launch.rank == 0;
+    return zinf::config::load(args.get("config"), lo);
+}
+
+// What a run works with: the data, this rank's stack, the --trace recorder and the trainer.
+// Members are destroyed in reverse order: the trainer before the engine and the data it borrows.
+struct Session {
+    zinf::Datasets data;
+    zinf::TrainingStack stack;
+    std::unique_ptr<zinf::TraceRecorder> trace;
+    std::optional<zinf::Trainer> trainer;
+};
+
+// Set up: the data first (a missing dataset fails before gigabytes are allocated), then the
+// stack (the device of device.type, the communicator of the launch's ranks) and its summary,
+// --trace, --resume and the trainer. Returns 0, or the exit code of what failed (printed).
+int set_up(const zinf::cli::Args& args, const Flags& flags,
+           const zinf::config::EngineConfig& config, Session& s) {
+    auto data = zinf::load_datasets(config);
+    if (!data.has_value()) return fail("data", data.error());
+    s.data = std::move(data).value();
+    auto stack = zinf::create_training_stack(config, g_launch);
+    if (!stack.has_value()) return fail("engine", stack.error());
+    s.stack = std::move(stack).value();
+    if (Status st = zinf::check_datasets(s.data, s.stack.model->batch_shape()); !st.is_ok()) {
+        return fail("data", st);
+    }
+    zinf::Engine& engine = *s.stack.engine;
+    std::printf("%s\n", engine.summary().c_str());
+    if (args.given("trace")) {
+        s.trace = std::make_unique<zinf::TraceRecorder>();
+        engine.set_trace(s.trace.get());
+    }
+    if (args.given("resume")) {
+        Status st = resume(engine, args.get("resume"));
+        if (!st.is_ok()) return fail("--resume", st);
+    }
+    zinf::TrainerOptions to;
+    to.max_steps = flags.max_steps;
+    to.save_dir = args.get("save-dir");
+    to.save_every = flags.save_every;
+    to.evaluate_each_epoch = !args.get_switch("no-eval");
+    to.eval_every = flags.eval_every;
+    to.eval_samples = flags.eval_samples.value_or(config.data.eval_samples);
+    to.trace = s.trace.get();
+    auto trainer = zinf::Trainer::create(engine, *s.data.train, s.data.test.get(), to);
+    if (!trainer.has_value()) return fail("data", trainer.error());
+    s.trainer.emplace(std::move(trainer).value());
+    return 0;
+}
+
+// The work: --eval-only's evaluation, or training.
+int train_or_evaluate(const zinf::cli::Args& args, const Flags& flags,
+                      const zinf::config::EngineConfig& config, Session& s) {
+    zinf::Engine& engine = *s.stack.engine;
+    if (args.get_switch("eval-only")) {
+        const bool language_model = s.data.train_entropy.has_value();
+        return evaluate_only(*s.trainer, engine, s.data.test != nullptr, language_model);
+    }
+    std::printf("data: %s, %zu training samples, %" PRIu64 " steps per epoch, %" PRIu64
+                " steps to run (from step %" PRIu64 ")\n",
+                config.data.dataset.c_str(), s.data.train->count(), s.trainer->steps_per_epoch(),
+                s.trainer->total_steps(), engine.global_steps());
+    return train(*s.trainer, args, flags, config, s.stack, s.data.train_entropy);
+}
+
+// After the work: the --trace file (one per rank), --predict, --measure-overlap.
+int after_training(const zinf::cli::Args& args, const Flags& flags,
+                   const zinf::config::EngineConfig& config, Session& s) {
+    if (s.trace) {
+        std::string path = args.get("trace");
+        if (g_launch.rank != 0) path += ".rank" + std::to_string(g_launch.rank);
+        if (Status st = s.trace->write(path); !st.is_ok()) return fail("--trace", st);
+        std::printf("trace: %s (%zu spans%s)\n", path.c_str(), s.trace->size(),
+                    g_launch.world_size > 1 ? "; other ranks: FILE.rank<r>" : "");
+    }
+    if (flags.predict > 0) {
+        if (Status st = predict(*s.trainer, flags.predict, config, args.get("predict-png"));
+            !st.is_ok()) {
+            return fail("--predict", st);
+        }
+    }
+    if (args.get_switch("measure-overlap")) {
+        auto f = s.trainer->measure_overlap(flags.overlap_steps);
+        if (!f.has_value()) return fail("--measure-overlap", f.error());
+        print_overlap(*f, flags.overlap_steps);
+    }
+    return 0;
+}
+
 int run(int argc, char** argv) {
     zinf::cli::Args args(
         "zinfinity-train --config FILE [flags]",
@@ -511,84 +550,22 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "zinfinity-train: --config FILE is required (see --help)\n");
         return 2;
     }
-    zinf::config::LoadOptions lo;
-    lo.overrides = args.get_list("set");
-    lo.world_size = g_launch.world_size;
-    // One rank reports the config's warnings; the others would repeat them.
-    lo.log_warnings = g_launch.rank == 0;
-    auto loaded = zinf::config::load(args.get("config"), lo);
+    auto loaded = load_config(args);
     if (!loaded.has_value()) return fail("config", loaded.error());
-    if (g_launch.world_size > 1 && loaded->device.type == "cuda") {
-        loaded->device.local_rank = g_launch.local_rank;  // one GPU per rank of this node
-    }
     const auto& config = *loaded;
     auto flags = check_flags(args);
     if (!flags.has_value()) return fail("arguments", flags.error());
 
-    // Data first: a missing dataset fails before gigabytes are allocated.
-    auto data = zinf::load_datasets(config);
-    if (!data.has_value()) return fail("data", data.error());
-    auto stack = make_stack(config);
-    if (!stack.has_value()) return fail("engine", stack.error());
-    if (Status s = zinf::check_datasets(*data, stack->model->batch_shape()); !s.is_ok()) {
-        return fail("data", s);
+    Session session;
+    if (int rc = set_up(args, *flags, config, session); rc != 0) return rc;
+    if (!session.data.description.empty()) {
+        std::printf("data: %s\n", session.data.description.c_str());
     }
-    zinf::Engine& engine = *stack->engine;
-    std::printf("%s\n", engine.summary().c_str());
-    std::unique_ptr<zinf::TraceRecorder> trace;
-    if (args.given("trace")) {
-        trace = std::make_unique<zinf::TraceRecorder>();
-        engine.set_trace(trace.get());
-    }
-    if (args.given("resume")) {
-        if (Status s = resume(engine, args.get("resume")); !s.is_ok()) return fail("--resume", s);
-    }
-    zinf::TrainerOptions to;
-    to.max_steps = flags->max_steps;
-    to.save_dir = args.get("save-dir");
-    to.save_every = flags->save_every;
-    to.evaluate_each_epoch = !args.get_switch("no-eval");
-    to.eval_every = flags->eval_every;
-    to.eval_samples = flags->eval_samples.value_or(config.data.eval_samples);
-    to.trace = trace.get();
-    auto trainer = zinf::Trainer::create(engine, *data->train, data->test.get(), to);
-    if (!trainer.has_value()) return fail("data", trainer.error());
-
-    const bool language_model = data->train_entropy.has_value();
-    if (!data->description.empty()) std::printf("data: %s\n", data->description.c_str());
     if (args.given("generate")) {
-        return generate_text(engine, args.get("generate"), *flags, config);
+        return generate_text(*session.stack.engine, args.get("generate"), *flags, config);
     }
-    if (args.get_switch("eval-only")) {
-        if (int rc = evaluate_only(*trainer, engine, data->test != nullptr, language_model);
-            rc != 0)
-            return rc;
-    } else {
-        std::printf("data: %s, %zu training samples, %" PRIu64 " steps per epoch, %" PRIu64
-                    " steps to run (from step %" PRIu64 ")\n",
-                    config.data.dataset.c_str(), data->train->count(), trainer->steps_per_epoch(),
-                    trainer->total_steps(), engine.global_steps());
-        if (int rc = train(*trainer, args, *flags, config, *stack, data->train_entropy); rc != 0)
-            return rc;
-    }
-    if (trace) {
-        std::string path = args.get("trace");
-        if (g_launch.rank != 0) path += ".rank" + std::to_string(g_launch.rank);
-        if (Status s = trace->write(path); !s.is_ok()) return fail("--trace", s);
-        std::printf("trace: %s (%zu spans%s)\n", path.c_str(), trace->size(),
-                    g_launch.world_size > 1 ? "; other ranks: FILE.rank<r>" : "");
-    }
-    if (flags->predict > 0) {
-        if (Status s = predict(*trainer, flags->predict, config, args.get("predict-png"));
-            !s.is_ok())
-            return fail("--predict", s);
-    }
-    if (args.get_switch("measure-overlap")) {
-        auto f = trainer->measure_overlap(flags->overlap_steps);
-        if (!f.has_value()) return fail("--measure-overlap", f.error());
-        print_overlap(*f, flags->overlap_steps);
-    }
-    return 0;
+    if (int rc = train_or_evaluate(args, *flags, config, session); rc != 0) return rc;
+    return after_training(args, *flags, config, session);
 }
 
 }  // namespace
@@ -631,8 +608,12 @@ int main(int argc, char** argv) {
     if (g_launch.world_size > 1) {
         zinf::log::set_line_prefix("rank " + std::to_string(g_launch.rank) + ": ");
         if (g_launch.rank != 0) {
-            if (std::getenv("ZINF_LOG_LEVEL") == nullptr) zinf::log::set_level(zinf::log::Level::kError);
-            if (std::freopen("/dev/null", "w", stdout) == nullptr) return fail("stdout", Status::from_errno(errno, "reopen /dev/null"));
+            if (std::getenv("ZINF_LOG_LEVEL") == nullptr) {
+                zinf::log::set_level(zinf::log::Level::kError);
+            }
+            if (std::freopen("/dev/null", "w", stdout) == nullptr) {
+                return fail("stdout", Status::from_errno(errno, "reopen /dev/null"));
+            }
         }
     }
     const int rc = run(argc, argv);
