@@ -30,11 +30,17 @@ struct PinnedPool::Memory {
         }
         if (topology != nullptr) hwloc_topology_destroy(topology);
     }
+
+    // PinnedPool::create's steps, in order; `pool` names the pool in messages.
+    Status load_topology(const std::string& pool, const std::string& bus_id);
+    int nearest_node(const std::string& pool, const std::string& bus_id) const;
+    int allocate(const std::string& pool, int node, std::size_t total);
+    void touch_pages() const;
+    Status lock(const PinnedPoolOptions& options);
 };
 
 namespace {
 
-// The NUMA node of the CPU the calling thread last ran on; -1 when hwloc cannot tell.
 // The NUMA node of the first non-I/O ancestor of the PCI device `bus_id`; -1 if unknown.
 int pci_device_node(hwloc_topology_t topology, const std::string& bus_id) {
     hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topology, bus_id.c_str());
@@ -44,6 +50,7 @@ int pci_device_node(hwloc_topology_t topology, const std::string& bus_id) {
     return hwloc_bitmap_first(ancestor->nodeset);
 }
 
+// The NUMA node of the CPU the calling thread last ran on; -1 when hwloc cannot tell.
 int calling_thread_node(hwloc_topology_t topology) {
     hwloc_bitmap_t cpuset = hwloc_bitmap_alloc();
     hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
@@ -60,6 +67,79 @@ int calling_thread_node(hwloc_topology_t topology) {
 
 }  // namespace
 
+// PCI objects are loaded only for a device with a bus id (a GPU): I/O discovery loads plugins,
+// which the CPU path does not need.
+Status PinnedPool::Memory::load_topology(const std::string& pool, const std::string& bus_id) {
+    if (hwloc_topology_init(&topology) != 0 ||
+        (!bus_id.empty() &&
+         hwloc_topology_set_io_types_filter(topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0) ||
+        hwloc_topology_load(topology) != 0) {
+        return Status::internal(
+            str_cat("pinned pool '", pool, "': hwloc topology: ", std::strerror(errno)));
+    }
+    return Status::ok();
+}
+
+// The node closest to the device's PCI bus where it has one (a GPU), else the node the calling
+// thread runs on; -1 when neither is known.
+int PinnedPool::Memory::nearest_node(const std::string& pool, const std::string& bus_id) const {
+    const int node = bus_id.empty() ? -1 : pci_device_node(topology, bus_id);
+    if (node >= 0) return node;
+    if (!bus_id.empty()) {
+        log::debug("pinned pool '", pool, "': no NUMA node known for PCI device ", bus_id,
+                   "; using the calling thread's");
+    }
+    return calling_thread_node(topology);
+}
+
+// Allocates `total` page-aligned bytes bound to `node` where binding works, else unbound.
+// Returns the node the memory is bound to, or -1; base stays null (errno set by hwloc) when
+// even the unbound allocation failed.
+int PinnedPool::Memory::allocate(const std::string& pool, int node, std::size_t total) {
+    int bound_node = -1;
+    hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
+    if (node >= 0 && nodeset != nullptr) {
+        hwloc_bitmap_only(nodeset, static_cast<unsigned>(node));
+        base = hwloc_alloc_membind(topology, total, nodeset, HWLOC_MEMBIND_BIND,
+                                   HWLOC_MEMBIND_BYNODESET);
+        if (base != nullptr) bound_node = node;
+    }
+    hwloc_bitmap_free(nodeset);
+    if (base == nullptr) {
+        // Binding unsupported (no NUMA, seccomp'ed mbind): plain page-aligned memory.
+        log::debug("pinned pool '", pool, "': NUMA binding unavailable (", std::strerror(errno),
+                   "); allocating unbound");
+        base = hwloc_alloc(topology, total);
+    }
+    return bound_node;
+}
+
+// Huge pages where the kernel has them (one block-layer segment per O_DIRECT piece: see
+// advise_huge_pages), asked for before the first touch. Then touch every page now so that no
+// page fault lands on the hot path (mlock would too).
+void PinnedPool::Memory::touch_pages() const {
+    ZINF_ASSERT(is_aligned(base, kPageBytes));
+    (void)advise_huge_pages({static_cast<std::byte*>(base), size_bytes});
+    std::memset(base, 0, size_bytes);
+}
+
+// mlock failing is kNotSupported unless options.allow_unlocked, which only logs a warning;
+// options.lock false leaves the memory pageable by request.
+Status PinnedPool::Memory::lock(const PinnedPoolOptions& options) {
+    if (!options.lock) return Status::ok();
+    if (::mlock(base, size_bytes) == 0) {
+        locked = true;
+        return Status::ok();
+    }
+    const int err = errno;
+    const std::string what =
+        str_cat("pinned pool '", options.name, "': mlock of ", format_bytes(size_bytes),
+                " failed: ", std::strerror(err), " (raise `ulimit -l` or run with CAP_IPC_LOCK)");
+    if (!options.allow_unlocked) return Status::not_supported(what, err);
+    log::warning(what, "; continuing with unlocked memory");
+    return Status::ok();
+}
+
 Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& options) {
     if (options.buffer_count == 0 || options.buffer_size_bytes == 0) {
         return Status::invalid_argument(str_cat("pinned pool '", options.name, "': buffer_count (",
@@ -75,39 +155,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
     auto memory = std::make_unique<Memory>();
     const std::string bus_id =
         options.near_device != nullptr ? options.near_device->pci_bus_id() : std::string();
-    // PCI objects are loaded only for a device with a bus id (a GPU): I/O discovery loads
-    // plugins, which the CPU path does not need.
-    if (hwloc_topology_init(&memory->topology) != 0 ||
-        (!bus_id.empty() && hwloc_topology_set_io_types_filter(
-                                memory->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0) ||
-        hwloc_topology_load(memory->topology) != 0) {
-        return Status::internal(
-            str_cat("pinned pool '", options.name, "': hwloc topology: ", std::strerror(errno)));
-    }
-    // The node closest to the device's PCI bus where it has one (a GPU), else the node the
-    // calling thread runs on.
-    int node = bus_id.empty() ? -1 : pci_device_node(memory->topology, bus_id);
-    if (node < 0) {
-        if (!bus_id.empty()) {
-            log::debug("pinned pool '", options.name, "': no NUMA node known for PCI device ",
-                       bus_id, "; using the calling thread's");
-        }
-        node = calling_thread_node(memory->topology);
-    }
-    hwloc_bitmap_t nodeset = hwloc_bitmap_alloc();
-    if (node >= 0 && nodeset != nullptr) {
-        hwloc_bitmap_only(nodeset, static_cast<unsigned>(node));
-        memory->base = hwloc_alloc_membind(memory->topology, total, nodeset, HWLOC_MEMBIND_BIND,
-                                           HWLOC_MEMBIND_BYNODESET);
-        if (memory->base != nullptr) pool->numa_node_ = node;
-    }
-    hwloc_bitmap_free(nodeset);
-    if (memory->base == nullptr) {
-        // Binding unsupported (no NUMA, seccomp'ed mbind): plain page-aligned memory.
-        log::debug("pinned pool '", options.name, "': NUMA binding unavailable (",
-                   std::strerror(errno), "); allocating unbound");
-        memory->base = hwloc_alloc(memory->topology, total);
-    }
+    ZINF_TRY(memory->load_topology(options.name, bus_id));
+    const int node = memory->nearest_node(options.name, bus_id);
+    pool->numa_node_ = memory->allocate(options.name, node, total);
     if (memory->base == nullptr) {
         return Status::no_space(
             str_cat("pinned pool '", options.name, "': cannot allocate ", format_bytes(total), " (",
@@ -115,24 +165,9 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
             errno);
     }
     memory->size_bytes = total;
-    ZINF_ASSERT(is_aligned(memory->base, kPageBytes));
-    // Huge pages where the kernel has them (one block-layer segment per O_DIRECT piece: see
-    // advise_huge_pages), asked for before the first touch. Then touch every page now so that no
-    // page fault lands on the hot path (mlock would too).
-    (void)advise_huge_pages({static_cast<std::byte*>(memory->base), total});
-    std::memset(memory->base, 0, total);
-    if (!options.lock) {
-        // Pageable by request.
-    } else if (::mlock(memory->base, total) == 0) {
-        memory->locked = true;
-    } else {
-        const int err = errno;
-        const std::string what = str_cat("pinned pool '", options.name, "': mlock of ",
-                                         format_bytes(total), " failed: ", std::strerror(err),
-                                         " (raise `ulimit -l` or run with CAP_IPC_LOCK)");
-        if (!options.allow_unlocked) return Status::not_supported(what, err);
-        log::warning(what, "; continuing with unlocked memory");
-    }
+    memory->touch_pages();
+    ZINF_TRY(memory->lock(options));
+
     pool->locked_ = memory->locked;
     pool->region_ = {static_cast<std::byte*>(memory->base), total};
     pool->memory_ = std::move(memory);

@@ -258,6 +258,16 @@ private:
     Status save_states(engine::CheckpointWriter& w);
     void describe_states(engine::CheckpointWriter& w) const;
     Status save_sharded(const std::string& dir, const std::string& tag);
+    // save_sharded's steps: rank 0 opens the checkpoint, every rank saves its shard, rank 0
+    // finds every shard and commits.
+    Status open_sharded_save(const std::string& dir, const std::string& tag,
+                             std::optional<engine::CheckpointWriter>& top, std::span<char> shared);
+    Status save_shard(const std::string& shard_dir, const std::string& nonce);
+    Status commit_sharded_save(engine::CheckpointWriter& top, const std::string& dir,
+                               const std::string& tag, const std::string& temp,
+                               const std::string& nonce);
+    Status find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
+                       const std::string& nonce) const;
     Status load_states(const engine::CheckpointReader& r);
     Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
                               int saved_world, int saved_stage);

@@ -269,25 +269,9 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
     const int rank = communicator_.rank();
     const int world = communicator_.world_size();
     std::optional<engine::CheckpointWriter> top;
-    Status status;
     // Rank 0's temporary name and a nonce that ties the shards to this save, to every rank.
     std::array<char, 256> shared{};
-    if (rank == 0) {
-        auto w = engine::CheckpointWriter::create(file_system(), dir, tag);
-        if (w.has_value()) {
-            top.emplace(std::move(*w));
-            const std::uint64_t nonce = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ micro_steps_;
-            const int len = std::snprintf(shared.data(), shared.size(), "%s %016" PRIx64,
-                                          top->temp_name().c_str(), nonce);
-            if (len < 0 || static_cast<std::size_t>(len) >= shared.size()) {
-                shared.fill('\0');
-                status = Status::invalid_argument("checkpoint " + dir + "/" + tag +
-                                                  ": the tag is too long for a sharded checkpoint");
-            }
-        } else {
-            status = w.error();
-        }
-    }
+    Status status = rank == 0 ? open_sharded_save(dir, tag, top, shared) : Status::ok();
     std::vector<std::array<char, 256>> all(static_cast<std::size_t>(world));
     ZINF_TRY(communicator_.all_gather_host(std::as_bytes(std::span(shared)),
                                            std::as_writable_bytes(std::span(all))));
@@ -302,21 +286,13 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(status.is_ok());
     const std::string temp = line.substr(0, space);
     const std::string nonce = line.substr(space + 1);
-    {
-        auto w = engine::CheckpointWriter::create(file_system(), dir + "/" + temp, shard_name(rank));
-        if (w.has_value()) {
-            w->set_update_latest(false);
-            status = save_states(*w);
-            describe_states(*w);
-            w->set("checkpoint_nonce", nonce);
-            if (status.is_ok()) status = w->commit();
-        } else {
-            status = w.error();
-        }
+    status = save_shard(dir + "/" + temp, nonce);
+    if (!status.is_ok()) {
+        log::error("checkpoint ", dir, "/", tag, ": this rank's shard: ", status.to_string());
     }
-    if (!status.is_ok()) log::error("checkpoint ", dir, "/", tag, ": this rank's shard: ", status.to_string());
     // Every shard is written (or failed) before rank 0 commits or removes the directory.
-    ZINF_ASSIGN_OR_RETURN(auto failed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
+    ZINF_ASSIGN_OR_RETURN(auto failed,
+                          zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
     if (!status.is_ok()) return status;
     for (int r = 0; r < world; ++r) {
         if (failed[r] == 0) continue;
@@ -324,32 +300,79 @@ Status Engine::save_sharded(const std::string& dir, const std::string& tag) {
                                         " could not write its shard; not saved (latest unchanged)"),
                                 EIO);
     }
-    if (rank == 0) {
-        // Every shard must be where rank 0 commits (a rank writing to storage rank 0 does not
-        // see would otherwise leave a checkpoint without its shard).
-        for (int r = 0; r < world && status.is_ok(); ++r) {
-            auto shard = engine::CheckpointReader::open(file_system(), dir + "/" + temp, shard_name(r));
-            Result<std::string> got = shard.has_value() ? shard->get("checkpoint_nonce")
-                                                        : Result<std::string>(shard.error());
-            if (!got.has_value() || *got != nonce) {
-                status = Status::io_error(
-                    str_cat("checkpoint ", dir, "/", tag, ": the shard of rank ", r,
-                            " is not in rank 0's directory (", got.has_value() ? "another save's" : got.error().to_string(),
-                            "); the checkpoint directory must be storage every rank shares"),
-                    EIO);
-            }
-        }
-        describe_states(*top);
-        top->set("shards", std::to_string(world));
-        top->set("checkpoint_nonce", nonce);
-        if (status.is_ok()) status = top->commit();
-    }
-    ZINF_ASSIGN_OR_RETURN(auto committed, zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
+    if (rank == 0) status = commit_sharded_save(*top, dir, tag, temp, nonce);
+    ZINF_ASSIGN_OR_RETURN(auto committed,
+                          zero::gather_over_ranks(communicator_, status.is_ok() ? 0 : 1));
     if (committed[0] != 0) {
         return rank == 0 ? status
                          : Status::io_error("checkpoint " + dir + "/" + tag +
                                                 ": rank 0 could not commit it; not saved",
                                             EIO);
+    }
+    return Status::ok();
+}
+
+// Rank 0: opens the checkpoint's writer into `top` and writes "<temporary name> <nonce>" into
+// `shared` (left all zeros on failure, which tells the other ranks).
+Status Engine::open_sharded_save(const std::string& dir, const std::string& tag,
+                                 std::optional<engine::CheckpointWriter>& top,
+                                 std::span<char> shared) {
+    auto w = engine::CheckpointWriter::create(file_system(), dir, tag);
+    if (!w.has_value()) return w.error();
+    top.emplace(std::move(*w));
+    const std::uint64_t nonce = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ micro_steps_;
+    const int len = std::snprintf(shared.data(), shared.size(), "%s %016" PRIx64,
+                                  top->temp_name().c_str(), nonce);
+    if (len < 0 || static_cast<std::size_t>(len) >= shared.size()) {
+        std::fill(shared.begin(), shared.end(), '\0');
+        return Status::invalid_argument("checkpoint " + dir + "/" + tag +
+                                        ": the tag is too long for a sharded checkpoint");
+    }
+    return Status::ok();
+}
+
+// This rank's states as <shard_dir>/rank<r>, committed there without touching `latest`.
+Status Engine::save_shard(const std::string& shard_dir, const std::string& nonce) {
+    auto w = engine::CheckpointWriter::create(file_system(), shard_dir,
+                                              shard_name(communicator_.rank()));
+    if (!w.has_value()) return w.error();
+    w->set_update_latest(false);
+    const Status status = save_states(*w);
+    describe_states(*w);
+    w->set("checkpoint_nonce", nonce);
+    if (!status.is_ok()) return status;
+    return w->commit();
+}
+
+// Rank 0, once every rank wrote its shard: checks that each is in its directory, then writes
+// the manifest naming them and commits the checkpoint (when the check passed).
+Status Engine::commit_sharded_save(engine::CheckpointWriter& top, const std::string& dir,
+                                   const std::string& tag, const std::string& temp,
+                                   const std::string& nonce) {
+    const int world = communicator_.world_size();
+    Status status = find_shards(dir, tag, temp, nonce);
+    describe_states(top);
+    top.set("shards", std::to_string(world));
+    top.set("checkpoint_nonce", nonce);
+    if (status.is_ok()) status = top.commit();
+    return status;
+}
+
+// Every shard must be where rank 0 commits (a rank writing to storage rank 0 does not see
+// would otherwise leave a checkpoint without its shard): the first missing one, or one of
+// another save (its nonce differs), is an error.
+Status Engine::find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
+                           const std::string& nonce) const {
+    for (int r = 0; r < communicator_.world_size(); ++r) {
+        auto shard = engine::CheckpointReader::open(file_system(), dir + "/" + temp, shard_name(r));
+        Result<std::string> got =
+            shard.has_value() ? shard->get("checkpoint_nonce") : Result<std::string>(shard.error());
+        if (got.has_value() && *got == nonce) continue;
+        return Status::io_error(
+            str_cat("checkpoint ", dir, "/", tag, ": the shard of rank ", r, " is not in rank 0's",
+                    " directory (", got.has_value() ? "another save's" : got.error().to_string(),
+                    "); the checkpoint directory must be storage every rank shares"),
+            EIO);
     }
     return Status::ok();
 }

@@ -56,8 +56,37 @@ Gpt::~Gpt() {
     }
 }
 
-Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device,
-                                         std::unique_ptr<ActivationStore> store) {
+// What create allocates, from the config alone: no allocation, no failure. With checkpointing
+// one workspace serves every block (refilled by the recompute) and only the block inputs are
+// kept; kept off the device (kHost, kStore), they pass through two device slots in turn.
+struct Gpt::Layout {
+    std::size_t token_rows = 0;          // batch_rows_max x seq_len, the largest batch's
+    std::size_t input_bytes = 0;         // one block input: token_rows x d_model floats
+    std::size_t workspace_count = 0;     // one per block, or one shared
+    std::size_t device_input_count = 0;  // block inputs on the device: n_layer + 1, or 2
+    bool inputs_contiguous = false;      // the device block inputs in one allocation
+    bool inputs_on_host = false;         // kHost: n_layer inputs in pinned host memory
+    // ln_f's output, the logits and the loss's probabilities in the shared workspace's h1, u
+    // and g (create's wire_head says when and why).
+    bool head_in_workspace = false;
+};
+
+Gpt::Layout Gpt::layout_for(const GptConfig& config) noexcept {
+    const bool checkpoint = config.checkpoint_activations;
+    const bool off_device = checkpoint && config.checkpoint_place != CheckpointPlace::kDevice;
+    Layout layout;
+    layout.token_rows = config.batch_rows_max * config.seq_len;
+    layout.input_bytes = layout.token_rows * config.d_model * sizeof(float);
+    layout.workspace_count = checkpoint ? 1 : config.n_layer;
+    layout.device_input_count = off_device ? 2 : config.n_layer + 1;
+    layout.inputs_contiguous = config.contiguous_checkpoints || off_device;
+    layout.inputs_on_host = checkpoint && config.checkpoint_place == CheckpointPlace::kHost;
+    layout.head_in_workspace = checkpoint && config.vocab <= 4 * config.d_model;
+    return layout;
+}
+
+Status Gpt::check_config(const GptConfig& config, const Layout& layout,
+                         const ActivationStore* store) {
     const auto positive = [](std::size_t v, const char* key) -> Status {
         if (v == 0) return Status::invalid_argument(str_cat(key, ": must be > 0"));
         return Status::ok();
@@ -80,128 +109,166 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     if (!(config.layer_norm_eps > 0.0f)) {
         return Status::invalid_argument("model.layer_norm_eps: must be > 0");
     }
-    const std::size_t input_bytes =
-        config.batch_rows_max * config.seq_len * config.d_model * sizeof(float);
     if (config.checkpoint_activations && config.checkpoint_place == CheckpointPlace::kStore &&
         (store == nullptr || store->input_count() < config.n_layer ||
-         store->input_bytes() < input_bytes)) {
+         store->input_bytes() < layout.input_bytes)) {
         return Status::invalid_argument(
             str_cat("activation_checkpointing.nvme_checkpointing: the activation store must hold ",
-                    config.n_layer, " inputs of ", input_bytes, " bytes"));
+                    config.n_layer, " inputs of ", layout.input_bytes, " bytes"));
     }
+    return Status::ok();
+}
 
+Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device,
+                                         std::unique_ptr<ActivationStore> store) {
+    const Layout layout = layout_for(config);
+    ZINF_TRY(check_config(config, layout, store.get()));
     auto gpt = std::unique_ptr<Gpt>(new Gpt(config, device));
     gpt->store_ = std::move(store);
-    const std::size_t d = config.d_model;
-    const std::size_t n = config.batch_rows_max * config.seq_len;  // token rows
-    const std::size_t layers = config.n_layer;
-    const auto dropout_seed = [&](std::size_t index) {
-        return philox::mix64(config.seed ^ philox::mix64(index + 1));
-    };
-    ParameterRegistry& reg = gpt->registry_;
-    gpt->wte_ = reg.add("wte.weight", {config.vocab, d}, InitRule{InitKind::kUniform, kEmbeddingBound});
-    gpt->wpe_ =
-        reg.add("wpe.weight", {config.seq_len, d}, InitRule{InitKind::kUniform, kEmbeddingBound});
-    ZINF_ASSIGN_OR_RETURN(gpt->embed_dropout_,
-                          Dropout::create(device, d, n, config.dropout, dropout_seed(0)));
-    std::size_t scratch = config.seq_len * d;  // wpe's gradient
-    for (std::size_t i = 0; i < layers; ++i) {
-        auto b = std::make_unique<Block>();
-        const std::string p = str_cat("blocks.", i, ".");
-        ZINF_ASSIGN_OR_RETURN(b->ln_1, LayerNorm::create(reg, device, p + "ln_1", d, n,
-                                                         config.layer_norm_eps));
-        b->c_attn = Linear::create(reg, p + "attn.c_attn", d, 3 * d);
-        b->c_proj = Linear::create(reg, p + "attn.c_proj", d, d);
-        ZINF_ASSIGN_OR_RETURN(b->drop_attn, Dropout::create(device, d, n, config.dropout,
-                                                            dropout_seed(2 * i + 1)));
-        ZINF_ASSIGN_OR_RETURN(b->ln_2, LayerNorm::create(reg, device, p + "ln_2", d, n,
-                                                         config.layer_norm_eps));
-        b->c_fc = Linear::create(reg, p + "mlp.c_fc", d, 4 * d);
-        b->gelu = std::make_unique<Gelu>(4 * d);
-        b->mlp_proj = Linear::create(reg, p + "mlp.c_proj", 4 * d, d);
-        ZINF_ASSIGN_OR_RETURN(b->drop_mlp, Dropout::create(device, d, n, config.dropout,
-                                                           dropout_seed(2 * i + 2)));
-        scratch = std::max({scratch, b->c_fc->grad_scratch_numel(),
-                            b->mlp_proj->grad_scratch_numel(), b->c_attn->grad_scratch_numel()});
-        gpt->blocks_.push_back(std::move(b));
-    }
-    ZINF_ASSIGN_OR_RETURN(gpt->ln_f_,
-                          LayerNorm::create(reg, device, "ln_f", d, n, config.layer_norm_eps));
+    ZINF_TRY(gpt->add_modules(layout));
+    ZINF_TRY(gpt->allocate_workspaces(layout));
+    ZINF_TRY(gpt->allocate_block_inputs(layout));
+    // kept_activation_bytes(): everything allocated so far, the workspaces and block inputs.
+    gpt->kept_device_bytes_ = gpt->workspace_bytes_;
+    ZINF_TRY(gpt->pin_host_inputs(layout));
+    ZINF_TRY(gpt->wire_head(layout));
+    ZINF_TRY(gpt->allocate_gradients(layout));
+    ZINF_ASSIGN_OR_RETURN(gpt->scalars_, DeviceBuffer::allocate(device, 64, "gpt: loss"));
+    // The loss's probabilities (rows x vocab) are the SoftmaxCrossEntropy's, unless borrowed.
+    gpt->workspace_bytes_ +=
+        64 + (layout.head_in_workspace ? 0 : layout.token_rows * config.vocab * sizeof(float));
+    return gpt;
+}
 
-    std::size_t bytes = 0;
-    const auto alloc = [&](DeviceBuffer& buffer, std::size_t numel, const char* what) -> Status {
-        ZINF_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(device, numel * sizeof(float), what));
-        bytes += numel * sizeof(float);
-        return Status::ok();
-    };
-    const std::size_t workspaces = config.checkpoint_activations ? 1 : layers;
-    std::size_t inside_bytes = 0;
-    for (std::size_t i = 0; i < workspaces; ++i) {
+// The seed of dropout module `index`: 0 for the embeddings', 2i + 1 and 2i + 2 for block i's
+// attention and MLP branches.
+std::uint64_t Gpt::dropout_seed(std::size_t index) const noexcept {
+    return philox::mix64(config_.seed ^ philox::mix64(index + 1));
+}
+
+Status Gpt::add_modules(const Layout& layout) {
+    const std::size_t d = config_.d_model;
+    const std::size_t n = layout.token_rows;
+    wte_ = registry_.add("wte.weight", {config_.vocab, d},
+                         InitRule{InitKind::kUniform, kEmbeddingBound});
+    wpe_ = registry_.add("wpe.weight", {config_.seq_len, d},
+                         InitRule{InitKind::kUniform, kEmbeddingBound});
+    ZINF_ASSIGN_OR_RETURN(embed_dropout_,
+                          Dropout::create(device_, d, n, config_.dropout, dropout_seed(0)));
+    grad_scratch_numel_ = config_.seq_len * d;  // wpe's gradient
+    for (std::size_t i = 0; i < config_.n_layer; ++i) ZINF_TRY(add_block(i, n));
+    ZINF_ASSIGN_OR_RETURN(
+        ln_f_, LayerNorm::create(registry_, device_, "ln_f", d, n, config_.layer_norm_eps));
+    return Status::ok();
+}
+
+// Registers block i's parameters, creates its modules for batches of up to n token rows and
+// widens the gradient scratch to its largest parameter's.
+Status Gpt::add_block(std::size_t i, std::size_t n) {
+    const std::size_t d = config_.d_model;
+    const float eps = config_.layer_norm_eps;
+    ParameterRegistry& reg = registry_;
+    auto b = std::make_unique<Block>();
+    const std::string p = str_cat("blocks.", i, ".");
+    ZINF_ASSIGN_OR_RETURN(b->ln_1, LayerNorm::create(reg, device_, p + "ln_1", d, n, eps));
+    b->c_attn = Linear::create(reg, p + "attn.c_attn", d, 3 * d);
+    b->c_proj = Linear::create(reg, p + "attn.c_proj", d, d);
+    ZINF_ASSIGN_OR_RETURN(b->drop_attn,
+                          Dropout::create(device_, d, n, config_.dropout, dropout_seed(2 * i + 1)));
+    ZINF_ASSIGN_OR_RETURN(b->ln_2, LayerNorm::create(reg, device_, p + "ln_2", d, n, eps));
+    b->c_fc = Linear::create(reg, p + "mlp.c_fc", d, 4 * d);
+    b->gelu = std::make_unique<Gelu>(4 * d);
+    b->mlp_proj = Linear::create(reg, p + "mlp.c_proj", 4 * d, d);
+    ZINF_ASSIGN_OR_RETURN(b->drop_mlp,
+                          Dropout::create(device_, d, n, config_.dropout, dropout_seed(2 * i + 2)));
+    grad_scratch_numel_ =
+        std::max({grad_scratch_numel_, b->c_fc->grad_scratch_numel(),
+                  b->mlp_proj->grad_scratch_numel(), b->c_attn->grad_scratch_numel()});
+    blocks_.push_back(std::move(b));
+    return Status::ok();
+}
+
+Status Gpt::allocate(DeviceBuffer& buffer, std::size_t numel, const char* what) {
+    ZINF_ASSIGN_OR_RETURN(buffer, DeviceBuffer::allocate(device_, numel * sizeof(float), what));
+    workspace_bytes_ += numel * sizeof(float);
+    return Status::ok();
+}
+
+Status Gpt::allocate_workspaces(const Layout& layout) {
+    const std::size_t n = layout.token_rows;
+    const std::size_t d = config_.d_model;
+    for (std::size_t i = 0; i < layout.workspace_count; ++i) {
         auto ws = std::make_unique<Workspace>();
-        const std::size_t before = bytes;
-        ZINF_TRY(alloc(ws->h1, n * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->qkv, n * 3 * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->att, n * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->x1, n * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->h2, n * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->u, n * 4 * d, "gpt: activations"));
-        ZINF_TRY(alloc(ws->g, n * 4 * d, "gpt: activations"));
-        inside_bytes += bytes - before;
-        gpt->workspaces_.push_back(std::move(ws));
+        ZINF_TRY(allocate(ws->h1, n * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->qkv, n * 3 * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->att, n * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->x1, n * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->h2, n * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->u, n * 4 * d, "gpt: activations"));
+        ZINF_TRY(allocate(ws->g, n * 4 * d, "gpt: activations"));
+        workspaces_.push_back(std::move(ws));
     }
-    // Block inputs: all n_layer + 1 on the device, or two (the current input and output) when
-    // the kept ones live in host memory.
-    const bool host = config.checkpoint_activations &&
-                      config.checkpoint_place == CheckpointPlace::kHost;
-    const bool off_device = config.checkpoint_activations &&
-                            config.checkpoint_place != CheckpointPlace::kDevice;
-    const std::size_t device_inputs = off_device ? 2 : layers + 1;
-    const std::size_t before_kept = bytes;
-    if (config.contiguous_checkpoints || off_device) {
-        ZINF_TRY(alloc(gpt->kept_, device_inputs * n * d, "gpt: block inputs"));
-    } else {
-        gpt->kept_each_.resize(device_inputs);
-        for (DeviceBuffer& b : gpt->kept_each_) ZINF_TRY(alloc(b, n * d, "gpt: block inputs"));
+    return Status::ok();
+}
+
+// Block inputs: all n_layer + 1 on the device, or two (the current input and output) when
+// the kept ones live in host memory or the store.
+Status Gpt::allocate_block_inputs(const Layout& layout) {
+    const std::size_t numel = layout.token_rows * config_.d_model;
+    if (layout.inputs_contiguous) {
+        return allocate(kept_, layout.device_input_count * numel, "gpt: block inputs");
     }
-    gpt->kept_device_bytes_ = inside_bytes + (bytes - before_kept);
-    if (host) {
-        ZINF_ASSIGN_OR_RETURN(gpt->host_kept_,
-                              AlignedBuffer::allocate(layers * n * d * sizeof(float)));
-        ZINF_TRY(device.register_host_memory(gpt->host_kept_.span())
-                     .with_context("gpt: pinning the host checkpoints"));
-        gpt->host_registered_ = true;
-    }
-    // With checkpointing the one workspace is idle while the head runs (after the last block in
-    // forward, before the first recompute in backward), so the final norm's output, the logits
-    // and the loss's probabilities live in its h1, u and g when the vocabulary fits in 4 x
-    // d_model: at gpt-small's shape that is a sixth of the device peak.
+    kept_each_.resize(layout.device_input_count);
+    for (DeviceBuffer& b : kept_each_) ZINF_TRY(allocate(b, numel, "gpt: block inputs"));
+    return Status::ok();
+}
+
+// kHost: the n_layer kept inputs in host memory, registered with the device for its copies.
+Status Gpt::pin_host_inputs(const Layout& layout) {
+    if (!layout.inputs_on_host) return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(host_kept_,
+                          AlignedBuffer::allocate(config_.n_layer * layout.input_bytes));
+    ZINF_TRY(device_.register_host_memory(host_kept_.span())
+                 .with_context("gpt: pinning the host checkpoints"));
+    host_registered_ = true;
+    return Status::ok();
+}
+
+// With checkpointing the one workspace is idle while the head runs (after the last block in
+// forward, before the first recompute in backward), so the final norm's output, the logits
+// and the loss's probabilities live in its h1, u and g when the vocabulary fits in 4 x
+// d_model: at gpt-small's shape that is a sixth of the device peak.
+Status Gpt::wire_head(const Layout& layout) {
+    const std::size_t n = layout.token_rows;
     float* probabilities = nullptr;
-    if (config.checkpoint_activations && config.vocab <= 4 * d) {
-        Workspace& ws = *gpt->workspaces_.front();
-        gpt->hf_ = ws.h1.as<float>();
-        gpt->logits_ = ws.u.as<float>();
+    if (layout.head_in_workspace) {
+        Workspace& ws = *workspaces_.front();
+        hf_ = ws.h1.as<float>();
+        logits_ = ws.u.as<float>();
         probabilities = ws.g.as<float>();
     } else {
-        ZINF_TRY(alloc(gpt->hf_own_, n * d, "gpt: final norm"));
-        ZINF_TRY(alloc(gpt->logits_own_, n * config.vocab, "gpt: logits"));
-        gpt->hf_ = gpt->hf_own_.as<float>();
-        gpt->logits_ = gpt->logits_own_.as<float>();
+        ZINF_TRY(allocate(hf_own_, n * config_.d_model, "gpt: final norm"));
+        ZINF_TRY(allocate(logits_own_, n * config_.vocab, "gpt: logits"));
+        hf_ = hf_own_.as<float>();
+        logits_ = logits_own_.as<float>();
     }
-    ZINF_ASSIGN_OR_RETURN(gpt->loss_,
-                          SoftmaxCrossEntropy::create(device, config.vocab, n, probabilities));
-    ZINF_TRY(alloc(gpt->grad_x_, n * d, "gpt: gradients"));
-    ZINF_TRY(alloc(gpt->grad_t_, n * d, "gpt: gradients"));
-    ZINF_TRY(alloc(gpt->grad_u_, n * d, "gpt: gradients"));
-    ZINF_TRY(alloc(gpt->scores_, config.seq_len * config.seq_len, "gpt: attention scores"));
-    ZINF_TRY(alloc(gpt->dscores_, config.seq_len * config.seq_len, "gpt: attention scores"));
-    ZINF_TRY(alloc(gpt->wte_grad_, config.vocab * d, "gpt: embedding gradient"));
-    ZINF_TRY(alloc(gpt->grad_scratch_, scratch, "gpt: gradient scratch"));
-    ZINF_ASSIGN_OR_RETURN(gpt->scalars_, DeviceBuffer::allocate(device, 64, "gpt: loss"));
-    gpt->grad_scratch_numel_ = scratch;
-    // The loss's probabilities (rows x vocab) are the SoftmaxCrossEntropy's, unless borrowed.
-    gpt->workspace_bytes_ =
-        bytes + 64 + (probabilities == nullptr ? n * config.vocab * sizeof(float) : 0);
-    return gpt;
+    ZINF_ASSIGN_OR_RETURN(loss_,
+                          SoftmaxCrossEntropy::create(device_, config_.vocab, n, probabilities));
+    return Status::ok();
+}
+
+// Backward's gradients, one head's attention scores and the gradient scratch add_modules sized.
+Status Gpt::allocate_gradients(const Layout& layout) {
+    const std::size_t n = layout.token_rows;
+    const std::size_t d = config_.d_model;
+    const std::size_t t = config_.seq_len;
+    ZINF_TRY(allocate(grad_x_, n * d, "gpt: gradients"));
+    ZINF_TRY(allocate(grad_t_, n * d, "gpt: gradients"));
+    ZINF_TRY(allocate(grad_u_, n * d, "gpt: gradients"));
+    ZINF_TRY(allocate(scores_, t * t, "gpt: attention scores"));
+    ZINF_TRY(allocate(dscores_, t * t, "gpt: attention scores"));
+    ZINF_TRY(allocate(wte_grad_, config_.vocab * d, "gpt: embedding gradient"));
+    return allocate(grad_scratch_, grad_scratch_numel_, "gpt: gradient scratch");
 }
 
 Context Gpt::with_scratch(const Context& ctx) const {

@@ -125,7 +125,24 @@ public:
 private:
     struct Block;
     struct Workspace;
+    struct Layout;
     Gpt(const GptConfig& config, Device& device);
+    // create's plan, from the config alone, and its checks.
+    static Layout layout_for(const GptConfig& config) noexcept;
+    static Status check_config(const GptConfig& config, const Layout& layout,
+                               const ActivationStore* store);
+    // create's steps, in the order it takes them.
+    Status add_modules(const Layout& layout);
+    Status add_block(std::size_t i, std::size_t token_rows);
+    Status allocate_workspaces(const Layout& layout);
+    Status allocate_block_inputs(const Layout& layout);
+    Status pin_host_inputs(const Layout& layout);
+    Status wire_head(const Layout& layout);
+    Status allocate_gradients(const Layout& layout);
+    // Allocates numel floats of device memory and counts them in workspace_bytes_.
+    Status allocate(DeviceBuffer& buffer, std::size_t numel, const char* what);
+    // The seed of dropout module `index` (0: the embeddings'; block i: 2i + 1 and 2i + 2).
+    std::uint64_t dropout_seed(std::size_t index) const noexcept;
     Context with_scratch(const Context& ctx) const;
     // Where block i's input is read from in forward (and restored to before its backward).
     float* block_input(std::size_t i) const noexcept;

@@ -11,6 +11,14 @@
 namespace zinf::model {
 
 Result<std::unique_ptr<Mlp>> Mlp::create(const MlpConfig& config, Device& device) {
+    ZINF_TRY(check_config(config));
+    auto mlp = std::unique_ptr<Mlp>(new Mlp(config, device));
+    ZINF_TRY(mlp->add_modules());
+    ZINF_TRY(mlp->allocate_buffers());
+    return mlp;
+}
+
+Status Mlp::check_config(const MlpConfig& config) {
     if (config.layer_sizes.size() < 2) {
         return Status::invalid_argument(
             str_cat("mlp.layer_sizes: expected at least 2 sizes (input and classes), got ",
@@ -32,66 +40,69 @@ Result<std::unique_ptr<Mlp>> Mlp::create(const MlpConfig& config, Device& device
         return Status::invalid_argument(
             str_cat("mlp.layer_norm_eps: expected > 0, got ", config.layer_norm_eps));
     }
+    return Status::ok();
+}
 
-    auto mlp = std::unique_ptr<Mlp>(new Mlp(config, device));
-    const std::size_t rows_max = config.batch_rows_max;
-    const std::size_t linear_count = config.layer_sizes.size() - 1;
-    std::size_t scratch_numel = 0;
+// Each Linear but the last is followed by [LayerNorm], the activation and [Dropout]; the last
+// one's logits go straight to the loss. The gradient scratch is sized to the largest module's.
+Status Mlp::add_modules() {
+    const std::size_t rows_max = config_.batch_rows_max;
+    const std::size_t linear_count = config_.layer_sizes.size() - 1;
     for (std::size_t i = 0; i < linear_count; ++i) {
-        const std::size_t in = config.layer_sizes[i];
-        const std::size_t out = config.layer_sizes[i + 1];
-        auto linear = Linear::create(mlp->registry_, str_cat("layers.", i), in, out);
-        scratch_numel = std::max(scratch_numel, linear->grad_scratch_numel());
-        mlp->modules_.push_back(std::move(linear));
-        if (i + 1 == linear_count) break;  // the logits go straight to the loss
-        if (config.layer_norm) {
-            ZINF_ASSIGN_OR_RETURN(
-                auto norm, LayerNorm::create(mlp->registry_, device, str_cat("norms.", i), out,
-                                             rows_max, config.layer_norm_eps));
-            scratch_numel = std::max(scratch_numel, norm->grad_scratch_numel());
-            mlp->modules_.push_back(std::move(norm));
+        const std::size_t in = config_.layer_sizes[i];
+        const std::size_t out = config_.layer_sizes[i + 1];
+        auto linear = Linear::create(registry_, str_cat("layers.", i), in, out);
+        grad_scratch_numel_ = std::max(grad_scratch_numel_, linear->grad_scratch_numel());
+        modules_.push_back(std::move(linear));
+        if (i + 1 == linear_count) break;
+        if (config_.layer_norm) {
+            ZINF_ASSIGN_OR_RETURN(auto norm,
+                                  LayerNorm::create(registry_, device_, str_cat("norms.", i), out,
+                                                    rows_max, config_.layer_norm_eps));
+            grad_scratch_numel_ = std::max(grad_scratch_numel_, norm->grad_scratch_numel());
+            modules_.push_back(std::move(norm));
         }
-        if (config.activation == Activation::kRelu) {
-            mlp->modules_.push_back(std::make_unique<Relu>(out));
+        if (config_.activation == Activation::kRelu) {
+            modules_.push_back(std::make_unique<Relu>(out));
         } else {
-            mlp->modules_.push_back(std::make_unique<Gelu>(out));
+            modules_.push_back(std::make_unique<Gelu>(out));
         }
-        if (config.dropout_prob > 0.0f) {
-            const std::uint64_t seed =
-                philox::mix64(config.seed ^ philox::mix64(mlp->modules_.size()));
+        if (config_.dropout_prob > 0.0f) {
+            const std::uint64_t seed = philox::mix64(config_.seed ^ philox::mix64(modules_.size()));
             ZINF_ASSIGN_OR_RETURN(
-                auto dropout, Dropout::create(device, out, rows_max, config.dropout_prob, seed));
-            mlp->modules_.push_back(std::move(dropout));
+                auto dropout, Dropout::create(device_, out, rows_max, config_.dropout_prob, seed));
+            modules_.push_back(std::move(dropout));
         }
     }
-    ZINF_ASSIGN_OR_RETURN(mlp->loss_,
-                          SoftmaxCrossEntropy::create(device, mlp->classes(), rows_max));
+    ZINF_ASSIGN_OR_RETURN(loss_, SoftmaxCrossEntropy::create(device_, classes(), rows_max));
+    return Status::ok();
+}
 
-    // One output buffer per module (every module keeps its input or output for backward), and
-    // two gradient buffers as wide as the widest activation.
-    std::size_t width_max = config.layer_sizes.front();
+// One output buffer per module (every module keeps its input or output for backward), and two
+// gradient buffers as wide as the widest activation, the gradient scratch and the loss.
+Status Mlp::allocate_buffers() {
+    const std::size_t rows_max = config_.batch_rows_max;
+    std::size_t width_max = config_.layer_sizes.front();
     std::size_t bytes = 0;
-    for (const auto& module : mlp->modules_) {
+    for (const auto& module : modules_) {
         const std::size_t size_bytes = rows_max * module->out_features() * sizeof(float);
         ZINF_ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                              DeviceBuffer::allocate(device, size_bytes, "mlp: activations"));
-        mlp->activations_.push_back(std::move(buffer));
+                              DeviceBuffer::allocate(device_, size_bytes, "mlp: activations"));
+        activations_.push_back(std::move(buffer));
         bytes += size_bytes;
         width_max = std::max(width_max, module->out_features());
     }
     const std::size_t grad_bytes = rows_max * width_max * sizeof(float);
-    ZINF_ASSIGN_OR_RETURN(mlp->grad_a_,
-                          DeviceBuffer::allocate(device, grad_bytes, "mlp: gradients"));
-    ZINF_ASSIGN_OR_RETURN(mlp->grad_b_,
-                          DeviceBuffer::allocate(device, grad_bytes, "mlp: gradients"));
-    ZINF_ASSIGN_OR_RETURN(
-        mlp->grad_scratch_,
-        DeviceBuffer::allocate(device, scratch_numel * sizeof(float), "mlp: gradient scratch"));
-    ZINF_ASSIGN_OR_RETURN(mlp->scalars_, DeviceBuffer::allocate(device, 64, "mlp: loss"));
-    mlp->grad_scratch_numel_ = scratch_numel;
-    mlp->workspace_bytes_ = bytes + 2 * grad_bytes + scratch_numel * sizeof(float) + 64 +
-                            rows_max * mlp->classes() * sizeof(float);
-    return mlp;
+    ZINF_ASSIGN_OR_RETURN(grad_a_, DeviceBuffer::allocate(device_, grad_bytes, "mlp: gradients"));
+    ZINF_ASSIGN_OR_RETURN(grad_b_, DeviceBuffer::allocate(device_, grad_bytes, "mlp: gradients"));
+    const std::size_t scratch_bytes = grad_scratch_numel_ * sizeof(float);
+    ZINF_ASSIGN_OR_RETURN(grad_scratch_,
+                          DeviceBuffer::allocate(device_, scratch_bytes, "mlp: gradient scratch"));
+    ZINF_ASSIGN_OR_RETURN(scalars_, DeviceBuffer::allocate(device_, 64, "mlp: loss"));
+    // The loss's probabilities (rows x classes) are the SoftmaxCrossEntropy's.
+    workspace_bytes_ =
+        bytes + 2 * grad_bytes + scratch_bytes + 64 + rows_max * classes() * sizeof(float);
+    return Status::ok();
 }
 
 Mlp::~Mlp() = default;

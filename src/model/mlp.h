@@ -85,6 +85,11 @@ public:
 
 private:
     Mlp(const MlpConfig& config, Device& device) : config_(config), device_(device) {}
+    // create's steps: the config's checks, the modules (registering their parameters) and the
+    // loss, then the memory of one batch of batch_rows_max rows.
+    static Status check_config(const MlpConfig& config);
+    Status add_modules();
+    Status allocate_buffers();
     Context with_scratch(const Context& ctx) const;
 
     MlpConfig config_;

@@ -543,30 +543,7 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
             note_allocation(tier);
             return offset;
         }
-        candidates_.clear();
-        for (PartitionId id = 0; id < parts_.size(); ++id) {
-            const Partition& p = parts_[id];
-            if (!p.registered || id == for_id || id == keep_ || p.in_flight) continue;
-            if (copy(p, tier) != Copy::kValid) continue;
-            const bool dirty = is_dirty(p, tier);
-            // An acquired partition keeps its copy in the acquired tier; its clean copies in
-            // other tiers may go (dropping starts no move on it, writing back would).
-            if (p.pin_count > 0 && (p.pinned_tier == tier || dirty)) continue;
-            std::uint64_t distance = next_use(id);
-            // A host copy beside a valid device copy is not what the next access reads (the
-            // device copy serves it): it only saves a read if the device copy is dropped before
-            // then. Ranked behind every host copy an access will read, or the copies prefetched
-            // for the next accesses are the ones evicted, and read again (a host tier about the
-            // size of the prefetch window read each byte ~2.4 times per step that way).
-            if (tier == Tier::kHost && p.device == Copy::kValid && distance != kNoNextUse) {
-                distance += trace_.size();
-            }
-            // A prefetch never writes back and never evicts what is needed as soon as (or
-            // sooner than) what it brings in.
-            if (prefetch && (dirty || distance <= max_distance)) continue;
-            candidates_.push_back(
-                EvictionCandidate{id, distance, p.last_use_tick, dirty ? p.size_bytes : 0u});
-        }
+        collect_candidates(tier, for_id, prefetch, max_distance);
         // A prefetch evicts only when evicting every candidate would make room: dropping copies
         // and then finding no room anyway (a large partition, the rest of the tier pinned, in
         // flight or needed sooner) only made the next poll read them again, over and over.
@@ -586,14 +563,7 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
                                             " tier: budget ", alloc.capacity_bytes(), " bytes, ",
                                             alloc.used_bytes(), " in use by acquired partitions"));
         }
-        EvictionPolicy policy;
-        policy.use_trace = following_trace();
-        policy.bytes_per_access = trace_.empty()
-                                      ? 1.0
-                                      : std::max(1.0, static_cast<double>(trace_bytes_) /
-                                                          static_cast<double>(trace_.size()));
-        policy.dirty_weight = options_.dirty_weight;
-        const EvictionCandidate victim = candidates_[choose_victim(candidates_, policy)];
+        const EvictionCandidate victim = candidates_[choose_victim(candidates_, eviction_policy())];
         if (victim.write_back_bytes == 0) {
             ZINF_ASSERT(!is_dirty(parts_[victim.id], tier));
             drop_copy(victim.id, tier);
@@ -601,30 +571,76 @@ Result<std::optional<std::size_t>> ResidencyManager::make_room(Tier tier, std::s
             check_budgets();
             continue;
         }
-        // Dirty: write it one tier down, then it is clean and can be dropped on a later round.
-        Partition& v = part(victim.id);
-        Status started;
-        if (tier == Tier::kDevice) {
-            ZINF_ASSIGN_OR_RETURN(const std::optional<std::size_t> room,
-                                  make_room(Tier::kHost, v.size_bytes, victim.id, false, 0));
-            v.host_offset = room.value();
-            started = start_move(victim.id, MoveKind::kToHost, false);
-        } else {
-            started = start_move(victim.id, MoveKind::kSwapOut, false);
-        }
-        if (started.code() == StatusCode::kBusy) {
-            ZINF_ASSERT(!in_flight_.empty());
-            defer(wait_move(kNoPartition));
-            continue;
-        }
-        ZINF_TRY(started);
-        ++stats_.write_backs;
-        if (Status waited = wait_move(victim.id); !waited.is_ok()) {
-            return waited.with_context(str_cat("residency: writing back partition ", victim.id));
-        }
+        ZINF_TRY(write_back(victim.id, tier));
     }
     ZINF_ASSERT_MSG(false, str_cat("residency: make_room did not converge in ", bound, " rounds"));
     return Status::internal("unreachable");
+}
+
+void ResidencyManager::collect_candidates(Tier tier, PartitionId for_id, bool prefetch,
+                                          std::uint64_t max_distance) {
+    candidates_.clear();
+    for (PartitionId id = 0; id < parts_.size(); ++id) {
+        const Partition& p = parts_[id];
+        if (!p.registered || id == for_id || id == keep_ || p.in_flight) continue;
+        if (copy(p, tier) != Copy::kValid) continue;
+        const bool dirty = is_dirty(p, tier);
+        // An acquired partition keeps its copy in the acquired tier; its clean copies in other
+        // tiers may go (dropping starts no move on it, writing back would).
+        if (p.pin_count > 0 && (p.pinned_tier == tier || dirty)) continue;
+        std::uint64_t distance = next_use(id);
+        // A host copy beside a valid device copy is not what the next access reads (the device
+        // copy serves it): it only saves a read if the device copy is dropped before then.
+        // Ranked behind every host copy an access will read, or the copies prefetched for the
+        // next accesses are the ones evicted, and read again (a host tier about the size of the
+        // prefetch window read each byte ~2.4 times per step that way).
+        if (tier == Tier::kHost && p.device == Copy::kValid && distance != kNoNextUse) {
+            distance += trace_.size();
+        }
+        // A prefetch never writes back and never evicts what is needed as soon as (or sooner
+        // than) what it brings in.
+        if (prefetch && (dirty || distance <= max_distance)) continue;
+        candidates_.push_back(
+            EvictionCandidate{id, distance, p.last_use_tick, dirty ? p.size_bytes : 0u});
+    }
+}
+
+EvictionPolicy ResidencyManager::eviction_policy() const noexcept {
+    EvictionPolicy policy;
+    policy.use_trace = following_trace();
+    policy.bytes_per_access = trace_.empty()
+                                  ? 1.0
+                                  : std::max(1.0, static_cast<double>(trace_bytes_) /
+                                                      static_cast<double>(trace_.size()));
+    policy.dirty_weight = options_.dirty_weight;
+    return policy;
+}
+
+// Writes the dirty copy of `id` in `tier` one tier down (making room on the host for a device
+// copy first) and waits for it: the copy is then clean, to be dropped on make_room's next round.
+// A busy mover is waited on instead (its oldest move), and the next round tries again.
+Status ResidencyManager::write_back(PartitionId id, Tier tier) {
+    Partition& v = part(id);
+    Status started;
+    if (tier == Tier::kDevice) {
+        ZINF_ASSIGN_OR_RETURN(const std::optional<std::size_t> room,
+                              make_room(Tier::kHost, v.size_bytes, id, false, 0));
+        v.host_offset = room.value();
+        started = start_move(id, MoveKind::kToHost, false);
+    } else {
+        started = start_move(id, MoveKind::kSwapOut, false);
+    }
+    if (started.code() == StatusCode::kBusy) {
+        ZINF_ASSERT(!in_flight_.empty());
+        defer(wait_move(kNoPartition));
+        return Status::ok();
+    }
+    ZINF_TRY(started);
+    ++stats_.write_backs;
+    if (Status waited = wait_move(id); !waited.is_ok()) {
+        return waited.with_context(str_cat("residency: writing back partition ", id));
+    }
+    return Status::ok();
 }
 
 bool ResidencyManager::room_after_evicting(const ExtentAllocator& alloc, Tier tier,

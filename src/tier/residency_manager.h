@@ -248,12 +248,20 @@ private:
     // in flight leaves no room (a demand never returns nullopt). Prefetch: evicts only clean
     // copies whose next use is further than max_distance and never waits; nullopt when there
     // is no such room.
-    // Whether a free extent of size_bytes would exist in `tier` once every candidate (the
-    // candidates_ of make_room) were evicted. Allocates nothing.
-    bool room_after_evicting(const ExtentAllocator& alloc, Tier tier, std::size_t size_bytes);
     Result<std::optional<std::size_t>> make_room(Tier tier, std::size_t size_bytes,
                                                  PartitionId for_id, bool prefetch,
                                                  std::uint64_t max_distance);
+    // make_room's steps. Fills candidates_ with the copies in `tier` that may be evicted to make
+    // room for `for_id` (for a prefetch: clean ones used later than max_distance). Allocates
+    // nothing (candidates_ is reserved).
+    void collect_candidates(Tier tier, PartitionId for_id, bool prefetch,
+                            std::uint64_t max_distance);
+    // Whether a free extent of size_bytes would exist in `tier` once every candidate (the
+    // candidates_ of make_room) were evicted. Allocates nothing.
+    bool room_after_evicting(const ExtentAllocator& alloc, Tier tier, std::size_t size_bytes);
+    // Belady along the trace while it is followed, else LRU (see eviction.h).
+    EvictionPolicy eviction_policy() const noexcept;
+    Status write_back(PartitionId id, Tier tier);
     void drop_copy(PartitionId id, Tier tier);
     void note_allocation(Tier tier);
     ExtentAllocator& allocator(Tier tier);
