@@ -17,6 +17,7 @@
 #include "kernels/optimizer.h"
 #include "src/base/aligned.h"
 #include "src/base/log.h"
+#include "src/base/optimizer_descriptor.h"
 #include "tools/bench/adam_bound.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/stats.h"
@@ -43,7 +44,11 @@ struct AdamOptions {
 
 void declare_flags(cli::Args& args) {
     args.add("params", "256M", "parameters per step (256M = 256e6; 64Mi = 64 * 2^20)");
-    args.add("optimizer", "adamw", "adamw, adam, adagrad or lion");
+    std::string names;
+    for (const OptimizerDescriptor* d : registered_optimizers()) {
+        names += str_cat(names.empty() ? "" : ", ", d->name);
+    }
+    args.add("optimizer", "adamw", names);
     args.add("grad-dtype", "fp32", "gradient dtype: fp32, bf16 or fp16");
     args.add("variant", "auto",
              "auto, avx512, avx2 or scalar. auto takes ZINF_CPU_ISA when set, else the\n"
@@ -64,14 +69,12 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     AdamOptions o;
     ZINF_ASSIGN_OR_RETURN(o.params_numel, args.get_count("params"));
     if (o.params_numel == 0) return Status::invalid_argument("--params: expected at least 1");
-    ZINF_ASSIGN_OR_RETURN(const std::string kind,
-                          args.get_choice("optimizer", {"adamw", "adam", "adagrad", "lion"}));
-    for (const OptimizerKind k : {OptimizerKind::kAdam, OptimizerKind::kAdamW,
-                                  OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
-        if (optimizer_kind_name(k) == kind) o.kind = k;
-    }
-    ZINF_ASSIGN_OR_RETURN(const std::string dtype,
-                          args.get_choice("grad-dtype", {"fp32", "bf16", "fp16"}));
+    std::vector<std::string_view> names;
+    for (const OptimizerDescriptor* d : registered_optimizers()) names.push_back(d->name);
+    ZINF_ASSIGN_OR_RETURN(const std::string kind, args.get_choice("optimizer", names));
+    o.kind = find_optimizer(kind)->kind;
+    ZINF_TRY(args.get_choice("grad-dtype", {"fp32", "bf16", "fp16"}).status());
+    const std::string dtype = args.get("grad-dtype");
     o.grad_dtype = dtype == "fp32"   ? DType::kFloat32
                    : dtype == "bf16" ? DType::kBFloat16
                                      : DType::kFloat16;
@@ -83,8 +86,9 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     o.pairs = static_cast<int>(pairs);
     o.bf16_copy = args.get_switch("bf16-copy");
     o.torch_rounding = args.get_switch("torch-rounding");
-    if (o.torch_rounding && o.kind != OptimizerKind::kAdam && o.kind != OptimizerKind::kAdamW) {
-        return Status::invalid_argument("--torch-rounding: only with --optimizer adam or adamw");
+    if (o.torch_rounding && !optimizer_descriptor(o.kind).has_torch_rounding) {
+        return Status::invalid_argument(str_cat("--torch-rounding: only with ",
+                                                optimizer_names_where(has_torch_rounding)));
     }
     o.with_scalar = !args.get_switch("no-scalar");
     ZINF_ASSIGN_OR_RETURN(o.min_ratio, args.get_double("min-ratio", 0.0, 10.0));
@@ -244,7 +248,8 @@ public:
                                   : kernels::ParamCopy::none()) {
         hp_.kind = o.kind;
         hp_.weight_decay = 0.01;
-        hp_.beta2 = o.kind == OptimizerKind::kLion ? 0.99 : 0.999;
+        hp_.beta1 = optimizer_descriptor(o.kind).default_beta1;
+        hp_.beta2 = optimizer_descriptor(o.kind).default_beta2;
         hp_.torch_rounding = o.torch_rounding;
         state_.params = {bound_args_.params, numel_};
         state_.moments[0] = {bound_args_.exp_avg, numel_};

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "src/base/aio_backends.h"
 #include "src/base/log.h"
 #include "tools/bench/io_command_support.h"
 
@@ -41,7 +42,7 @@ FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const
     job.block_size_bytes = aio.block_size_bytes;
     job.queue_depth = aio.queue_depth;
     job.jobs = aio.intra_op_parallelism;
-    job.ioengine = aio.backend;
+    job.ioengine = std::string(fio_engine_of(aio.backend));
     job.direct = direct;
     job.register_buffers = aio.register_buffers;
     job.sqpoll = aio.sqpoll;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "src/base/aio_backends.h"
 #include "io/fault.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -233,7 +234,7 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
             backend = std::string(probe->backend_name());
             direct = probe->is_direct();
         }
-        if (backend != "io_uring" && backend != "libaio") {
+        if (fio_engine_of(backend).empty()) {
             return Status::invalid_argument(str_cat("--vs-fio: backend ", backend, " has no fio counterpart"));
         }
         aio.backend = backend;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "src/base/aio_backends.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
 
@@ -26,7 +27,8 @@ void declare_target_flags(cli::Args& args) {
 
 void declare_engine_flags(cli::Args& args, CommonFlagSet set) {
     if (set == CommonFlagSet::kSingle) {
-        args.add("backend", "io_uring", "io_uring, libaio, posix, or auto (io_uring, else libaio,\nelse posix)");
+        args.add("backend", "io_uring",
+                 str_cat(aio_backend_list(/*with_auto=*/true), " (auto: the first of\nthe others this build and kernel support)"));
         args.add("block-size", "1MiB",
                  "aio.block_size: bytes per piece the engine submits; a\n"
                  "multiple of 512 and of the file system's logical block size");
@@ -71,7 +73,7 @@ Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagS
                                                 " bytes) is not a multiple of 512 bytes"));
     }
     if (set == CommonFlagSet::kSingle) {
-        ZINF_ASSIGN_OR_RETURN(o.aio.backend, args.get_choice("backend", {"io_uring", "libaio", "posix", "auto"}));
+        ZINF_ASSIGN_OR_RETURN(o.aio.backend, args.get_choice("backend", aio_backend_names(/*with_auto=*/true)));
         ZINF_ASSIGN_OR_RETURN(o.aio.block_size_bytes, args.get_size_bytes("block-size"));
         if (o.aio.block_size_bytes == 0 || o.aio.block_size_bytes % 512 != 0 ||
             o.aio.block_size_bytes > (1ULL << 30)) {

@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "src/base/aio_backends.h"
 #include "io/engine.h"
 #include "kernels/cpu_features.h"
 #include "kernels/optimizer.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
+#include "swap/optimizer_stack.h"
 #include "swap/optimizer_swapper.h"
 #include "swap/pinned_pool.h"
 #include "swap/swap_store.h"
@@ -93,6 +95,16 @@ struct PhaseResult {
     double checksum_s = 0;  // hashing per step (verify on)
 };
 
+// What every phase shares: the I/O engine, the kernel and the NVMe optimizer stack's layout
+// and pinned pool (swap/optimizer_stack.h, as the trainer builds them).
+struct Stack {
+    std::vector<std::string> paths;
+    kernels::OptimizerKernel kernel;
+    std::unique_ptr<io::Engine> engine;
+    swap::OptimizerStackLayout layout;
+    std::unique_ptr<swap::PinnedPool> pool;
+};
+
 // One phase's store and swapper (checksums on or off). Members are destroyed in reverse order:
 // the swapper, then the store, which removes the swap files before the next phase.
 struct Phase {
@@ -101,21 +113,16 @@ struct Phase {
 };
 
 // Set up a phase: the store and its swapper, committed, and the states initialized (timed).
-Result<Phase> set_up_phase(const Options& o, bool verify, io::Engine& engine,
-                           swap::PinnedPool& pool, const kernels::OptimizerKernel& kernel) {
+Result<Phase> set_up_phase(const Stack& stack, bool verify) {
     Phase ph;
     swap::SwapStoreOptions so;
-    so.paths = o.paths;
+    so.paths = stack.paths;
     so.verify_checksums = verify;
     so.name = "optimizer";
-    ZINF_ASSIGN_OR_RETURN(ph.store, swap::SwapStore::create(engine, so));
-    swap::OptimizerSwapperOptions oo;
-    oo.numel = o.params;
-    oo.sub_group_numel = o.sub_group;
-    oo.kind = kernels::OptimizerKind::kAdamW;
-    oo.pipeline_read = o.pipeline_read;
-    oo.pipeline_write = o.pipeline_write;
-    ZINF_ASSIGN_OR_RETURN(ph.swapper, swap::OptimizerSwapper::create(*ph.store, pool, kernel, oo));
+    ZINF_ASSIGN_OR_RETURN(ph.store, swap::SwapStore::create(*stack.engine, so));
+    ZINF_ASSIGN_OR_RETURN(auto swappers, swap::create_optimizer_swappers(
+                                             stack.layout, *ph.store, *stack.pool, stack.kernel));
+    ph.swapper = std::move(swappers.front());
     ZINF_TRY(ph.store->commit());
 
     std::printf("\nchecksums %s (swap.verify_checksums = %s)\n", verify ? "on" : "off",
@@ -206,32 +213,40 @@ PhaseResult report_phase(const Options& o, bool verify, int pairs, const Phase& 
 }
 
 // One store (checksums on or off): initialize the states, then alternate (I/O-only, step) pairs.
-Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, io::Engine& engine,
-                              swap::PinnedPool& pool, const kernels::OptimizerKernel& kernel,
+Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, const Stack& stack,
                               BenchGrads& grads) {
-    ZINF_ASSIGN_OR_RETURN(Phase phase, set_up_phase(o, verify, engine, pool, kernel));
+    ZINF_ASSIGN_OR_RETURN(Phase phase, set_up_phase(stack, verify));
     ZINF_ASSIGN_OR_RETURN(const PairTimes times, measure_pairs(o, pairs, phase, grads));
     return report_phase(o, verify, pairs, phase, times);
 }
 
-Status run(const Options& o) {
-    ZINF_ASSIGN_OR_RETURN(const kernels::OptimizerKernel kernel,
+// The engine, the kernel and the stack's pool, as swap/optimizer_stack.h lays them out for one
+// group of o.params elements.
+Result<Stack> set_up_stack(const Options& o) {
+    ZINF_ASSIGN_OR_RETURN(kernels::OptimizerKernel kernel,
                           kernels::OptimizerKernel::create(o.cpu_isa, o.cpu_threads));
     io::EngineOptions eo;
     eo.aio = o.aio;
     ZINF_ASSIGN_OR_RETURN(auto engine, io::Engine::create(eo));
+    swap::OptimizerStackOptions so;
+    so.group_numels = {o.params};
+    so.sub_group_numel = o.sub_group;
+    so.kind = OptimizerKind::kAdamW;
+    so.pipeline_read = o.pipeline_read;
+    so.pipeline_write = o.pipeline_write;
+    so.pool_name = "optimizer";
+    ZINF_ASSIGN_OR_RETURN(swap::OptimizerStackLayout layout, swap::layout_optimizer_stack(so));
+    ZINF_ASSIGN_OR_RETURN(auto pool, swap::create_optimizer_pool(layout, *engine, nullptr,
+                                                                 /*register_with_device=*/false));
+    return Stack{o.paths, std::move(kernel), std::move(engine), std::move(layout),
+                 std::move(pool)};
+}
 
-    swap::OptimizerSwapperOptions oo;
-    oo.pipeline_read = o.pipeline_read;
-    oo.pipeline_write = o.pipeline_write;
-    swap::PinnedPoolOptions po;
-    po.name = "optimizer";
-    po.buffer_count = swap::OptimizerSwapper::buffers_needed(oo);
-    po.buffer_size_bytes =
-        swap::OptimizerSwapper::buffer_size_bytes(o.sub_group, kernels::OptimizerKind::kAdamW);
-    po.allow_unlocked = true;
-    ZINF_ASSIGN_OR_RETURN(auto pool, swap::PinnedPool::create(po));
-    ZINF_TRY(pool->register_with(*engine));
+Status run(const Options& o) {
+    ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o));
+    const kernels::OptimizerKernel& kernel = stack.kernel;
+    const io::Engine* engine = stack.engine.get();
+    const swap::PinnedPool* pool = stack.pool.get();
     BenchGrads grads(o.sub_group, o.grads_bf16);
 
     const std::uint64_t groups = (o.params + o.sub_group - 1) / o.sub_group;
@@ -260,10 +275,10 @@ Status run(const Options& o) {
     std::fflush(stdout);
 
     ZINF_ASSIGN_OR_RETURN(const PhaseResult on,
-                          run_phase(o, true, o.pairs, *engine, *pool, kernel, grads));
+                          run_phase(o, true, o.pairs, stack, grads));
     if (o.pairs_unverified > 0) {
-        ZINF_ASSIGN_OR_RETURN(const PhaseResult off, run_phase(o, false, o.pairs_unverified,
-                                                               *engine, *pool, kernel, grads));
+        ZINF_ASSIGN_OR_RETURN(const PhaseResult off,
+                              run_phase(o, false, o.pairs_unverified, stack, grads));
         std::printf(
             "\nchecksum cost: step %.2f s with verification, %.2f s without (%+.1f %%); "
             "I/O-only %.2f s vs %.2f s (%+.1f %%); hashing %.2f s per step on the step thread\n",
@@ -284,7 +299,7 @@ void declare_flags(cli::Args& args) {
     args.add("grad-dtype", "fp32", "gradient dtype: fp32 or bf16");
     args.add("pipeline-read", "on", "offload_optimizer.pipeline_read");
     args.add("pipeline-write", "on", "offload_optimizer.pipeline_write");
-    args.add("backend", "auto", "aio backend: auto, io_uring, libaio, posix");
+    args.add("backend", "auto", "aio backend: " + aio_backend_list(/*with_auto=*/true));
     args.add("block-size", "8MiB", "aio.block_size: bytes per I/O piece");
     args.add("queue-depth", "16", "aio.queue_depth per I/O thread");
     args.add("threads", "1", "aio.thread_count: I/O threads (each with its own ring)");
@@ -314,7 +329,7 @@ Result<Options> parse_options(const cli::Args& args) {
     ZINF_ASSIGN_OR_RETURN(o.pipeline_read, args.get_bool("pipeline-read"));
     ZINF_ASSIGN_OR_RETURN(o.pipeline_write, args.get_bool("pipeline-write"));
     ZINF_ASSIGN_OR_RETURN(o.aio.backend,
-                          args.get_choice("backend", {"auto", "io_uring", "libaio", "posix"}));
+                          args.get_choice("backend", aio_backend_names(/*with_auto=*/true)));
     ZINF_ASSIGN_OR_RETURN(o.aio.block_size_bytes, args.get_size_bytes("block-size"));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t depth, args.get_int("queue-depth", 1, 4096));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t threads, args.get_int("threads", 1, 64));

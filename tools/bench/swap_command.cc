@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "src/base/aio_backends.h"
 #include "io/engine.h"
 #include "src/base/aligned.h"
 #include "src/base/log.h"
@@ -79,7 +80,7 @@ void declare_flags(cli::Args& args) {
              "moves then advance only at acquire and release");
     args.add("iterations", "1",
              "measured iterations of each timed phase (after one recording iteration)");
-    args.add("backend", "auto", "I/O backend: auto, io_uring, libaio or posix");
+    args.add("backend", "auto", "I/O backend: " + aio_backend_list(/*with_auto=*/true));
     args.add("block-size", "1MiB", "aio.block_size: bytes per I/O piece");
     args.add("queue-depth", "32", "aio.queue_depth per worker thread");
     args.add("threads", "1", "aio.thread_count: I/O worker threads");
@@ -138,7 +139,7 @@ Result<SwapOptions> parse_options(const cli::Args& args) {
     o.iterations = static_cast<int>(iterations);
     ZINF_ASSIGN_OR_RETURN(o.progress, args.get_bool("progress"));
     ZINF_ASSIGN_OR_RETURN(o.aio.backend,
-                          args.get_choice("backend", {"auto", "io_uring", "libaio", "posix"}));
+                          args.get_choice("backend", aio_backend_names(/*with_auto=*/true)));
     ZINF_ASSIGN_OR_RETURN(o.aio.block_size_bytes, args.get_size_bytes("block-size"));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t depth, args.get_int("queue-depth", 1, 4096));
     o.aio.queue_depth = static_cast<int>(depth);

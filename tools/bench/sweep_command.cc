@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "src/base/aio_backends.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -133,9 +134,11 @@ Status parse_grid(const cli::Args& args, SweepOptions& o) {
     o.backends = args.get_string_list("backends");
     if (o.backends.empty()) return Status::invalid_argument("--backends: empty list");
     for (const auto& b : o.backends) {
-        if (b != "io_uring" && b != "libaio" && b != "posix") {
-            return Status::invalid_argument(
-                str_cat("--backends: expected io_uring, libaio or posix, got '", b, "'"));
+        const std::vector<std::string_view> known = aio_backend_names(/*with_auto=*/false);
+        if (std::find(known.begin(), known.end(), b) == known.end()) {
+            return Status::invalid_argument(str_cat("--backends: expected ",
+                                                    aio_backend_list(/*with_auto=*/false),
+                                                    ", got '", b, "'"));
         }
     }
     ZINF_ASSIGN_OR_RETURN(o.block_sizes, args.get_size_list("block-sizes"));
@@ -203,13 +206,20 @@ Status parse_sweep_flags(const cli::Args& args, SweepOptions& o) {
         return Status::invalid_argument(
             "--vs-fio: give exactly one --path (fio and our striping differ)");
     }
-    if (!args.given("backends")) o.backends = {"io_uring", "libaio"};
+    if (!args.given("backends")) {
+        const std::vector<std::string_view> with_fio = aio_backends_with_fio();
+        o.backends.assign(with_fio.begin(), with_fio.end());
+    }
     if (!args.given("queue-depths")) o.queue_depths = {4, 8, 16, 32};
     if (!args.given("threads")) o.threads = {1};
     for (const auto& b : o.backends) {
-        if (b != "io_uring" && b != "libaio") {
-            return Status::invalid_argument(str_cat(
-                "--vs-fio: backend ", b, " has no fio counterpart; compare io_uring or libaio"));
+        if (fio_engine_of(b).empty()) {
+            std::string with_fio;
+            for (const std::string_view name : aio_backends_with_fio()) {
+                with_fio += str_cat(with_fio.empty() ? "" : " or ", name);
+            }
+            return Status::invalid_argument(str_cat("--vs-fio: backend ", b,
+                                                    " has no fio counterpart; compare ", with_fio));
         }
     }
     return Status::ok();

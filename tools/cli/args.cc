@@ -198,7 +198,7 @@ Result<bool> Args::get_bool(const std::string& name) const {
 }
 
 Result<std::string> Args::get_choice(const std::string& name,
-                                     const std::vector<std::string>& choices) const {
+                                     const std::vector<std::string_view>& choices) const {
     const std::string v = get(name);
     std::string list;
     for (const auto& c : choices) {

@@ -48,7 +48,7 @@ public:
     Result<bool> get_bool(const std::string& name) const;
     // One of `choices`.
     Result<std::string> get_choice(const std::string& name,
-                                   const std::vector<std::string>& choices) const;
+                                   const std::vector<std::string_view>& choices) const;
     // A comma-separated list of sizes, counts or strings (for sweep grids).
     Result<std::vector<std::uint64_t>> get_size_list(const std::string& name) const;
     Result<std::vector<std::uint64_t>> get_int_list(const std::string& name) const;
