@@ -215,13 +215,13 @@ public:
         return open(std::span<const std::string>(&path, 1), options);
     }
     // Closes a file. Precondition: nothing in flight on it.
-    Status close(FileId file);
-    bool is_direct(FileId file) const;
+    Status close(FileId id);
+    bool is_direct(FileId id) const;
     // The alignment (bytes) of buffers, offsets and lengths that go straight to O_DIRECT: the
     // largest logical block size over the file's stripes (queried, not assumed). 1 if buffered.
-    std::size_t alignment_bytes(FileId file) const;
+    std::size_t alignment_bytes(FileId id) const;
     // Makes what was written durable (fdatasync) on every stripe, through the storage.
-    Status sync(FileId file);
+    Status sync(FileId id);
 
     // Registers a caller-owned region (e.g. the pinned pool) with every worker's backend as
     // fixed buffers (io_uring; split into pieces of at most 1 GiB). Pieces of requests whose

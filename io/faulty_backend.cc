@@ -62,7 +62,8 @@ Result<std::size_t> FaultyBackend::submit(std::span<Request* const> requests) no
                            (r->length_bytes - r->done_bytes) >
                        plan_.enospc_after_bytes) {
             inject = ENOSPC;
-        } else if (chance(r->op == OpKind::kRead ? plan_.read_error_probability
+        } else if (chance(r->op == OpKind::kRead  // NOLINT(bugprone-branch-clone): the order
+                                                  // of the tests is the random stream's ? plan_.read_error_probability
                                                  : plan_.write_error_probability)) {
             inject = plan_.errno_to_inject;
         }

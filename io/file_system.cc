@@ -222,7 +222,8 @@ std::string_view file_op_name(FileOp op) noexcept {
 }
 
 FileSystem& posix_file_system() noexcept {
-    static PosixFileSystem* const fs = new PosixFileSystem();  // never destroyed: used at exit
+    // Never destroyed: used at exit. Allocation failure at start-up ends the process.
+    static PosixFileSystem* const fs = new PosixFileSystem();  // NOLINT(bugprone-unhandled-exception-at-new)
     return *fs;
 }
 

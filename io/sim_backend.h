@@ -85,7 +85,6 @@ private:
     const Seams seams_;
     std::vector<Slot> slots_;
     std::size_t in_flight_ = 0;
-    std::uint64_t sequence_ = 0;
     std::mt19937_64 rng_;
     std::mutex wake_mutex_;  // the simulated wait, so that wake() can cut it short
     std::condition_variable wake_cv_;

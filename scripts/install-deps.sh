@@ -27,6 +27,8 @@ more_packages=(
   # The Python package (python/): pybind11 and the headers to build it; PyTorch, NumPy and
   # pytest to use and test it with Debian's python3.
   python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
+  # The style checks (scripts/check-style.sh; .clang-format, .clang-tidy).
+  clang-format clang-tidy
 )
 
 case "$set_name" in

@@ -21,6 +21,12 @@ bash scripts/build.sh build-release -DCMAKE_BUILD_TYPE=Release -DZINF_WITH_CUDA=
 echo "== Release tests"
 ctest --test-dir build-release --output-on-failure -j "$jobs" "${label_args[@]}"
 
+# The house style: clang-format over the whole tree; clang-tidy over the files changed since
+# the last commit whose whole tree was checked (.ci/tidy-base; a full run takes ~10 minutes
+# on 2 cores, scripts/check-style.sh without --since).
+echo "== Style (clang-format, clang-tidy)"
+bash scripts/check-style.sh --since "$(cat .ci/tidy-base)" build-release
+
 echo "== ASan+UBSan build (no CUDA)"
 # -O1 -g1: line tables only (stack traces keep file and line). The sanitized build had grown to
 # two thirds of the whole run on 2 cores; at -O1 it compiles in about 10 minutes instead of 14,

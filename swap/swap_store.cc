@@ -119,7 +119,7 @@ Status SwapStore::reserve(PartitionId partition, std::uint64_t size_bytes) {
         return Status::invalid_argument(
             str_cat("swap '", name_, "': partition ", partition, " has size 0"));
     }
-    if (index_.count(partition) != 0) {
+    if (index_.contains(partition)) {
         return Status::invalid_argument(
             str_cat("swap '", name_, "': partition ", partition, " reserved twice"));
     }
@@ -208,7 +208,7 @@ Status SwapStore::commit() {
 }
 
 bool SwapStore::contains(PartitionId partition) const noexcept {
-    return index_.count(partition) != 0;
+    return index_.contains(partition);
 }
 
 Result<std::uint32_t> SwapStore::index_of(PartitionId partition) const {

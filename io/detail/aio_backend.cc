@@ -179,7 +179,8 @@ private:
     void prepare(Slot& slot) noexcept {
         Request& r = *slot.request;
         const std::size_t left = r.length_bytes - r.done_bytes;
-        const auto offset = static_cast<long long>(r.offset_bytes + r.done_bytes);
+        const auto offset =
+            static_cast<long long>(r.offset_bytes) + static_cast<long long>(r.done_bytes);
         if (r.op == OpKind::kRead) {
             io_prep_pread(&slot.cb, r.fd, r.buffer + r.done_bytes, left, offset);
         } else {

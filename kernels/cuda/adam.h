@@ -33,14 +33,14 @@ struct AdamStepParams {
 };
 
 // One step over `numel` elements, in place on device memory: fp32 `params`, `exp_avg`,
-// `exp_avg_sq` and, when step_params.amsgrad, `max_exp_avg_sq` (else it is ignored and may be
+// `exp_avg_sq` and, when p.amsgrad, `max_exp_avg_sq` (else it is ignored and may be
 // null); `grads` of dtype `grad_dtype`. When `param_copy` is not null, the updated parameters are
 // also written there as `param_copy_dtype` (the bf16/fp16 working copy the model reads). All
 // buffers have numel elements and do not overlap. Asynchronous on `stream`; numel 0 launches
 // nothing; does not block or allocate. Returns kCuda when the launch fails.
 Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
                  float* exp_avg_sq, float* max_exp_avg_sq, std::size_t numel,
-                 const AdamStepParams& step_params, void* param_copy, DType param_copy_dtype,
+                 const AdamStepParams& p, void* param_copy, DType param_copy_dtype,
                  Stream stream);
 
 }  // namespace zinf::kernels::cuda

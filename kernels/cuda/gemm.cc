@@ -111,6 +111,8 @@ Status gemm(CublasHandle& handle, Stream stream, Transpose trans_a, Transpose tr
     const int lda_i = static_cast<int>(lda);
     const int ldb_i = static_cast<int>(ldb);
     ZINF_CUBLAS_TRY(cublasSetStream(handle.get(), stream));
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first, with ldb.
+    // NOLINTNEXTLINE(readability-suspicious-call-argument)
     ZINF_CUBLAS_TRY(cublasGemmEx(handle.get(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                  static_cast<int>(k), &alpha, b, cuda_data_type(ab_dtype), ldb_i, a,
                                  cuda_data_type(ab_dtype), lda_i, &beta, c, cuda_data_type(c_dtype),

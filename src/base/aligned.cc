@@ -43,7 +43,7 @@ std::size_t advise_huge_pages(std::span<std::byte> region) noexcept {
     const std::uintptr_t first = align_up(begin, kHugePageBytes);
     const std::uintptr_t last = align_down(begin + region.size(), kHugePageBytes);
     if (region.empty() || last <= first) return 0;
-    if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE) != 0) {
+    if (::madvise(region.data() + (first - begin), last - first, MADV_HUGEPAGE) != 0) {
         log::debug("madvise(MADV_HUGEPAGE) of ", last - first, " bytes: ", std::strerror(errno));
         return 0;
     }

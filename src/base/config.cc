@@ -221,7 +221,7 @@ public:
         ZINF_TRY(pending_);
         for (auto it = object_.begin(); it != object_.end(); ++it) {
             const std::string& key = it.key();
-            if (known_.count(key) != 0) continue;
+            if (known_.contains(key)) continue;
             ZINF_TRY(apply_table(key, *it));
         }
         return Status::ok();
@@ -238,7 +238,7 @@ private:
         const KeyInfo* info = find_key(path);
         if (info != nullptr && info->status == KeyStatus::kAlias) {
             const std::string_view canonical = last_segment(info->accepted);
-            if (value_of(canonical) != nullptr && known_.count(std::string(canonical)) == 0) {
+            if (value_of(canonical) != nullptr && !known_.contains(std::string(canonical))) {
                 return Status::invalid_argument(str_cat(path, " and ", info->accepted,
                                                         " are two spellings of one key; keep one"));
             }

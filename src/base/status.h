@@ -163,10 +163,13 @@ private:
         if (!zinf_try_status_.is_ok()) return zinf_try_status_; \
     } while (0)
 
+// `tmp` and `lhs` are a name and a declaration: they cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define ZINF_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
     auto tmp = (expr);                              \
     if (!tmp.has_value()) return tmp.error();       \
     lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 // `ZINF_ASSIGN_OR_RETURN(auto x, make_x());` declares x from a Result or returns its error.
 #define ZINF_ASSIGN_OR_RETURN(lhs, expr) \

@@ -182,8 +182,8 @@ Status CheckpointWriter::end_file(CheckpointFile& file) {
 Status CheckpointWriter::commit() {
     ZINF_ASSERT(!committed_);
     std::string manifest = "zinfinity-checkpoint 1\n";
-    for (const auto& [k, v] : values_) manifest += k + " " + v + "\n";
-    for (const auto& f : files_) manifest += f + "\n";
+    for (const auto& [k, v] : values_) manifest += str_cat(k, " ", v, "\n");
+    for (const auto& f : files_) manifest += str_cat(f, "\n");
     ZINF_TRY(write_new_file(*fs_, temp_, kManifestName, bytes_of(manifest)));
     ZINF_TRY(fs_->sync(temp_.fd(), false, temp_.path()).with_context("checkpoint"));
     const std::string old_name = "." + tag_ + ".old." + std::to_string(::getpid());

@@ -120,7 +120,7 @@ Result<const void*> TieredPartitionStorage::begin_read(std::size_t index, Stream
 
 Status TieredPartitionStorage::end_read(std::size_t index, StreamId stream) {
     // The gather reading the slice is queued on `stream`: the slice may move only after it.
-    const Status s = device_.synchronize(stream);
+    Status s = device_.synchronize(stream);
     residency_.release(static_cast<tier::PartitionId>(index), false);
     return s;
 }

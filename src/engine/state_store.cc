@@ -161,7 +161,7 @@ public:
             "offload_optimizer nvme: writing initial states");
     }
     Status step(const kernels::OptimizerParams& params, swap::GradientSource& io) override {
-        const Status s = swapper_.step(params, io);
+        Status s = swapper_.step(params, io);
         read_wait_seconds_ = swapper_.last_step_stats().read_wait_seconds;
         return s;
     }

@@ -98,9 +98,9 @@ public:
     std::size_t batch_rows_max() const noexcept override { return config_.batch_rows_max; }
     std::size_t workspace_bytes() const noexcept override { return workspace_bytes_; }
     // inputs: rows x seq_len int32 tokens; labels: rows x seq_len next tokens (or null).
-    Status forward(const Context& ctx, const void* inputs, const std::int32_t* labels,
+    Status forward(const Context& outer, const void* inputs, const std::int32_t* labels,
                    std::size_t rows) override;
-    Status backward(const Context& ctx, float grad_scale) override;
+    Status backward(const Context& outer, float grad_scale) override;
     Result<float> read_loss(StreamId stream) const override;
     // Counts positions whose most likely next byte is the label.
     Status count_correct(const Context& ctx, std::uint64_t* correct_count,

@@ -489,7 +489,7 @@ Status ResidencyManager::wait_move(PartitionId id) {
     }
     Partition& p = part(id);
     ZINF_ASSERT(p.in_flight);
-    const Status status = mover_.wait(p.token);
+    Status status = mover_.wait(p.token);
     complete_move(id, status);
     return status;
 }
