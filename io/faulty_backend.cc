@@ -55,15 +55,16 @@ Result<std::size_t> FaultyBackend::submit(std::span<Request* const> requests) no
         slot.real_length_bytes = r->length_bytes;
         const std::uint64_t n = shared_.pieces_submitted.fetch_add(1) + 1;
         int inject = 0;
-        if (plan_.fail_nth_op != 0 && n == plan_.fail_nth_op) {
+        // The first and last branches inject the same errno; they stay apart because the order
+        // of the tests is the random stream's (chance() draws only when the others did not hit).
+        if (plan_.fail_nth_op != 0 && n == plan_.fail_nth_op) {  // NOLINT(bugprone-branch-clone)
             inject = plan_.errno_to_inject;
         } else if (r->op == OpKind::kWrite && plan_.enospc_after_bytes != 0 &&
                    shared_.bytes_written.fetch_add(r->length_bytes - r->done_bytes) +
                            (r->length_bytes - r->done_bytes) >
                        plan_.enospc_after_bytes) {
             inject = ENOSPC;
-        } else if (chance(r->op == OpKind::kRead  // NOLINT(bugprone-branch-clone): the order
-                                                  // of the tests is the random stream's ? plan_.read_error_probability
+        } else if (chance(r->op == OpKind::kRead ? plan_.read_error_probability
                                                  : plan_.write_error_probability)) {
             inject = plan_.errno_to_inject;
         }

@@ -41,7 +41,7 @@ OptimizerKind kind_from(const std::string& name);
 
 template <typename T>
 T* address(std::uintptr_t value) {
-    return reinterpret_cast<T*>(value);
+    return reinterpret_cast<T*>(value);  // NOLINT(performance-no-int-to-ptr): Python's addresses
 }
 
 // DeepSpeed's aio settings as the I/O engine takes them (each count positive, else ValueError);

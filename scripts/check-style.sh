@@ -52,7 +52,10 @@ import json, os, sys
 root = os.path.realpath(sys.argv[1])
 for e in json.load(open(sys.argv[2])):
     f = os.path.realpath(os.path.join(e['directory'], e['file']))
-    if f.endswith('.cc') and f.startswith(root + '/') and '/build' not in f[len(root):]:
+    # tests/kernels/cuda: their host code uses _Float16, which clang 14 lacks on x86-64.
+    rel = f[len(root):]
+    if f.endswith('.cc') and f.startswith(root + '/') and '/build' not in rel \
+            and not rel.startswith('/tests/kernels/cuda/'):
         print(os.path.relpath(f, root))
 " "$root" "$db" | sort -u)
   files=$all

@@ -35,10 +35,9 @@ std::size_t OptimizerSwapper::buffers_needed(const OptimizerSwapperOptions& opti
     return 1 + (options.pipeline_read ? 1 : 0) + (options.pipeline_write ? 1 : 0);
 }
 
-OptimizerSwapper::OptimizerSwapper(SwapStore& store, PinnedPool& pool,
-                                   const kernels::OptimizerKernel& kernel,
+OptimizerSwapper::OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
                                    const OptimizerSwapperOptions& options)
-    : store_(store), pool_(pool), kernel_(kernel), options_(options) {}
+    : store_(store), kernel_(kernel), options_(options) {}
 
 Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
     SwapStore& store, PinnedPool& pool, const kernels::OptimizerKernel& kernel,
@@ -68,7 +67,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                     " buffers; pipeline_read=", options.pipeline_read,
                     " pipeline_write=", options.pipeline_write, " needs ", need_count));
     }
-    std::unique_ptr<OptimizerSwapper> s(new OptimizerSwapper(store, pool, kernel, options));
+    std::unique_ptr<OptimizerSwapper> s(new OptimizerSwapper(store, kernel, options));
     s->state_count_ = state_count(options.kind, options.amsgrad);
     s->sub_group_count_ = static_cast<std::size_t>((options.numel + options.sub_group_numel - 1) /
                                                    options.sub_group_numel);

@@ -132,7 +132,7 @@ public:
 private:
     static constexpr std::size_t kMaxTickets = 3;
 
-    OptimizerSwapper(SwapStore& store, PinnedPool& pool, const kernels::OptimizerKernel& kernel,
+    OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
                      const OptimizerSwapperOptions& options);
     Status run(const kernels::OptimizerParams* params, GradientSource* grads);
     Status issue_read(std::size_t sub_group, SwapTicket& ticket);
@@ -145,7 +145,6 @@ private:
     void drain() noexcept;
 
     SwapStore& store_;
-    PinnedPool& pool_;
     const kernels::OptimizerKernel& kernel_;
     OptimizerSwapperOptions options_;
     std::size_t state_count_ = 0;

@@ -39,7 +39,7 @@ using PartitionId = std::uint32_t;
 // The checksum unit. 64 KiB: large enough that XXH3 runs at memory speed and the table is
 // 1/8192 of the data (3 MB for 24 GB), small enough that a verified sub-range read reads at most
 // two extra blocks (128 KiB) beyond the bytes asked for.
-inline constexpr std::size_t kSwapBlockBytes = 64 * 1024;
+inline constexpr std::size_t kSwapBlockBytes = std::size_t{64} * 1024;
 // Every extent (data and checksums) starts at a multiple of this: the largest O_DIRECT logical
 // block size we expect (512 B here, 4 KiB on 4Kn drives).
 inline constexpr std::size_t kExtentAlignmentBytes = 4096;

@@ -945,7 +945,8 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
     if (sub != nullptr) {
         ObjectReader s(*sub, "comm", c.warnings);
         ZINF_TRY(s.get_bool("deterministic", c.comm.deterministic));
-        ZINF_TRY(s.get_int(std::string_view("timeout_s"), c.comm.timeout_s, 0, 7 * 24 * 3600));
+        ZINF_TRY(s.get_int(std::string_view("timeout_s"), c.comm.timeout_s, 0,
+                                 std::int64_t{7} * 24 * 3600));
         ZINF_TRY(s.finish());
     }
     ZINF_TRY(r.get_object("model", sub));

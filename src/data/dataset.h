@@ -70,7 +70,7 @@ private:
 inline constexpr const char* kFashionMnistDirectory = "/usr/share/datasets/fashion-mnist";
 inline constexpr const char* kFashionMnistPackageHint =
     "install the Debian package: apt-get install dataset-fashion-mnist";
-inline constexpr std::size_t kFashionMnistFeatures = 28 * 28;
+inline constexpr std::size_t kFashionMnistFeatures = std::size_t{28} * 28;
 inline constexpr std::size_t kFashionMnistClasses = 10;
 inline constexpr std::size_t kFashionMnistTrainCount = 60000;
 inline constexpr std::size_t kFashionMnistTestCount = 10000;

@@ -337,7 +337,7 @@ Status Engine::save_shard(const std::string& shard_dir, const std::string& nonce
                                               shard_name(communicator_.rank()));
     if (!w.has_value()) return w.error();
     w->set_update_latest(false);
-    const Status status = save_states(*w);
+    Status status = save_states(*w);
     describe_states(*w);
     w->set("checkpoint_nonce", nonce);
     if (!status.is_ok()) return status;
@@ -364,7 +364,8 @@ Status Engine::commit_sharded_save(engine::CheckpointWriter& top, const std::str
 Status Engine::find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
                            const std::string& nonce) const {
     for (int r = 0; r < communicator_.world_size(); ++r) {
-        auto shard = engine::CheckpointReader::open(file_system(), dir + "/" + temp, shard_name(r));
+        auto shard = engine::CheckpointReader::open(file_system(), str_cat(dir, "/", temp),
+                                                  shard_name(r));
         Result<std::string> got =
             shard.has_value() ? shard->get("checkpoint_nonce") : Result<std::string>(shard.error());
         if (got.has_value() && *got == nonce) continue;

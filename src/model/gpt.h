@@ -133,7 +133,7 @@ private:
                                const ActivationStore* store);
     // create's steps, in the order it takes them.
     Status add_modules(const Layout& layout);
-    Status add_block(std::size_t i, std::size_t token_rows);
+    Status add_block(std::size_t i, std::size_t n);  // n: token rows
     Status allocate_workspaces(const Layout& layout);
     Status allocate_block_inputs(const Layout& layout);
     Status pin_host_inputs(const Layout& layout);

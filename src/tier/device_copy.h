@@ -33,7 +33,7 @@ inline Result<bool> poll_device_copy(Device& device, EventId event) noexcept {
 
 // Blocks until the copy is done; releases the event.
 inline Status wait_device_copy(Device& device, EventId event) noexcept {
-    const Status status = device.synchronize_event(event);
+    Status status = device.synchronize_event(event);
     device.release_event(event);
     return status;
 }

@@ -32,7 +32,7 @@ Json nested(std::string_view path, const Json& value) {
     std::size_t start = 0;
     while (true) {
         const auto dot = path.find('.', start);
-        const std::string part(path.substr(start, dot == std::string_view::npos ? path.npos : dot - start));
+        const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
         if (dot == std::string_view::npos) {
             (*node)[part] = value;
             return root;

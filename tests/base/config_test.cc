@@ -16,7 +16,7 @@ LoadOptions quiet() {
     return o;
 }
 
-Result<EngineConfig> load_text(const std::string& text, LoadOptions options = quiet()) {
+Result<EngineConfig> load_text(const std::string& text, const LoadOptions& options = quiet()) {
     return load_from_string(text, options, "test.json");
 }
 

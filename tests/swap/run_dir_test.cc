@@ -128,7 +128,7 @@ using zinf::test::read_text;
 
 // A directory `name` in `parent` with `mode` (chmod after mkdir: the umask does not apply).
 std::string make_dir(const std::string& parent, const std::string& name, mode_t mode) {
-    const std::string path = parent + "/" + name;
+    std::string path = parent + "/" + name;
     EXPECT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
     EXPECT_EQ(::chmod(path.c_str(), mode), 0) << path;
     return path;

@@ -13,7 +13,6 @@
 
 #include "swap/swap_store.h"
 
-extern char** environ;
 
 namespace zinf::swap::test {
 

@@ -8,6 +8,7 @@
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>  // environ
 
 #include <fcntl.h>
 
@@ -17,7 +18,6 @@
 
 #include "tests/support/test_seed.h"
 
-extern char** environ;
 
 namespace zinf {
 namespace {

@@ -54,7 +54,7 @@ constexpr const char* kStage2 = R"("zero_optimization": {"stage": 2},)";
 
 // A 24-32-4 MLP on synthetic data under `zero` (a "zero_optimization" entry and a comma).
 std::string write_config(const test::TempDir& dir, const std::string& zero = kStage2) {
-    const std::string path = dir.file("config.json");
+    std::string path = dir.file("config.json");
     std::ofstream(path) << R"({ )" << zero << R"(
   "train_batch_size": 32,
   "steps_per_print": 5,

@@ -153,6 +153,7 @@ Result<ProcessOutput> run_process(const std::vector<std::string>& argv) {
     FileDescriptor err_write(err_pipe[1]);
 
     std::vector<char*> cargv;
+    cargv.reserve(argv.size() + 1);
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
 

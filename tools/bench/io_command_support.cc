@@ -170,6 +170,7 @@ PassFigures median_figures(const std::vector<PassFigures>& passes) {
     ZINF_ASSERT(!passes.empty());
     const auto median = [&](auto field) {
         std::vector<double> v;
+        v.reserve(passes.size());
         for (const auto& p : passes) v.push_back(static_cast<double>(p.*field));
         return spread_of(v).median;
     };

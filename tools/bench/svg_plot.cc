@@ -60,7 +60,8 @@ void render_panel(std::string& out, const PlotOptions& options, const PlotPanel&
             y_max = std::max(y_max, y);
         }
     }
-    const auto [y_top, y_step] = nice_axis(y_max);
+    const auto [axis_top, y_step] = nice_axis(y_max);
+    const double y_top = axis_top;  // a variable, not a binding: the lambdas below capture it
     const double lx_min = xs.empty() ? 0 : std::log2(*xs.begin());
     const double lx_max = xs.empty() ? 1 : std::log2(*xs.rbegin());
     const auto px = [&](double x) {
@@ -148,7 +149,8 @@ std::string render_svg_plot(const PlotOptions& options, const std::vector<PlotPa
            xml_escape(options.title) + "</text>\n";
     for (std::size_t i = 0; i < panels.size(); ++i) {
         const double ox = kPanelWidth * static_cast<double>(static_cast<int>(i) % columns);
-        const double oy = kTitleHeight + kPanelHeight * static_cast<double>(static_cast<int>(i) / columns);
+        const int row = static_cast<int>(i) / columns;
+        const double oy = kTitleHeight + kPanelHeight * static_cast<double>(row);
         render_panel(out, options, panels[i], ox, oy);
     }
     out += "</svg>\n";

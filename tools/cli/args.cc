@@ -87,7 +87,7 @@ Status Args::parse(int argc, char** argv) {
                 return Status::invalid_argument(str_cat("--", name, " needs a value"));
             value = argv[++i];
         }
-        if (!it->second.is_list && values_.count(name) != 0) {
+        if (!it->second.is_list && values_.contains(name)) {
             return Status::invalid_argument(str_cat("--", name, " given twice"));
         }
         values_[name].push_back(value);
@@ -122,7 +122,7 @@ std::string Args::help() const {
 }
 
 bool Args::given(const std::string& name) const {
-    return values_.count(name) != 0;
+    return values_.contains(name);
 }
 
 std::string Args::get(const std::string& name) const {
@@ -199,7 +199,7 @@ Result<bool> Args::get_bool(const std::string& name) const {
 
 Result<std::string> Args::get_choice(const std::string& name,
                                      const std::vector<std::string_view>& choices) const {
-    const std::string v = get(name);
+    std::string v = get(name);
     std::string list;
     for (const auto& c : choices) {
         if (c == v) return v;

@@ -11,6 +11,7 @@
 #include "kernels/cast.h"
 #include "kernels/cpu_features.h"
 #include "kernels/optimizer.h"
+#include "src/base/log.h"
 
 namespace {
 
@@ -83,16 +84,15 @@ void register_all() {
         for (const int threads : {1, 0}) {
             const std::string t = threads == 0 ? "all" : "1";
             for (const DType g : {DType::kFloat32, DType::kBFloat16}) {
-                const std::string name = "adamw/" + isa_name + "/grad_" +
-                                         std::string(zinf::dtype_name(g)) + "/threads_" +
-                                         t;
+                const std::string name = zinf::str_cat("adamw/", isa_name, "/grad_",
+                                                       zinf::dtype_name(g), "/threads_", t);
                 benchmark::RegisterBenchmark(name.c_str(), bm_adamw_step, isa, g, threads)
                     ->RangeMultiplier(4)
                     ->Range(4 << 10, 64 << 20)
                     ->UseRealTime()
                     ->Unit(benchmark::kMicrosecond);
             }
-            const std::string name = "grad_stats/" + isa_name + "/threads_" + t;
+            const std::string name = zinf::str_cat("grad_stats/", isa_name, "/threads_", t);
             benchmark::RegisterBenchmark(name.c_str(), bm_grad_stats, isa, threads)
                 ->RangeMultiplier(4)
                 ->Range(4 << 10, 64 << 20)
