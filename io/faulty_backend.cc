@@ -63,8 +63,9 @@ Result<std::size_t> FaultyBackend::submit(std::span<Request* const> requests) no
                        plan_.enospc_after_bytes) {
             inject = ENOSPC;
         } else if (chance(r->op == OpKind::kRead  // NOLINT(bugprone-branch-clone): the order
-                                                  // of the tests is the random stream's ? plan_.read_error_probability
-                                                 : plan_.write_error_probability)) {
+                                                  // of the tests is the random stream's
+                              ? plan_.read_error_probability
+                              : plan_.write_error_probability)) {
             inject = plan_.errno_to_inject;
         }
         if (inject != 0) {
