@@ -1,8 +1,10 @@
-// Direct-I/O alignment query: statx(STATX_DIOALIGN) → sysfs logical_block_size → probe.
+// Direct-I/O alignment query: statx(STATX_DIOALIGN) → tmpfs → sysfs logical_block_size → probe.
 #include "io/block_size.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -85,6 +87,17 @@ Result<DirectIoAlignment> query_direct_io_alignment(int fd, const std::string& p
             return Status::internal(str_cat(path, ": statx reports a direct-I/O alignment of ",
                                             a.alignment_bytes, ", not a power of two"));
         }
+        return a;
+    }
+
+    // tmpfs takes O_DIRECT since Linux 6.6 (before, the O_DIRECT open itself fails and no
+    // descriptor reaches this query) and serves it from its page cache, so it needs no
+    // alignment at all; it reports none through statx, and it has no block device to ask.
+    struct statfs fs {};
+    if (::fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+        DirectIoAlignment a;
+        a.alignment_bytes = 1;
+        a.source = "tmpfs";
         return a;
     }
 

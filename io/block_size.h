@@ -14,14 +14,15 @@ struct DirectIoAlignment {
     std::size_t alignment_bytes = 4096;
     // False when the kernel says the file cannot do direct I/O at all (statx DIOALIGN of 0).
     bool direct_supported = true;
-    // Where the answer came from: "statx", "sysfs", "probe" or "default".
+    // Where the answer came from: "statx", "tmpfs", "sysfs", "probe" or "default".
     const char* source = "default";
 };
 
 // Queries the direct-I/O alignment of the open file `fd` (named `path` in messages): statx with
-// STATX_DIOALIGN where the kernel has it, else the logical_block_size of the backing block
-// device in /sys/dev/block/MAJ:MIN/queue, else a probe with O_DIRECT reads of growing alignment
-// (on a non-empty file), else 4096, which is safe for every logical block size up to a page.
+// STATX_DIOALIGN where the kernel has it, else 1 on tmpfs (which needs none), else the
+// logical_block_size of the backing block device in /sys/dev/block/MAJ:MIN/queue, else a probe
+// with O_DIRECT reads of growing alignment (on a non-empty file), else 4096, which is safe for
+// every logical block size up to a page.
 // Blocks briefly (a few syscalls); never allocates on success.
 Result<DirectIoAlignment> query_direct_io_alignment(int fd, const std::string& path);
 

@@ -71,22 +71,27 @@ public:
         (void)drain(ops);
     }
 
-    // Starts a transfer; returns without waiting. Errors before anything starts (bad path, a
-    // read past the end of the file, a buffer the file's O_DIRECT alignment refuses).
-    void submit(bool write, std::uintptr_t buffer, std::uint64_t bytes, const std::string& path,
-                std::uint64_t offset) {
+    // Starts a transfer and returns 0 without waiting; or, where the file takes O_DIRECT and
+    // the buffer does not start on its alignment, starts nothing and returns that alignment
+    // (the caller bounces the bytes through aligned memory). Raises before anything starts on
+    // a bad path or a read past the end of the file.
+    std::size_t submit(bool write, std::uintptr_t buffer, std::uint64_t bytes,
+                       const std::string& path, std::uint64_t offset) {
         auto op = std::make_unique<Op>();
         op->path = path;
         op->offset = offset;
         op->write = write;
         op->bytes = bytes;
         Status status;
+        std::size_t misaligned = 0;
         {
             py::gil_scoped_release release;
-            status = start(*op, buffer);
+            status = start(*op, buffer, misaligned);
         }
         check(status);
+        if (misaligned != 0) return misaligned;
         ops_.push_back(std::move(op));
+        return 0;
     }
 
     // Waits for every operation started; returns how many completed. Every one is waited for
@@ -139,20 +144,29 @@ private:
         bool started = false;
     };
 
-    Status start(Op& op, std::uintptr_t buffer) {
+    // Opens the file and starts the transfer; `misaligned` receives the file's O_DIRECT
+    // alignment instead when the buffer misses it (the file is closed again, nothing started).
+    Status start(Op& op, std::uintptr_t buffer, std::size_t& misaligned) {
         if (op.bytes == 0) return Status::invalid_argument(str_cat(op.path, ": an empty tensor"));
         io::FileOptions fo;
         fo.create = op.write;
         fo.read_only = !op.write;
         ZINF_ASSIGN_OR_RETURN(const io::FileId file, engine_->open(op.path, fo));
         op.file = file;
-        Status status = check_op(op, file, buffer);
-        if (status.is_ok()) {
-            auto* data = address<std::byte>(buffer);
-            status = op.write ? engine_->submit_write(op.handle, file, op.offset, {data, op.bytes})
-                              : engine_->submit_read(op.handle, file, op.offset, {data, op.bytes});
+        const std::size_t align = engine_->alignment_bytes(file);
+        Status status;
+        if (engine_->is_direct(file) && buffer % align != 0) {
+            misaligned = align;
+        } else {
+            status = check_size(op);
+            if (status.is_ok()) {
+                auto* data = address<std::byte>(buffer);
+                status = op.write
+                             ? engine_->submit_write(op.handle, file, op.offset, {data, op.bytes})
+                             : engine_->submit_read(op.handle, file, op.offset, {data, op.bytes});
+            }
         }
-        if (!status.is_ok()) {
+        if (!status.is_ok() || misaligned != 0) {
             (void)engine_->close(file);
             op.file.reset();
             return status;
@@ -161,22 +175,15 @@ private:
         return Status::ok();
     }
 
-    Status check_op(const Op& op, io::FileId file, std::uintptr_t buffer) {
-        const std::size_t align = engine_->alignment_bytes(file);
-        if (engine_->is_direct(file) && buffer % align != 0) {
-            return Status::invalid_argument(str_cat(
-                op.path, ": the tensor's data at 0x", std::hex, buffer, std::dec,
-                " is not aligned to the file's ", align,
-                "-byte O_DIRECT block; allocate it with new_cpu_locked_tensor (page-aligned)"));
-        }
-        if (!op.write) {
-            struct stat st {};
-            if (::stat(op.path.c_str(), &st) == 0 &&
-                static_cast<std::uint64_t>(st.st_size) < op.offset + op.bytes) {
-                return Status::invalid_argument(
-                    str_cat(op.path, ": reading ", op.bytes, " bytes at offset ", op.offset,
-                            " needs ", op.offset + op.bytes, " bytes; the file has ", st.st_size));
-            }
+    // A read must end within the file.
+    static Status check_size(const Op& op) {
+        if (op.write) return Status::ok();
+        struct stat st {};
+        if (::stat(op.path.c_str(), &st) == 0 &&
+            static_cast<std::uint64_t>(st.st_size) < op.offset + op.bytes) {
+            return Status::invalid_argument(
+                str_cat(op.path, ": reading ", op.bytes, " bytes at offset ", op.offset,
+                        " needs ", op.offset + op.bytes, " bytes; the file has ", st.st_size));
         }
         return Status::ok();
     }

@@ -5,7 +5,9 @@ hyper-parameters, for ``torch.optim.AdamW`` (``adamw_mode=True``) or ``torch.opt
 (``adamw_mode=False``): the same per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``,
 ``max_exp_avg_sq`` with ``amsgrad``) and the same ``param_groups`` keys, so ``state_dict()`` of one
 loads into the other. ``CPUAdagrad`` matches ``torch.optim.Adagrad`` (state ``step``, ``sum``);
-``CPULion`` is Lion (Chen et al. 2023; state ``exp_avg``).
+``CPULion`` is Lion (Chen et al. 2023; state ``exp_avg``). ``CPUAdagrad`` also loads the
+state of DeepSpeed's ``DeepSpeedCPUAdagrad`` (``exp_avg_sq``). DeepSpeed's own signatures,
+state keys and bf16 behaviour are in ``zinfinity.compat.deepspeed``.
 
 Parameters live on the CPU and are fp32, updated in place with fp32 gradients. A bf16 or fp16
 parameter (a low-precision model) gets an fp32 master copy in its state (``master``): the kernel
@@ -223,8 +225,21 @@ class CPUAdagrad(_CPUOptimizer):
                         maximize=bool(maximize))
         super().__init__(params, defaults)
 
+    # DeepSpeed's DeepSpeedCPUAdagrad saves groups without these: kept from the constructor.
+    _own_keys = ("lr_decay", "initial_accumulator_value", "maximize")
+
     def _group_kind(self, group):
         return "adagrad"
+
+    def load_state_dict(self, state_dict):
+        """torch's (state ``sum``) or DeepSpeed's ``DeepSpeedCPUAdagrad`` (state
+        ``exp_avg_sq``, an int ``step``): the latter is renamed to torch's layout."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            if "exp_avg_sq" in state and "sum" not in state:
+                state["sum"] = state.pop("exp_avg_sq")
+            if "step" in state and not torch.is_tensor(state["step"]):
+                state["step"] = torch.tensor(float(state["step"]))
 
     def _initial_moment(self, group, moment):
         return group["initial_accumulator_value"]

@@ -23,7 +23,7 @@ if(PYTHON)
   # The Python package, installed beside the library, imports from the prefix alone.
   run("import the installed zinfinity" ${CMAKE_COMMAND} -E env
       PYTHONPATH=${WORK_DIR}/prefix/${PYTHON_DIR} ${PYTHON} -c
-      "import zinfinity\nprint('python ok' if zinfinity.__file__.startswith('${WORK_DIR}/prefix/') else 'elsewhere', zinfinity.__file__)")
+      "import zinfinity, zinfinity.compat.deepspeed\nprint('python ok' if zinfinity.__file__.startswith('${WORK_DIR}/prefix/') else 'elsewhere', zinfinity.__file__)")
   if(NOT last_output MATCHES "python ok")
     message(FATAL_ERROR "python import output:\n${last_output}")
   endif()
