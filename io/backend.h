@@ -31,15 +31,15 @@ namespace zinf::io {
 struct Request {
     enum class State : std::uint8_t { kIdle, kInFlight };
     OpKind op = OpKind::kRead;
-    int fd = -1;                    // descriptor (or simulated file id)
-    int fixed_file_index = -1;      // registered-file slot, -1 if none
+    int fd = -1;                // descriptor (or simulated file id)
+    int fixed_file_index = -1;  // registered-file slot, -1 if none
     std::uint64_t offset_bytes = 0;
     std::uint32_t length_bytes = 0;
     std::byte* buffer = nullptr;
-    int buffer_index = -1;          // registered-buffer slot, -1 if none
-    std::uint32_t done_bytes = 0;   // progress of a resubmitted short transfer
-    std::uint16_t retries = 0;           // EINTR / EAGAIN retries of this piece (for stats)
-    std::uint16_t short_transfers = 0;   // short transfers resubmitted (for stats)
+    int buffer_index = -1;              // registered-buffer slot, -1 if none
+    std::uint32_t done_bytes = 0;       // progress of a resubmitted short transfer
+    std::uint16_t retries = 0;          // EINTR / EAGAIN retries of this piece (for stats)
+    std::uint16_t short_transfers = 0;  // short transfers resubmitted (for stats)
     // How the backend issued the piece, for the engine's statistics (so that a silent fallback
     // to plain opcodes shows): set when the backend takes it; false where it has no such thing.
     bool used_fixed_buffer = false;  // READ_FIXED / WRITE_FIXED on a registered buffer
@@ -94,7 +94,7 @@ public:
 };
 
 struct BackendOptions {
-    std::string kind = "auto";   // io_uring | libaio | posix | auto
+    std::string kind = "auto";  // io_uring | libaio | posix | auto
     std::size_t queue_depth = 32;
     bool sqpoll = false;
     bool single_submit = false;

@@ -57,7 +57,9 @@ struct KernelStatx {
 static_assert(sizeof(KernelStatx) == 256);
 static_assert(offsetof(KernelStatx, stx_dio_mem_align) == 0x98);
 
-bool is_power_of_two(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(std::size_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 bool read_size_file(const std::string& file, std::size_t& out) {
     std::FILE* f = std::fopen(file.c_str(), "re");
@@ -118,12 +120,13 @@ Result<DirectIoAlignment> query_direct_io_alignment(int fd, const std::string& p
     // the file system needs more. Only meaningful where there are bytes to read.
     DirectIoAlignment a;
     if (st.st_size >= 8192) {
-        FileDescriptor direct(::open(str_cat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+        FileDescriptor direct(
+            ::open(str_cat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
         auto buffer = AlignedBuffer::allocate(16384, 8192);
         if (direct.valid() && buffer.has_value()) {
             for (std::size_t size = 512; size <= 4096; size *= 2) {
-                const ssize_t got = ::pread(direct.get(), buffer->data() + size, size,
-                                            static_cast<off_t>(size));
+                const ssize_t got =
+                    ::pread(direct.get(), buffer->data() + size, size, static_cast<off_t>(size));
                 if (got >= 0) {
                     a.alignment_bytes = size;
                     a.source = "probe";

@@ -175,9 +175,9 @@ void EngineWorker::on_piece_complete(Request& request, const Status& status) {
     // Off the hot path from here: name the file, offset and length (with_context keeps the
     // code, the errno and an injected fault's mark).
     const File& file = *piece.file;
-    std::string context = str_cat(request.op == OpKind::kRead ? "read " : "write ",
-                                  file.stripes[piece.stripe].path, " offset ", request.offset_bytes,
-                                  " length ", request.length_bytes);
+    std::string context =
+        str_cat(request.op == OpKind::kRead ? "read " : "write ", file.stripes[piece.stripe].path,
+                " offset ", request.offset_bytes, " length ", request.length_bytes);
     if (file.stripes.size() > 1) {
         context += str_cat(" (logical offset ", piece.logical_offset_bytes, ")");
     }
@@ -458,16 +458,16 @@ namespace {
 Status check_engine_options(const EngineOptions& options) {
     const AioOptions& aio = options.aio;
     if (aio.block_size_bytes == 0 || aio.block_size_bytes > (std::uint64_t{1} << 30)) {
-        return Status::invalid_argument(str_cat("aio.block_size: expected 1 byte to 1 GiB, got ",
-                                                aio.block_size_bytes));
+        return Status::invalid_argument(
+            str_cat("aio.block_size: expected 1 byte to 1 GiB, got ", aio.block_size_bytes));
     }
     if (aio.queue_depth < 1 || aio.queue_depth > 4096) {
         return Status::invalid_argument(
             str_cat("aio.queue_depth: expected 1 to 4096, got ", aio.queue_depth));
     }
     if (aio.intra_op_parallelism < 1 || aio.intra_op_parallelism > 256) {
-        return Status::invalid_argument(str_cat(
-            "aio.intra_op_parallelism: expected 1 to 256, got ", aio.intra_op_parallelism));
+        return Status::invalid_argument(
+            str_cat("aio.intra_op_parallelism: expected 1 to 256, got ", aio.intra_op_parallelism));
     }
     if (options.faults && options.faults->latency_us_min > options.faults->latency_us_max) {
         return Status::invalid_argument("fault plan: latency_us_min > latency_us_max");
@@ -505,8 +505,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
     return engine;
 }
 
-std::string_view Engine::backend_name() const noexcept { return impl_->backend_name; }
-const AioOptions& Engine::aio() const noexcept { return impl_->aio; }
+std::string_view Engine::backend_name() const noexcept {
+    return impl_->backend_name;
+}
+const AioOptions& Engine::aio() const noexcept {
+    return impl_->aio;
+}
 FileSystem& Engine::file_system() const noexcept {
     return impl_->options.file_system != nullptr ? *impl_->options.file_system
                                                  : posix_file_system();
@@ -642,7 +646,9 @@ void Engine::set_discard(bool on) noexcept {
     impl_->discard.store(on, std::memory_order_release);
 }
 
-bool Engine::discarding() const noexcept { return impl_->discard.load(std::memory_order_acquire); }
+bool Engine::discarding() const noexcept {
+    return impl_->discard.load(std::memory_order_acquire);
+}
 
 Status Engine::submit_read(IoHandle& handle, FileId file, std::uint64_t offset_bytes,
                            std::span<std::byte> buffer) {
@@ -714,11 +720,10 @@ EngineStats Engine::stats() const {
 
 void Engine::reset_stats() {
     Impl& impl = *impl_;
-    for (auto* c :
-         {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed, &impl.pieces_completed,
-          &impl.short_transfers, &impl.retries, &impl.pieces_fixed_buffer_read,
-          &impl.pieces_fixed_buffer_written, &impl.pieces_fixed_file, &impl.pieces_plain,
-          &impl.ops_discarded}) {
+    for (auto* c : {&impl.bytes_read, &impl.bytes_written, &impl.requests_completed,
+                    &impl.pieces_completed, &impl.short_transfers, &impl.retries,
+                    &impl.pieces_fixed_buffer_read, &impl.pieces_fixed_buffer_written,
+                    &impl.pieces_fixed_file, &impl.pieces_plain, &impl.ops_discarded}) {
         c->store(0, std::memory_order_relaxed);
     }
     for (auto& b : impl.latency) b.store(0, std::memory_order_relaxed);

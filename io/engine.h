@@ -72,8 +72,8 @@ struct AioOptions {
     bool overlap_events = true;                 // keep submitting while completions are reaped
     std::string backend = "auto";               // auto | io_uring | libaio | posix
     DirectMode use_direct = DirectMode::kAuto;
-    bool register_buffers = true;               // io_uring fixed buffers and files
-    bool sqpoll = false;                        // io_uring kernel submission thread
+    bool register_buffers = true;  // io_uring fixed buffers and files
+    bool sqpoll = false;           // io_uring kernel submission thread
 };
 
 // Options of the simulated in-memory device (io/sim_storage.h; aio.backend is then ignored).
@@ -115,7 +115,7 @@ struct EngineStats {
     std::uint64_t requests_completed = 0;  // caller-level operations
     std::uint64_t pieces_completed = 0;    // block-sized pieces
     std::uint64_t short_transfers_resubmitted = 0;
-    std::uint64_t retries = 0;             // EAGAIN / EINTR
+    std::uint64_t retries = 0;  // EAGAIN / EINTR
     // How the completed pieces went to the kernel, so that a silent fallback to plain opcodes
     // shows: io_uring's registered (fixed) buffers and files; the other backends have neither.
     std::uint64_t pieces_fixed_buffer_read = 0;     // READ_FIXED

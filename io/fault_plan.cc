@@ -93,7 +93,8 @@ Result<FaultPlan> parse_fault_plan(const std::string& text) {
         } else if (key == "latency_us") {
             const std::size_t dash = value.find('-');
             const std::string_view lo = value.substr(0, dash);
-            const std::string_view hi = dash == std::string_view::npos ? lo : value.substr(dash + 1);
+            const std::string_view hi =
+                dash == std::string_view::npos ? lo : value.substr(dash + 1);
             ZINF_ASSIGN_OR_RETURN(const std::uint64_t min_us, parse_uint(key, lo));
             ZINF_ASSIGN_OR_RETURN(const std::uint64_t max_us, parse_uint(key, hi));
             if (min_us > max_us || max_us > 10'000'000) {

@@ -27,7 +27,9 @@ FaultyBackend::FaultyBackend(Backend& inner, const FaultPlan& plan, Shared& shar
     for (Slot& s : slots_) s.owner = this;
 }
 
-FaultyBackend::~FaultyBackend() { ZINF_ASSERT_EQ(in_use_, 0u); }
+FaultyBackend::~FaultyBackend() {
+    ZINF_ASSERT_EQ(in_use_, 0u);
+}
 
 bool FaultyBackend::chance(double probability) noexcept {
     if (probability <= 0) return false;

@@ -223,7 +223,8 @@ std::string_view file_op_name(FileOp op) noexcept {
 
 FileSystem& posix_file_system() noexcept {
     // Never destroyed: used at exit. Allocation failure at start-up ends the process.
-    static PosixFileSystem* const fs = new PosixFileSystem();  // NOLINT(bugprone-unhandled-exception-at-new)
+    static PosixFileSystem* const fs =
+        new PosixFileSystem();  // NOLINT(bugprone-unhandled-exception-at-new)
     return *fs;
 }
 
@@ -363,9 +364,8 @@ Status FaultyFileSystem::maybe_fail(FileOp op, std::string_view what) {
     }
     if (!fail) return Status::ok();
     injected_.fetch_add(1);
-    return Status::from_errno(plan_.errno_to_inject,
-                              str_cat(file_op_name(op), " ", what, " (injected fault, file op ", n,
-                                      ")"))
+    return Status::from_errno(plan_.errno_to_inject, str_cat(file_op_name(op), " ", what,
+                                                             " (injected fault, file op ", n, ")"))
         .mark_injected();
 }
 

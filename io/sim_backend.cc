@@ -46,7 +46,8 @@ Status SimDevice::reserve(int file, std::uint64_t size_bytes) {
     const std::uint64_t grow = size_bytes - f.size();
     if (used_bytes_ + grow > options_.capacity_bytes) {
         return Status::no_space(str_cat("simulated device full: ", used_bytes_, " of ",
-                                        options_.capacity_bytes, " bytes used, ", grow, " more asked"));
+                                        options_.capacity_bytes, " bytes used, ", grow,
+                                        " more asked"));
     }
     f.resize(size_bytes);
     used_bytes_ += grow;
@@ -101,7 +102,9 @@ SimBackend::SimBackend(SimDevice& device, std::size_t queue_depth, std::uint64_t
     ZINF_ASSERT_LE(device.options().latency_us_min, device.options().latency_us_max);
 }
 
-SimBackend::~SimBackend() { ZINF_ASSERT_EQ(in_flight_, 0u); }
+SimBackend::~SimBackend() {
+    ZINF_ASSERT_EQ(in_flight_, 0u);
+}
 
 Status SimBackend::register_buffers(std::span<const std::span<std::byte>> regions) {
     for (const auto& r : regions) {

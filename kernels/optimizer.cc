@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <vector>
-#include <cmath>
 
 #include "kernels/detail/kernel_table.h"
 #include "src/base/log.h"
@@ -104,16 +104,14 @@ Status validate(const OptimizerParams& p) {
     }
     const OptimizerDescriptor& d = optimizer_descriptor(p.kind);
     if (p.torch_rounding && !d.has_torch_rounding) {
-        return Status::invalid_argument(
-            str_cat("optimizer torch_rounding: only ",
-                    optimizer_names_where(&has_torch_rounding),
-                    " have it, not ", d.name));
+        return Status::invalid_argument(str_cat("optimizer torch_rounding: only ",
+                                                optimizer_names_where(&has_torch_rounding),
+                                                " have it, not ", d.name));
     }
     if (p.amsgrad && !d.has_amsgrad) {
-        return Status::invalid_argument(
-            str_cat("optimizer amsgrad: only ",
-                    optimizer_names_where(&has_amsgrad),
-                    " have it, got true for ", d.name));
+        return Status::invalid_argument(str_cat("optimizer amsgrad: only ",
+                                                optimizer_names_where(&has_amsgrad),
+                                                " have it, got true for ", d.name));
     }
     return Status::ok();
 }
@@ -169,8 +167,8 @@ detail::StepChunkFn OptimizerKernel::step_function(OptimizerKind kind, bool amsg
         return table_->step[index][amsgrad ? 1 : 0][static_cast<int>(grad_dtype)][copy_index];
     }
     const RegisteredKernels& r = registered_kernels()[index];
-    const OptimizerKernelEntries* e = r.per_isa[static_cast<int>(isa_)].load(
-        std::memory_order_acquire);
+    const OptimizerKernelEntries* e =
+        r.per_isa[static_cast<int>(isa_)].load(std::memory_order_acquire);
     if (e == nullptr) e = r.per_isa[static_cast<int>(Isa::kScalar)].load(std::memory_order_acquire);
     if (e == nullptr) return nullptr;
     return e->step[amsgrad ? 1 : 0][static_cast<int>(grad_dtype)][copy_index];

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "io/engine.h"
 #include "python/binding.h"
 #include "src/base/aligned.h"
 #include "src/base/log.h"
-#include "io/engine.h"
 
 namespace zinf::python {
 namespace {
@@ -52,7 +52,6 @@ private:
 };
 
 // ----- asynchronous file I/O ------------------------------------------------------------------
-
 
 // DeepSpeed's aio_handle over io::Engine: each operation opens its file, moves its bytes in
 // block_size pieces on the engine's workers, and closes the file when waited for.
@@ -182,8 +181,8 @@ private:
         if (::stat(op.path.c_str(), &st) == 0 &&
             static_cast<std::uint64_t>(st.st_size) < op.offset + op.bytes) {
             return Status::invalid_argument(
-                str_cat(op.path, ": reading ", op.bytes, " bytes at offset ", op.offset,
-                        " needs ", op.offset + op.bytes, " bytes; the file has ", st.st_size));
+                str_cat(op.path, ": reading ", op.bytes, " bytes at offset ", op.offset, " needs ",
+                        op.offset + op.bytes, " bytes; the file has ", st.st_size));
         }
         return Status::ok();
     }
@@ -222,8 +221,8 @@ void bind_io(py::module_& m) {
              py::arg("block_size"), py::arg("queue_depth"), py::arg("single_submit"),
              py::arg("overlap_events"), py::arg("intra_op_parallelism"), py::arg("backend"),
              py::arg("use_direct"))
-        .def("submit", &AioHandle::submit, py::arg("write"), py::arg("buffer"),
-             py::arg("bytes"), py::arg("path"), py::arg("offset"))
+        .def("submit", &AioHandle::submit, py::arg("write"), py::arg("buffer"), py::arg("bytes"),
+             py::arg("path"), py::arg("offset"))
         .def("wait", &AioHandle::wait)
         .def("pending", &AioHandle::pending)
         .def("is_direct", &AioHandle::is_direct, py::arg("path"))

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "python/binding.h"
-#include "src/base/optimizer_descriptor.h"
-#include "src/base/aligned.h"
-#include "src/base/log.h"
 #include "kernels/cast.h"
 #include "kernels/optimizer.h"
+#include "python/binding.h"
+#include "src/base/aligned.h"
+#include "src/base/log.h"
+#include "src/base/optimizer_descriptor.h"
 
 namespace zinf::python {
 namespace {
@@ -64,7 +64,6 @@ py::dict kernel_info() {
     return d;
 }
 
-
 // One step over one tensor: params (fp32, numel), grads (grad_dtype), the states the optimizer
 // uses (0 where it uses none), and optionally a bf16/fp16 copy of the new parameters.
 void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t params,
@@ -90,8 +89,9 @@ void optimizer_step(const std::string& kind, std::uint64_t numel, std::uintptr_t
         complete = moments[i] != 0;
     }
     if (!complete) {
-        raise(Status::invalid_argument(str_cat("optimizer_step: ", kind, " needs params, grads and ",
-                                               kept, " moments (given ", moments.size(), ")")));
+        raise(
+            Status::invalid_argument(str_cat("optimizer_step: ", kind, " needs params, grads and ",
+                                             kept, " moments (given ", moments.size(), ")")));
     }
     const kernels::GradView g{address<const void>(grads), numel, dtype_from(grad_dtype)};
     kernels::ParamCopy c = kernels::ParamCopy::none();
@@ -126,8 +126,7 @@ void cast(std::uintptr_t src, const std::string& src_dtype, std::uintptr_t dst,
         kernels::cast_to_fp32(isa, {address<const std::uint16_t>(src), numel}, s,
                               {address<float>(dst), numel});
     } else {
-        std::memcpy(address<void>(dst), address<const void>(src),
-                    numel * dtype_size_bytes(s));
+        std::memcpy(address<void>(dst), address<const void>(src), numel * dtype_size_bytes(s));
     }
 }
 
@@ -167,14 +166,13 @@ void bind_kernels(py::module_& m) {
     m.def("optimizer_descriptors", &optimizer_descriptors);
     m.def("set_num_threads", &set_num_threads, py::arg("threads"));
     m.def("kernel_info", &kernel_info);
-    m.def("optimizer_step", &optimizer_step, py::arg("kind"), py::arg("numel"),
-          py::arg("params"), py::arg("grads"), py::arg("grad_dtype"), py::arg("moments"),
-          py::arg("copy"), py::arg("copy_dtype"),
-          py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-          py::arg("weight_decay"), py::arg("bias_correction"), py::arg("amsgrad"),
+    m.def("optimizer_step", &optimizer_step, py::arg("kind"), py::arg("numel"), py::arg("params"),
+          py::arg("grads"), py::arg("grad_dtype"), py::arg("moments"), py::arg("copy"),
+          py::arg("copy_dtype"), py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+          py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"), py::arg("amsgrad"),
           py::arg("grad_scale") = 1.0, py::arg("torch_rounding") = false);
-    m.def("cast", &cast, py::arg("src"), py::arg("src_dtype"), py::arg("dst"),
-          py::arg("dst_dtype"), py::arg("numel"));
+    m.def("cast", &cast, py::arg("src"), py::arg("src_dtype"), py::arg("dst"), py::arg("dst_dtype"),
+          py::arg("numel"));
 }
 
 }  // namespace zinf::python

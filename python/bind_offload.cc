@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "python/binding.h"
-#include "src/base/aligned.h"
-#include "src/base/log.h"
 #include "io/engine.h"
 #include "kernels/cast.h"
 #include "kernels/optimizer.h"
+#include "python/binding.h"
+#include "src/base/aligned.h"
+#include "src/base/log.h"
 #include "swap/optimizer_stack.h"
 #include "swap/optimizer_swapper.h"
 #include "swap/pinned_pool.h"
@@ -48,8 +48,7 @@ std::vector<Piece> pieces_from(const py::list& list) {
         p.param = t[0].cast<std::uintptr_t>();
         p.param_dtype = dtype_from(t[1].cast<std::string>());
         p.grad = t[2].cast<std::uintptr_t>();
-        p.grad_dtype =
-            t[3].is_none() ? DType::kFloat32 : dtype_from(t[3].cast<std::string>());
+        p.grad_dtype = t[3].is_none() ? DType::kFloat32 : dtype_from(t[3].cast<std::string>());
         p.numel = t[4].cast<std::uint64_t>();
         out.push_back(p);
     }
@@ -83,9 +82,9 @@ void for_range(const std::vector<T>& pieces, std::uint64_t offset, std::uint64_t
 class TorchGradients final : public swap::GradientSource {
 public:
     // `grads` and `copy` are the optimizer's staging buffers, grown here on first need.
-    TorchGradients(const std::vector<Piece>& pieces, DType grad_dtype,
-                   DType param_dtype, std::uint64_t sub_group_numel,
-                   std::vector<std::byte>& grads, std::vector<std::uint16_t>& copy)
+    TorchGradients(const std::vector<Piece>& pieces, DType grad_dtype, DType param_dtype,
+                   std::uint64_t sub_group_numel, std::vector<std::byte>& grads,
+                   std::vector<std::uint16_t>& copy)
         : pieces_(pieces),
           grad_dtype_(grad_dtype),
           param_dtype_(param_dtype),
@@ -265,8 +264,8 @@ public:
         const std::vector<Piece> pieces = pieces_from(list);
         swap::OptimizerSwapper& s = swapper(group, pieces);
         const kernels::OptimizerParams p =
-            hyper_from(std::string(optimizer_kind_name(kind_)), step, lr, beta1, beta2,
-                       eps, weight_decay, bias_correction, amsgrad_, grad_scale, torch_rounding);
+            hyper_from(std::string(optimizer_kind_name(kind_)), step, lr, beta1, beta2, eps,
+                       weight_decay, bias_correction, amsgrad_, grad_scale, torch_rounding);
         // The dtypes of the group's first non-empty parameter (an empty one has no gradient
         // storage and takes no part).
         const Piece* first = &pieces.front();

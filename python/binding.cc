@@ -2,7 +2,6 @@
 #include "python/binding.h"
 
 #include "io/engine.h"
-
 #include "src/base/log.h"
 #include "src/base/optimizer_descriptor.h"
 
@@ -35,8 +34,6 @@ PyObject* g_corruption_error = nullptr;
     PyErr_SetString(type, status.to_string().c_str());
     throw py::error_already_set();
 }
-
-
 
 DType dtype_from(const std::string& name) {
     if (name == "float32") return DType::kFloat32;
@@ -74,7 +71,6 @@ kernels::OptimizerParams hyper_from(const std::string& kind, std::uint64_t step,
     check(kernels::validate(p));
     return p;
 }
-
 
 io::AioOptions aio_from(std::uint64_t block_size, int queue_depth, bool single_submit,
                         bool overlap_events, int intra_op_parallelism, const std::string& backend,

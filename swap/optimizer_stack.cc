@@ -28,8 +28,7 @@ Result<OptimizerStackLayout> layout_optimizer_stack(const OptimizerStackOptions&
         o.pipeline_write = options.pipeline_write;
         o.first_partition = next;
         const std::uint64_t groups = (numel + o.sub_group_numel - 1) / o.sub_group_numel;
-        next += static_cast<PartitionId>(groups *
-                                         OptimizerSwapper::state_count(o.kind, o.amsgrad));
+        next += static_cast<PartitionId>(groups * OptimizerSwapper::state_count(o.kind, o.amsgrad));
         buffer_bytes = std::max(buffer_bytes, OptimizerSwapper::buffer_size_bytes(
                                                   o.sub_group_numel, o.kind, o.amsgrad));
         buffers = std::max(buffers, OptimizerSwapper::buffers_needed(o));
@@ -45,8 +44,7 @@ Result<OptimizerStackLayout> layout_optimizer_stack(const OptimizerStackOptions&
 }
 
 Result<std::unique_ptr<PinnedPool>> create_optimizer_pool(const OptimizerStackLayout& layout,
-                                                          io::Engine& engine,
-                                                          Device* near_device,
+                                                          io::Engine& engine, Device* near_device,
                                                           bool register_with_device) {
     PinnedPoolOptions po = layout.pool;
     po.near_device = near_device;

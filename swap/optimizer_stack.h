@@ -49,8 +49,7 @@ Result<OptimizerStackLayout> layout_optimizer_stack(const OptimizerStackOptions&
 // and, with `register_with_device`, with the device (pinned for a GPU's copies; a refusal is a
 // warning, pageable still works). Errors: PinnedPool::create's.
 Result<std::unique_ptr<PinnedPool>> create_optimizer_pool(const OptimizerStackLayout& layout,
-                                                          io::Engine& engine,
-                                                          Device* near_device,
+                                                          io::Engine& engine, Device* near_device,
                                                           bool register_with_device);
 
 // One swapper per group of `layout`, reserving its partitions in `store` (not yet committed:

@@ -175,10 +175,10 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
 
 Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
     if (params.kind != options_.kind || params.amsgrad != options_.amsgrad) {
-        return Status::invalid_argument(str_cat(
-            "optimizer swapper: step with ", optimizer_kind_name(params.kind),
-            params.amsgrad ? " (amsgrad)" : "", " on states laid out for ",
-            optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: step with ", optimizer_kind_name(params.kind),
+                    params.amsgrad ? " (amsgrad)" : "", " on states laid out for ",
+                    optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
     }
     // Reject bad hyperparameters before any sub-group changes.
     ZINF_TRY(kernels::validate(params));

@@ -1,11 +1,11 @@
 // OptimizerSwapper: the optimizer step for NVMe-resident optimizer states. The fp32 master
 // parameters and the optimizer's states are split into sub-groups of `sub_group_size`
 // parameters; each sub-group is one run of consecutive partitions in the swap store (the
-// master, then the optimizer's moments), so it moves in one read and one write. The step streams over
-// the sub-groups through pinned pool buffers: read group i+1, update group i with the
-// kernels/ optimizer, write group i-1 (`pipeline_read` / `pipeline_write` of the
-// `offload_optimizer` config turn each overlap on). The step is I/O-bound by design; the
-// update runs hidden under the transfers.
+// master, then the optimizer's moments), so it moves in one read and one write. The step streams
+// over the sub-groups through pinned pool buffers: read group i+1, update group i with the kernels/
+// optimizer, write group i-1 (`pipeline_read` / `pipeline_write` of the `offload_optimizer` config
+// turn each overlap on). The step is I/O-bound by design; the update runs hidden under the
+// transfers.
 #pragma once
 
 #include <chrono>
@@ -25,7 +25,7 @@ struct OptimizerSwapperOptions {
     std::uint64_t numel = 0;            // parameters handled by this swapper
     std::uint64_t sub_group_numel = 0;  // `zero_optimization.sub_group_size`
     kernels::OptimizerKind kind = kernels::OptimizerKind::kAdamW;
-    bool amsgrad = false;  // Adam, AdamW: a fourth state, the running maximum of exp_avg_sq
+    bool amsgrad = false;        // Adam, AdamW: a fourth state, the running maximum of exp_avg_sq
     bool pipeline_read = true;   // `offload_optimizer.pipeline_read`
     bool pipeline_write = true;  // `offload_optimizer.pipeline_write`
     // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.

@@ -11,7 +11,8 @@ Status sum_in_rank_order(Communicator& comm, std::span<T> values) {
     const auto ws = static_cast<std::size_t>(comm.world_size());
     if (ws == 1 || values.empty()) return Status::ok();
     std::vector<T> all(values.size() * ws);
-    ZINF_TRY(comm.all_gather_host(std::as_bytes(values), std::as_writable_bytes(std::span<T>(all))));
+    ZINF_TRY(
+        comm.all_gather_host(std::as_bytes(values), std::as_writable_bytes(std::span<T>(all))));
     for (std::size_t i = 0; i < values.size(); ++i) {
         T sum = all[i];
         for (std::size_t r = 1; r < ws; ++r) sum += all[r * values.size() + i];

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -26,14 +26,15 @@ Status mpi_error(int code, std::string_view what) {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-    return Status::internal(str_cat("MPI ", what, ": error ", code, ": ", std::string(text, length)));
+    return Status::internal(
+        str_cat("MPI ", what, ": error ", code, ": ", std::string(text, length)));
 }
 
-#define ZINF_MPI_TRY(call, what)                           \
-    do {                                                   \
-        if (const int rc_ = (call); rc_ != MPI_SUCCESS) {  \
-            return mpi_error(rc_, what);                   \
-        }                                                  \
+#define ZINF_MPI_TRY(call, what)                          \
+    do {                                                  \
+        if (const int rc_ = (call); rc_ != MPI_SUCCESS) { \
+            return mpi_error(rc_, what);                  \
+        }                                                 \
     } while (0)
 
 // A non-negative integer from an environment variable; nullopt when unset.
@@ -44,8 +45,8 @@ Result<std::optional<int>> env_int(const char* name) {
     errno = 0;
     const long n = std::strtol(v, &end, 10);
     if (errno != 0 || *end != '\0' || n < 0 || n > 1'000'000) {
-        return Status::invalid_argument(str_cat("environment variable ", name, "='", v,
-                                                "': expected a non-negative integer"));
+        return Status::invalid_argument(
+            str_cat("environment variable ", name, "='", v, "': expected a non-negative integer"));
     }
     return std::optional<int>(static_cast<int>(n));
 }
@@ -64,18 +65,27 @@ void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
 
 float to_float(const void* base, std::size_t i, DType dtype) noexcept {
     switch (dtype) {
-        case DType::kFloat32: return static_cast<const float*>(base)[i];
-        case DType::kBFloat16: return kernels::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-        case DType::kFloat16: return kernels::fp16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+        case DType::kFloat32:
+            return static_cast<const float*>(base)[i];
+        case DType::kBFloat16:
+            return kernels::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+        case DType::kFloat16:
+            return kernels::fp16_to_float(static_cast<const std::uint16_t*>(base)[i]);
     }
     return 0.0f;
 }
 
 void from_float(void* base, std::size_t i, DType dtype, float v) noexcept {
     switch (dtype) {
-        case DType::kFloat32: static_cast<float*>(base)[i] = v; return;
-        case DType::kBFloat16: static_cast<std::uint16_t*>(base)[i] = kernels::float_to_bf16(v); return;
-        case DType::kFloat16: static_cast<std::uint16_t*>(base)[i] = kernels::float_to_fp16(v); return;
+        case DType::kFloat32:
+            static_cast<float*>(base)[i] = v;
+            return;
+        case DType::kBFloat16:
+            static_cast<std::uint16_t*>(base)[i] = kernels::float_to_bf16(v);
+            return;
+        case DType::kFloat16:
+            static_cast<std::uint16_t*>(base)[i] = kernels::float_to_fp16(v);
+            return;
     }
 }
 
@@ -93,8 +103,8 @@ void sum_in_rank_order(const std::byte* pieces, std::size_t stride_bytes, int co
             values = reinterpret_cast<const float*>(piece);
         } else {
             tmp.resize(n);
-            kernels::cast_to_fp32(isa, std::span(reinterpret_cast<const std::uint16_t*>(piece), n), kd,
-                                  std::span(tmp));
+            kernels::cast_to_fp32(isa, std::span(reinterpret_cast<const std::uint16_t*>(piece), n),
+                                  kd, std::span(tmp));
             values = tmp.data();
         }
         if (r == 0) {
@@ -172,13 +182,12 @@ Result<LaunchInfo> detect_launch() {
     if (info.under_mpi) {
         // A launcher's RANK/WORLD_SIZE beside MPI's must agree with it.
         if (env_rank && *env_rank != info.rank) {
-            return Status::invalid_argument(str_cat("environment: RANK=", *env_rank,
-                                                    " but MPI says rank ", info.rank));
+            return Status::invalid_argument(
+                str_cat("environment: RANK=", *env_rank, " but MPI says rank ", info.rank));
         }
         if (env_size && *env_size != info.world_size) {
             return Status::invalid_argument(str_cat("environment: WORLD_SIZE=", *env_size,
-                                                    " but MPI says world size ",
-                                                    info.world_size));
+                                                    " but MPI says world size ", info.world_size));
         }
     } else if (info.world_size > 1) {
         return Status::invalid_argument(str_cat(
@@ -202,9 +211,9 @@ Result<std::unique_ptr<MpiSession>> MpiSession::init(int* argc, char*** argv) {
     ZINF_MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &s->world_size_), "MPI_Comm_size");
     // The local rank: this rank's place among the ranks that share its node's memory.
     MPI_Comm node = MPI_COMM_NULL;
-    ZINF_MPI_TRY(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s->rank_, MPI_INFO_NULL,
-                                     &node),
-                 "MPI_Comm_split_type");
+    ZINF_MPI_TRY(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, s->rank_, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
     const int rc = MPI_Comm_rank(node, &s->local_rank_);
     MPI_Comm_free(&node);
     ZINF_MPI_TRY(rc, "MPI_Comm_rank(node)");
@@ -247,8 +256,8 @@ struct MpiCommunicator::Impl {
            max_fp16 = MPI_OP_NULL;
     std::atomic<std::uint64_t> generation{0};  // odd: a collective is in progress
     std::atomic<std::int64_t> started_ns{0};
-    std::atomic<const char*> what{""};         // a string literal naming the collective
-    std::atomic<std::size_t> numel{0};         // its size (elements per rank, or bytes)
+    std::atomic<const char*> what{""};  // a string literal naming the collective
+    std::atomic<std::size_t> numel{0};  // its size (elements per rank, or bytes)
     std::mutex mu;
     std::condition_variable cv;
     bool stopping = false;
@@ -262,8 +271,8 @@ struct MpiCommunicator::Impl {
             .count();
     }
     void watch() {
-        const auto poll = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(10),
-                                                                std::chrono::milliseconds(1000));
+        const auto poll = std::clamp<std::chrono::milliseconds>(
+            timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
         std::unique_lock lock(mu);
         std::uint64_t seen = 0;
         while (!cv.wait_for(lock, poll, [&] { return stopping; })) {
@@ -273,13 +282,15 @@ struct MpiCommunicator::Impl {
                 if (g % 2 == 0) continue;
             }
             const std::int64_t waited = now_ns() - started_ns.load(std::memory_order_relaxed);
-            if (waited < std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count()) continue;
+            if (waited < std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count())
+                continue;
             if (generation.load(std::memory_order_acquire) != g) continue;
             std::fprintf(stderr,
                          "zinfinity: rank %d: MPI %s of %zu did not complete within %.0f s "
                          "(another rank failed, stopped or took another path); stopping "
                          "(comm.timeout_s)\n",
-                         rank, what.load(), numel.load(), static_cast<double>(timeout.count()) / 1e3);
+                         rank, what.load(), numel.load(),
+                         static_cast<double>(timeout.count()) / 1e3);
             std::fflush(stderr);
             std::_Exit(3);
         }
@@ -318,7 +329,6 @@ MPI_Datatype mpi_type(DType dtype) {
     return dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
 }
 
-
 }  // namespace
 
 Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create(
@@ -326,7 +336,8 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create(
     int initialized = 0;
     ZINF_MPI_TRY(MPI_Initialized(&initialized), "MPI_Initialized");
     if (initialized == 0) {
-        return Status::invalid_argument("MpiCommunicator: MPI is not initialised (MpiSession::init)");
+        return Status::invalid_argument(
+            "MpiCommunicator: MPI is not initialised (MpiSession::init)");
     }
     if (device.kind() != DeviceKind::kCpu) {
         return Status::not_supported(
@@ -403,9 +414,9 @@ Status MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t
     if (op != ReduceOp::kMax) return rank_order_reduce_scatter(send, recv, recv_numel, dtype, op);
     Watched w(impl_.get(), "reduce_scatter (max)", recv_numel);
     const MPI_Op mop = dtype == DType::kFloat32 ? MPI_MAX : impl_->op16(dtype, op);
-    ZINF_MPI_TRY(MPI_Reduce_scatter_block(send, recv, n / world_size_, mpi_type(dtype), mop,
-                                          impl_->comm),
-                 "MPI_Reduce_scatter_block");
+    ZINF_MPI_TRY(
+        MPI_Reduce_scatter_block(send, recv, n / world_size_, mpi_type(dtype), mop, impl_->comm),
+        "MPI_Reduce_scatter_block");
     return Status::ok();
 }
 
@@ -487,9 +498,9 @@ Status MpiCommunicator::rank_order_all_reduce(const void* send, void* recv, std:
     store_sum(scratch_, op == ReduceOp::kAvg ? static_cast<float>(world_size_) : 1.0f, dtype,
               out + static_cast<std::size_t>(displs[rank_]) * eb);
     Watched w(impl_.get(), "all_reduce (deterministic)", numel);
-    ZINF_MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, type, out, counts.data(), displs.data(), type,
-                                impl_->comm),
-                 "MPI_Allgatherv");
+    ZINF_MPI_TRY(
+        MPI_Allgatherv(MPI_IN_PLACE, 0, type, out, counts.data(), displs.data(), type, impl_->comm),
+        "MPI_Allgatherv");
     return Status::ok();
 }
 
@@ -511,7 +522,8 @@ Status MpiCommunicator::barrier() {
     return Status::ok();
 }
 
-Status MpiCommunicator::all_gather_host(std::span<const std::byte> send, std::span<std::byte> recv) {
+Status MpiCommunicator::all_gather_host(std::span<const std::byte> send,
+                                        std::span<std::byte> recv) {
     ZINF_ASSERT_EQ(recv.size(), send.size() * static_cast<std::size_t>(world_size_));
     if (send.empty()) return Status::ok();
     ZINF_ASSIGN_OR_RETURN(const int n, mpi_count(send.size(), "all_gather_host"));

@@ -87,8 +87,8 @@ public:
     // Duplicates MPI_COMM_WORLD. `device` is borrowed and must outlive the communicator.
     // Errors: kInvalidArgument when MPI is not initialised, kNotSupported for a non-CPU device
     // (GPU ranks use NCCL), kInternal for MPI errors.
-    static Result<std::unique_ptr<MpiCommunicator>> create(Device& device,
-                                                           const MpiCommunicatorOptions& options = {});
+    static Result<std::unique_ptr<MpiCommunicator>> create(
+        Device& device, const MpiCommunicatorOptions& options = {});
     ~MpiCommunicator() override;
     MpiCommunicator(const MpiCommunicator&) = delete;
     MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -110,7 +110,6 @@ public:
     Status barrier() override;
     Status all_gather_host(std::span<const std::byte> send, std::span<std::byte> recv) override;
 
-
     struct Impl;  // opaque: keeps mpi.h out of this header
 
 private:
@@ -126,8 +125,8 @@ private:
     std::unique_ptr<Impl> impl_;  // the MPI communicator, the 16-bit operations, the watchdog
     int rank_;
     int world_size_;
-    std::vector<float> scratch_;   // the rank-order sums
-    std::vector<float> convert_;   // one 16-bit piece in fp32
+    std::vector<float> scratch_;  // the rank-order sums
+    std::vector<float> convert_;  // one 16-bit piece in fp32
     std::vector<std::byte> exchange_;
 };
 

@@ -1,10 +1,9 @@
 // NcclCommunicator: Communicator collectives through NCCL on a CudaDevice's streams.
 #include "zero/nccl_communicator.h"
 
-#include <algorithm>
-
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -146,8 +145,8 @@ Status NcclCommunicator::broadcast(void* buffer, std::size_t numel, DType dtype,
 
 Status NcclCommunicator::barrier() {
     ZINF_TRY(device_.make_current());
-    ZINF_NCCL_TRY(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32, ncclSum, comm_,
-                                device_.cuda_stream(0)),
+    ZINF_NCCL_TRY(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32,
+                                ncclSum, comm_, device_.cuda_stream(0)),
                   comm_);
     ZINF_ASSIGN_OR_RETURN(EventId event, device_.record_event(0));
     const auto deadline = std::chrono::steady_clock::now() + options_.barrier_timeout;
@@ -183,8 +182,9 @@ Status NcclCommunicator::all_gather_host(std::span<const std::byte> send,
     if (send.empty()) return Status::ok();
     // Kept between calls (a few hundred bytes per step): cudaMalloc waits for the device.
     if (host_staging_.size_bytes() < recv.size()) {
-        ZINF_ASSIGN_OR_RETURN(host_staging_, DeviceBuffer::allocate(device_, std::max<std::size_t>(recv.size(), 4096),
-                                                                    "NCCL host all-gather"));
+        ZINF_ASSIGN_OR_RETURN(
+            host_staging_, DeviceBuffer::allocate(device_, std::max<std::size_t>(recv.size(), 4096),
+                                                  "NCCL host all-gather"));
     }
     auto* base = static_cast<std::byte*>(host_staging_.data());
     std::byte* own = base + static_cast<std::size_t>(rank_) * send.size();

@@ -29,8 +29,9 @@ ParameterCoordinator::~ParameterCoordinator() {
 
 Result<std::byte*> ParameterCoordinator::allocate(std::size_t size_bytes, const char* what) {
     if (size_bytes == 0) size_bytes = 64;
-    ZINF_ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                          DeviceBuffer::allocate(device_, size_bytes, str_cat("zero: ", what).c_str()));
+    ZINF_ASSIGN_OR_RETURN(
+        DeviceBuffer buffer,
+        DeviceBuffer::allocate(device_, size_bytes, str_cat("zero: ", what).c_str()));
     auto* ptr = static_cast<std::byte*>(buffer.data());
     owned_.push_back(std::move(buffer));
     persistent_bytes_ += size_bytes;
@@ -94,9 +95,10 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
 Status ParameterCoordinator::allocate_parameters() {
     const std::size_t eb = elem_bytes();
     if (!plan_.parameters_partitioned) {
-        ZINF_ASSIGN_OR_RETURN(full_params_, allocate(partitioning_.full_numel() * eb, "parameters"));
+        ZINF_ASSIGN_OR_RETURN(full_params_,
+                              allocate(partitioning_.full_numel() * eb, "parameters"));
         if (options_.dtype != DType::kFloat32) {
-            ZINF_ASSIGN_OR_RETURN(std::byte* w,
+            ZINF_ASSIGN_OR_RETURN(std::byte * w,
                                   allocate(partitioning_.full_numel() * 4, "fp32 parameters"));
             full_working_ = reinterpret_cast<float*>(w);
         }
@@ -122,7 +124,8 @@ Status ParameterCoordinator::allocate_gradients() {
             const std::size_t bytes =
                 std::max<std::size_t>(partitioning_.partition_numel() * eb, 64);
             auto host = AlignedBuffer::allocate(bytes);
-            if (!host.has_value()) return host.error().with_context("zero: host gradient partition");
+            if (!host.has_value())
+                return host.error().with_context("zero: host gradient partition");
             host_grads_ = std::move(*host);
             std::memset(host_grads_.data(), 0, bytes);
             // The CPU device then treats it as its own memory, outside the budget.
@@ -158,10 +161,10 @@ Status ParameterCoordinator::allocate_scratch() {
     if (plan_.gradients_partitioned) {
         ZINF_ASSIGN_OR_RETURN(slice_scratch_, allocate(max_slice * eb, "gradient slice"));
     }
-    ZINF_ASSIGN_OR_RETURN(std::byte* a, allocate(max_padded * 4, "fp32 scratch"));
+    ZINF_ASSIGN_OR_RETURN(std::byte * a, allocate(max_padded * 4, "fp32 scratch"));
     fp32_scratch_a_ = reinterpret_cast<float*>(a);
     if (options_.dtype != DType::kFloat32) {
-        ZINF_ASSIGN_OR_RETURN(std::byte* b, allocate(max_padded * 4, "fp32 scratch"));
+        ZINF_ASSIGN_OR_RETURN(std::byte * b, allocate(max_padded * 4, "fp32 scratch"));
         fp32_scratch_b_ = reinterpret_cast<float*>(b);
     }
     return Status::ok();
@@ -186,15 +189,15 @@ MemoryHeld ParameterCoordinator::memory_held() const noexcept {
     const std::size_t partition = partitioning_.partition_numel() * eb;
     MemoryHeld m;
     m.parameters = plan_.parameters_partitioned ? partition : full;
-    m.parameter_staging =
-        partition_params_ != nullptr && partition_params_ != full_params_ && !plan_.parameters_partitioned
-            ? partition
-            : 0;
+    m.parameter_staging = partition_params_ != nullptr && partition_params_ != full_params_ &&
+                                  !plan_.parameters_partitioned
+                              ? partition
+                              : 0;
     m.gradients = plan_.gradients_partitioned ? partition : full;
-    m.gradient_staging =
-        partition_grads_ != nullptr && partition_grads_ != full_grads_ && !plan_.gradients_partitioned
-            ? partition
-            : 0;
+    m.gradient_staging = partition_grads_ != nullptr && partition_grads_ != full_grads_ &&
+                                 !plan_.gradients_partitioned
+                             ? partition
+                             : 0;
     // Everything else the coordinator allocated (fp32 copies, scratch), and stage 3's gathered
     // copies at their peak.
     std::size_t counted = 0;
@@ -237,21 +240,19 @@ Status ParameterCoordinator::write_domain_parameters(std::size_t offset_numel,
         return device_.synchronize(stream);
     }
     if (storage == nullptr) {  // stages 1-2 over several ranks: the slices in the full layout
-        ZINF_TRY(for_each_slice(offset_numel, numel,
-                                [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
-                                    std::size_t n) {
-                                    return device_.copy_to_device(
-                                        at(full_params_, full_slice_offset(index) + in_slice),
-                                        bytes.data() + in_range * eb, n * eb, stream);
-                                }));
+        ZINF_TRY(for_each_slice(
+            offset_numel, numel,
+            [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
+                return device_.copy_to_device(at(full_params_, full_slice_offset(index) + in_slice),
+                                              bytes.data() + in_range * eb, n * eb, stream);
+            }));
         return device_.synchronize(stream);
     }
-    return for_each_slice(offset_numel, numel,
-                          [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
-                              std::size_t n) {
-                              return storage->write(index, in_slice * eb,
-                                                    bytes.subspan(in_range * eb, n * eb));
-                          });
+    return for_each_slice(
+        offset_numel, numel,
+        [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
+            return storage->write(index, in_slice * eb, bytes.subspan(in_range * eb, n * eb));
+        });
 }
 
 Status ParameterCoordinator::read_domain_parameters(std::size_t offset_numel,
@@ -267,22 +268,20 @@ Status ParameterCoordinator::read_domain_parameters(std::size_t offset_numel,
         return device_.synchronize(stream);
     }
     if (storage == nullptr) {  // stages 1-2 over several ranks: the slices in the full layout
-        ZINF_TRY(for_each_slice(offset_numel, numel,
-                                [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
-                                    std::size_t n) {
-                                    return device_.copy_to_host(
-                                        bytes.data() + in_range * eb,
-                                        at(full_params_, full_slice_offset(index) + in_slice),
-                                        n * eb, stream);
-                                }));
+        ZINF_TRY(for_each_slice(
+            offset_numel, numel,
+            [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
+                return device_.copy_to_host(bytes.data() + in_range * eb,
+                                            at(full_params_, full_slice_offset(index) + in_slice),
+                                            n * eb, stream);
+            }));
         return device_.synchronize(stream);
     }
-    return for_each_slice(offset_numel, numel,
-                          [&](std::size_t index, std::size_t in_slice, std::size_t in_range,
-                              std::size_t n) {
-                              return storage->read(index, in_slice * eb,
-                                                   bytes.subspan(in_range * eb, n * eb));
-                          });
+    return for_each_slice(
+        offset_numel, numel,
+        [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
+            return storage->read(index, in_slice * eb, bytes.subspan(in_range * eb, n * eb));
+        });
 }
 
 std::size_t ParameterCoordinator::domain_offset_numel(std::size_t index) const {
@@ -316,7 +315,8 @@ Status ParameterCoordinator::initialize(const InitialValues& values, StreamId st
                 values(i, static_cast<std::size_t>(rank) * s.slice_numel,
                        std::span<float>(staging.data(), valid));
             }
-            dst = storage != nullptr ? stage_scratch_ : at(partition_params_, s.partition_offset_numel);
+            dst = storage != nullptr ? stage_scratch_
+                                     : at(partition_params_, s.partition_offset_numel);
             n = s.slice_numel;
         } else {
             values(i, 0, std::span<float>(staging.data(), s.numel));
@@ -376,8 +376,8 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
         status =
             communicator_.all_gather(slice, stage_scratch_, s.slice_numel, options_.dtype, stream);
         if (status.is_ok()) {
-            status = compute_.cast(stage_scratch_, options_.dtype, p.working.data(), DType::kFloat32,
-                                   s.padded_numel, stream);
+            status = compute_.cast(stage_scratch_, options_.dtype, p.working.data(),
+                                   DType::kFloat32, s.padded_numel, stream);
         }
     }
     if (storage != nullptr) {

@@ -27,8 +27,8 @@
 #include "src/base/dtype.h"
 #include "src/base/status.h"
 #include "zero/communicator.h"
-#include "zero/partition.h"
 #include "zero/gradient_storage.h"
+#include "zero/partition.h"
 #include "zero/partition_storage.h"
 
 namespace zinf::zero {
@@ -74,7 +74,7 @@ struct MemoryHeld {
 struct OptimizerDomain {
     std::size_t numel = 0;
     DType dtype = DType::kFloat32;
-    void* gradients = nullptr;   // numel values of dtype (after reduce_gradients)
+    void* gradients = nullptr;  // numel values of dtype (after reduce_gradients)
     // numel values of dtype: the optimizer writes new values here; null when the parameters are
     // offloaded, or when stages 1-2 over several ranks keep the rank's slices in the full layout
     // (write_domain_parameters reaches them wherever they are).
@@ -172,8 +172,8 @@ private:
     struct ParamState {
         std::uint32_t fetches = 0;
         bool persistent = false;
-        bool gathered = false;     // stage 3: working holds current values
-        DeviceBuffer working;      // stage 3: fp32 gathered values (padded_numel)
+        bool gathered = false;  // stage 3: working holds current values
+        DeviceBuffer working;   // stage 3: fp32 gathered values (padded_numel)
         bool grad_written = false;
     };
 
@@ -215,7 +215,7 @@ private:
     Compute& compute_;
     Communicator& communicator_;
     std::vector<DeviceBuffer> owned_;  // persistent buffers; the raw pointers below view them
-    AlignedBuffer host_grads_;   // host_gradients: the gradient partition
+    AlignedBuffer host_grads_;         // host_gradients: the gradient partition
 
     // Device arrays of options_.dtype elements (bytes; at() indexes them by element), viewing
     // owned_ or host_grads_.
@@ -226,7 +226,7 @@ private:
     std::byte* partition_grads_ = nullptr;   // stages 1-3: rank's partition
     std::byte* stage_scratch_ = nullptr;     // max padded numel: a gradient before reduction
     std::byte* slice_scratch_ = nullptr;     // max slice numel
-    float* fp32_scratch_a_ = nullptr;   // max padded numel, fp32
+    float* fp32_scratch_a_ = nullptr;        // max padded numel, fp32
     float* fp32_scratch_b_ = nullptr;
 
     OptimizerDomain domain_;

@@ -28,7 +28,8 @@ public:
     // Host-side access to part of a slice: bytes [offset_bytes, offset_bytes + bytes.size()).
     virtual Status write(std::size_t index, std::size_t offset_bytes,
                          std::span<const std::byte> bytes) = 0;
-    virtual Status read(std::size_t index, std::size_t offset_bytes, std::span<std::byte> bytes) = 0;
+    virtual Status read(std::size_t index, std::size_t offset_bytes,
+                        std::span<std::byte> bytes) = 0;
 
     // One training micro-step (forward and backward) runs between these: the accesses of the
     // first are the trace later ones are prefetched along.

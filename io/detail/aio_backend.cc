@@ -25,14 +25,15 @@ public:
         const int rc = io_setup(static_cast<int>(options.queue_depth) + 1, &context);
         if (rc < 0) {
             const int err = -rc;
-            std::string why = str_cat("libaio: io_setup(", options.queue_depth,
-                                      "): ", std::strerror(err));
+            std::string why =
+                str_cat("libaio: io_setup(", options.queue_depth, "): ", std::strerror(err));
             if (err == EAGAIN) why += " (fs.aio-max-nr exhausted)";
             if (err == ENOSYS) why += " (kernel without AIO)";
             if (err == EPERM) why += " (likely seccomp)";
             return Status::not_supported(std::move(why), err);
         }
-        auto backend = std::unique_ptr<AioBackend>(new AioBackend(context, options));  // private ctor
+        auto backend =
+            std::unique_ptr<AioBackend>(new AioBackend(context, options));  // private ctor
         backend->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         // Kernel AIO poll (4.18+) lets wake() end an io_getevents early; without it reap simply
         // waits for its timeout.
@@ -324,7 +325,8 @@ private:
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_aio_backend(const BackendOptions& options) {
-    if (options.queue_depth == 0) return Status::invalid_argument("libaio: queue_depth must be >= 1");
+    if (options.queue_depth == 0)
+        return Status::invalid_argument("libaio: queue_depth must be >= 1");
     return AioBackend::create(options);
 }
 

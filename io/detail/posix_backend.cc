@@ -200,7 +200,8 @@ private:
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_posix_backend(const BackendOptions& options) {
-    if (options.queue_depth == 0) return Status::invalid_argument("posix: queue_depth must be >= 1");
+    if (options.queue_depth == 0)
+        return Status::invalid_argument("posix: queue_depth must be >= 1");
     return std::unique_ptr<Backend>(std::make_unique<PosixBackend>(options));
 }
 

@@ -20,14 +20,22 @@ namespace {
 
 const char* errno_name(int err) {
     switch (err) {
-        case EPERM: return "EPERM";
-        case ENOSYS: return "ENOSYS";
-        case EINVAL: return "EINVAL";
-        case ENOMEM: return "ENOMEM";
-        case EFAULT: return "EFAULT";
-        case EACCES: return "EACCES";
-        case EMFILE: return "EMFILE";
-        default: return "error";
+        case EPERM:
+            return "EPERM";
+        case ENOSYS:
+            return "ENOSYS";
+        case EINVAL:
+            return "EINVAL";
+        case ENOMEM:
+            return "ENOMEM";
+        case EFAULT:
+            return "EFAULT";
+        case EACCES:
+            return "EACCES";
+        case EMFILE:
+            return "EMFILE";
+        default:
+            return "error";
     }
 }
 
@@ -43,12 +51,11 @@ public:
             attempts = {IORING_SETUP_SQPOLL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_SUBMIT_ALL,
                         IORING_SETUP_SQPOLL};
         } else {
-            attempts = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
-                            IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
-                        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN |
-                            IORING_SETUP_SUBMIT_ALL,
-                        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
-                        IORING_SETUP_SUBMIT_ALL, 0u};
+            attempts = {
+                IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+                IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+                IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL, IORING_SETUP_SUBMIT_ALL, 0u};
         }
         auto backend = std::unique_ptr<UringBackend>(new UringBackend(options));  // private ctor
         int rc = -EINVAL;
@@ -75,7 +82,8 @@ public:
             if (err == EPERM) why += ", likely seccomp or kernel.io_uring_disabled";
             if (err == ENOSYS) why += ", kernel too old or built without io_uring";
             if (err == ENOMEM) why += ", RLIMIT_MEMLOCK too low for the rings";
-            if (options.sqpoll && (err == EPERM || err == EACCES)) why += " (SQPOLL needs privileges)";
+            if (options.sqpoll && (err == EPERM || err == EACCES))
+                why += " (SQPOLL needs privileges)";
             return Status::not_supported(std::move(why), err);
         }
         backend->ring_ready_ = true;
@@ -131,8 +139,8 @@ public:
             }
             iovecs.push_back(iovec{r.data(), r.size()});
         }
-        const int rc = io_uring_register_buffers(&ring_, iovecs.data(),
-                                                 static_cast<unsigned>(iovecs.size()));
+        const int rc =
+            io_uring_register_buffers(&ring_, iovecs.data(), static_cast<unsigned>(iovecs.size()));
         if (rc < 0) {
             std::string what = str_cat("io_uring_register_buffers (", regions.size(), " regions)");
             if (rc == -ENOMEM) what += " [RLIMIT_MEMLOCK too low?]";
@@ -208,8 +216,9 @@ public:
             if (!entered && want == 0 && in_flight_ > 0) {
                 // Completions become visible only when the task enters the kernel
                 // (COOP/DEFER_TASKRUN); one non-blocking enter also flushes prepared SQEs.
-                const int rc = io_uring_sq_ready(&ring_) > 0 ? io_uring_submit_and_get_events(&ring_)
-                                                            : io_uring_get_events(&ring_);
+                const int rc = io_uring_sq_ready(&ring_) > 0
+                                   ? io_uring_submit_and_get_events(&ring_)
+                                   : io_uring_get_events(&ring_);
                 if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
                     return Status::from_errno(-rc, "io_uring_enter");
                 }
@@ -225,7 +234,8 @@ public:
             ts.tv_sec = ns / 1000000000;
             ts.tv_nsec = ns % 1000000000;
             io_uring_cqe* cqe = nullptr;
-            const int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, static_cast<unsigned>(want - completed), &ts, nullptr);
+            const int rc = io_uring_submit_and_wait_timeout(
+                &ring_, &cqe, static_cast<unsigned>(want - completed), &ts, nullptr);
             if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
                 return Status::from_errno(-rc, "io_uring_submit_and_wait_timeout");
             }
@@ -387,8 +397,8 @@ private:
     std::size_t drain() noexcept {
         std::size_t finished = 0;
         for (;;) {
-            const unsigned n = io_uring_peek_batch_cqe(&ring_, cqes_.data(),
-                                                       static_cast<unsigned>(cqes_.size()));
+            const unsigned n =
+                io_uring_peek_batch_cqe(&ring_, cqes_.data(), static_cast<unsigned>(cqes_.size()));
             if (n == 0) break;
             for (unsigned i = 0; i < n; ++i) finished += on_cqe(*cqes_[i]);
             io_uring_cq_advance(&ring_, n);
@@ -458,7 +468,8 @@ private:
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_uring_backend(const BackendOptions& options) {
-    if (options.queue_depth == 0) return Status::invalid_argument("io_uring: queue_depth must be >= 1");
+    if (options.queue_depth == 0)
+        return Status::invalid_argument("io_uring: queue_depth must be >= 1");
     return UringBackend::create(options);
 }
 

@@ -40,7 +40,6 @@ struct AdamStepParams {
 // nothing; does not block or allocate. Returns kCuda when the launch fails.
 Status adam_step(float* params, const void* grads, DType grad_dtype, float* exp_avg,
                  float* exp_avg_sq, float* max_exp_avg_sq, std::size_t numel,
-                 const AdamStepParams& p, void* param_copy, DType param_copy_dtype,
-                 Stream stream);
+                 const AdamStepParams& p, void* param_copy, DType param_copy_dtype, Stream stream);
 
 }  // namespace zinf::kernels::cuda

@@ -51,7 +51,8 @@ __global__ void causal_softmax_forward_kernel(float* s, std::size_t n, std::size
     for (std::size_t i = blockIdx.x; i < n; i += gridDim.x) {
         float* row = s + i * ld;
         float local_max = -INFINITY;
-        for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) local_max = fmaxf(local_max, row[j]);
+        for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x)
+            local_max = fmaxf(local_max, row[j]);
         const float row_max = detail::block_max(local_max, scratch_max);
         double sum = 0.0;
         for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
@@ -110,8 +111,8 @@ Status embedding_backward(const std::int32_t* tokens, const float* dy, std::size
     if (cols == 0) return Status::ok();
     ZINF_ASSERT(tokens != nullptr && dy != nullptr && grad_table != nullptr &&
                 grad_positions != nullptr);
-    const auto blocks = static_cast<unsigned int>((cols + detail::kBlockThreads - 1) /
-                                                  detail::kBlockThreads);
+    const auto blocks =
+        static_cast<unsigned int>((cols + detail::kBlockThreads - 1) / detail::kBlockThreads);
     embedding_backward_kernel<<<blocks, detail::kBlockThreads, 0, stream>>>(
         tokens, dy, rows, period, cols, vocab, grad_table, grad_positions);
     ZINF_CUDA_TRY_LAUNCH("embedding_backward_kernel");

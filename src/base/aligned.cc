@@ -24,7 +24,8 @@ Result<AlignedBuffer> AlignedBuffer::allocate(std::size_t size_bytes, std::size_
     void* ptr = nullptr;
     const int rc = posix_memalign(&ptr, alignment, rounded);
     if (rc != 0) {
-        return Status::from_errno(rc, str_cat("allocating ", rounded, " bytes aligned to ", alignment));
+        return Status::from_errno(rc,
+                                  str_cat("allocating ", rounded, " bytes aligned to ", alignment));
     }
     if (zero_fill) std::memset(ptr, 0, rounded);
     return AlignedBuffer(static_cast<std::byte*>(ptr), rounded);
@@ -32,7 +33,8 @@ Result<AlignedBuffer> AlignedBuffer::allocate(std::size_t size_bytes, std::size_
 
 Result<AlignedBuffer> AlignedBuffer::allocate_for_io(std::size_t size_bytes, bool zero_fill) {
     if (size_bytes < kHugePageBytes) return allocate(size_bytes, kDefaultAlignmentBytes, zero_fill);
-    ZINF_ASSIGN_OR_RETURN(AlignedBuffer buffer, allocate(size_bytes, kHugePageBytes, /*zero_fill=*/false));
+    ZINF_ASSIGN_OR_RETURN(AlignedBuffer buffer,
+                          allocate(size_bytes, kHugePageBytes, /*zero_fill=*/false));
     (void)advise_huge_pages(buffer.span());
     if (zero_fill) std::memset(buffer.data(), 0, buffer.size());
     return buffer;
@@ -61,12 +63,14 @@ Result<std::size_t> huge_page_bytes_backing(std::span<const std::byte> region) {
     while (std::getline(smaps, line)) {
         unsigned long lo = 0, hi = 0;
         // A mapping's header: "lo-hi perms offset dev inode [path]", both bounds in hex.
-        if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < line.find(' ')) {
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
+            line.find('-') < line.find(' ')) {
             inside = lo < end && begin < hi;
             continue;
         }
         unsigned long kib = 0;
-        if (inside && std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1) total_kib += kib;
+        if (inside && std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1)
+            total_kib += kib;
     }
     return total_kib * 1024;
 }
@@ -75,13 +79,17 @@ bool transparent_huge_pages_available() noexcept {
     std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
     std::string text;
     std::getline(in, text);
-    return text.find("[always]") != std::string::npos || text.find("[madvise]") != std::string::npos;
+    return text.find("[always]") != std::string::npos ||
+           text.find("[madvise]") != std::string::npos;
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() {
+    std::free(data_);
+}
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_bytes_(std::exchange(other.size_bytes_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
     if (this != &other) {

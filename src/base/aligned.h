@@ -81,7 +81,8 @@ public:
     bool empty() const noexcept { return size_bytes_ == 0; }
 
 private:
-    AlignedBuffer(std::byte* data, std::size_t size_bytes) noexcept : data_(data), size_bytes_(size_bytes) {}
+    AlignedBuffer(std::byte* data, std::size_t size_bytes) noexcept
+        : data_(data), size_bytes_(size_bytes) {}
     std::byte* data_ = nullptr;
     std::size_t size_bytes_ = 0;
 };

@@ -30,8 +30,7 @@ std::string AllocationLedger::in_use() const {
         by_label[e.what] += e.size_bytes;
         total += e.size_bytes;
     }
-    std::vector<std::pair<std::string_view, std::size_t>> sorted(by_label.begin(),
-                                                                 by_label.end());
+    std::vector<std::pair<std::string_view, std::size_t>> sorted(by_label.begin(), by_label.end());
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
     std::string s = str_cat("in use: ", total, " bytes in ", entries_.size(), " allocations");
@@ -49,9 +48,9 @@ Status AllocationLedger::over_budget(std::string_view device, std::string_view w
                                      std::size_t size_bytes, std::size_t budget_bytes,
                                      std::size_t used_bytes) const {
     return Status::no_space(str_cat(device, ": allocating ", size_bytes, " bytes for ",
-                                    what.empty() ? "unnamed" : what,
-                                    " would exceed the budget of ", budget_bytes, " bytes (",
-                                    used_bytes, " bytes ", in_use(), ")"));
+                                    what.empty() ? "unnamed" : what, " would exceed the budget of ",
+                                    budget_bytes, " bytes (", used_bytes, " bytes ", in_use(),
+                                    ")"));
 }
 
 }  // namespace zinf

@@ -6,7 +6,8 @@
 #include <string>
 
 namespace zinf::detail {
-[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& detail);
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line,
+                              const std::string& detail);
 
 template <typename A, typename B>
 [[noreturn]] void assert_op_fail(const char* expr, const char* file, int line, const A& a,
@@ -17,10 +18,10 @@ template <typename A, typename B>
 }
 }  // namespace zinf::detail
 
-#define ZINF_ASSERT(cond)                                                  \
-    do {                                                                   \
-        if (!(cond)) [[unlikely]]                                          \
-            ::zinf::detail::assert_fail(#cond, __FILE__, __LINE__, "");    \
+#define ZINF_ASSERT(cond)                                               \
+    do {                                                                \
+        if (!(cond)) [[unlikely]]                                       \
+            ::zinf::detail::assert_fail(#cond, __FILE__, __LINE__, ""); \
     } while (0)
 
 #define ZINF_ASSERT_MSG(cond, msg)                                         \
@@ -29,13 +30,13 @@ template <typename A, typename B>
             ::zinf::detail::assert_fail(#cond, __FILE__, __LINE__, (msg)); \
     } while (0)
 
-#define ZINF_ASSERT_OP_(a, b, op)                                                       \
-    do {                                                                                \
-        const auto& zinf_a_ = (a);                                                      \
-        const auto& zinf_b_ = (b);                                                      \
-        if (!(zinf_a_ op zinf_b_)) [[unlikely]]                                         \
+#define ZINF_ASSERT_OP_(a, b, op)                                                          \
+    do {                                                                                   \
+        const auto& zinf_a_ = (a);                                                         \
+        const auto& zinf_b_ = (b);                                                         \
+        if (!(zinf_a_ op zinf_b_)) [[unlikely]]                                            \
             ::zinf::detail::assert_op_fail(#a " " #op " " #b, __FILE__, __LINE__, zinf_a_, \
-                                           zinf_b_);                                    \
+                                           zinf_b_);                                       \
     } while (0)
 
 #define ZINF_ASSERT_EQ(a, b) ZINF_ASSERT_OP_(a, b, ==)

@@ -139,10 +139,10 @@ public:
     // grad_table[v, c] += sum over rows r with tokens[r] == v of dy[r, c] (added: the table may
     // already hold another gradient of a tied weight), and grad_positions[t, c] = sum over rows
     // r with r % period == t of dy[r, c] (overwritten); both summed over rows in order.
-    virtual Status embedding_backward(const std::int32_t* tokens, const float* dy,
-                                      std::size_t rows, std::size_t period, std::size_t cols,
-                                      std::size_t vocab, float* grad_table,
-                                      float* grad_positions, StreamId stream) = 0;
+    virtual Status embedding_backward(const std::int32_t* tokens, const float* dy, std::size_t rows,
+                                      std::size_t period, std::size_t cols, std::size_t vocab,
+                                      float* grad_table, float* grad_positions,
+                                      StreamId stream) = 0;
     // Causal softmax of one head's n x n attention scores s (row stride ld >= n), in place:
     // row i becomes softmax(s[i, 0..i]) (the row maximum subtracted, the sum in double) and
     // s[i, j] = 0 for j > i. Scores are scaled beforehand (the GEMM's alpha).
@@ -150,8 +150,8 @@ public:
                                           StreamId stream) = 0;
     // Its backward, in place over dp: dp[i, j] = p[i, j] (dp[i, j] - sum_{k <= i} p[i, k]
     // dp[i, k]) for j <= i (the sum in double), 0 for j > i. p is the forward's output.
-    virtual Status causal_softmax_backward(const float* p, float* dp, std::size_t n,
-                                           std::size_t ld, StreamId stream) = 0;
+    virtual Status causal_softmax_backward(const float* p, float* dp, std::size_t n, std::size_t ld,
+                                           StreamId stream) = 0;
 
     // ---- Vector operations -------------------------------------------------------------------
     // x *= alpha.

@@ -8,10 +8,9 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "src/base/aio_backends.h"
 #include "src/base/config_keys.h"
@@ -24,7 +23,8 @@ using Json = nlohmann::json;
 
 std::string type_name(const Json& value) {
     if (value.is_boolean()) return "boolean";
-    if (value.is_number_integer() || value.is_number_unsigned()) return str_cat("integer ", value.dump());
+    if (value.is_number_integer() || value.is_number_unsigned())
+        return str_cat("integer ", value.dump());
     if (value.is_number_float()) return str_cat("number ", value.dump());
     if (value.is_string()) return str_cat("string \"", value.get<std::string>(), "\"");
     if (value.is_array()) return "array";
@@ -63,7 +63,8 @@ public:
     // The value of `key` (or of an alias of it), null when absent. Errors: both spellings given.
     Status lookup(std::string_view key, const Json*& out) {
         const std::string path = path_of(key);
-        ZINF_ASSERT_MSG(find_key(path) != nullptr, str_cat("config key ", path, " missing from the key table"));
+        ZINF_ASSERT_MSG(find_key(path) != nullptr,
+                        str_cat("config key ", path, " missing from the key table"));
         known_.emplace(key);
         out = value_of(key);
         for (const KeyInfo& k : key_table()) {
@@ -73,8 +74,8 @@ public:
             const Json* other = value_of(alias);
             if (other == nullptr) continue;
             if (out != nullptr) {
-                return Status::invalid_argument(str_cat(path, " and ", k.path,
-                                                        " are two spellings of one key; keep one"));
+                return Status::invalid_argument(
+                    str_cat(path, " and ", k.path, " are two spellings of one key; keep one"));
             }
             out = other;
         }
@@ -148,7 +149,8 @@ public:
         const Json* value = nullptr;
         ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
-        if (!value->is_number()) return type_error(key, str_cat("number in [", min, ", ", max, "]"), *value);
+        if (!value->is_number())
+            return type_error(key, str_cat("number in [", min, ", ", max, "]"), *value);
         const double v = value->get<double>();
         if (!std::isfinite(v) || v < min || v > max) {
             return Status::invalid_argument(
@@ -160,7 +162,8 @@ public:
 
     Status get_enum(std::string_view key, std::string& out,
                     std::initializer_list<std::string_view> choices) {
-        return get_enum(key, out, std::span<const std::string_view>(choices.begin(), choices.size()));
+        return get_enum(key, out,
+                        std::span<const std::string_view>(choices.begin(), choices.size()));
     }
     Status get_enum(std::string_view key, std::string& out,
                     std::span<const std::string_view> choices) {
@@ -168,7 +171,8 @@ public:
         ZINF_TRY(lookup(key, value));
         if (value == nullptr) return Status::ok();
         std::string choice_list;
-        for (auto c : choices) choice_list += str_cat(choice_list.empty() ? "" : ", ", "\"", c, "\"");
+        for (auto c : choices)
+            choice_list += str_cat(choice_list.empty() ? "" : ", ", "\"", c, "\"");
         if (!value->is_string()) return type_error(key, str_cat("one of ", choice_list), *value);
         const auto s = value->get<std::string>();
         for (auto c : choices) {
@@ -253,17 +257,19 @@ private:
             case KeyStatus::kDefaultOnly: {
                 const Json accepted = Json::parse(info->accepted);
                 if (same_value(value, accepted)) return Status::ok();
-                return Status::not_supported(str_cat(
-                    path, ": zinfinity implements only DeepSpeed's default ", info->accepted,
-                    " (", info->note, "); got ", value.dump()));
+                return Status::not_supported(
+                    str_cat(path, ": zinfinity implements only DeepSpeed's default ",
+                            info->accepted, " (", info->note, "); got ", value.dump()));
             }
             case KeyStatus::kRefusedIfEnabled: {
                 const bool enabled = value.is_object() && value.contains("enabled") &&
                                      value["enabled"].is_boolean() && value["enabled"].get<bool>();
                 if (!enabled) return Status::ok();  // disabled: DeepSpeed does nothing either
-                return Status::not_supported(str_cat(path, ".enabled: true, but not implemented by "
-                                                           "zinfinity (",
-                                                     info->note, "); set it false or remove the block"));
+                return Status::not_supported(str_cat(path,
+                                                     ".enabled: true, but not implemented by "
+                                                     "zinfinity (",
+                                                     info->note,
+                                                     "); set it false or remove the block"));
             }
             default:
                 // An implemented key the parser did not read: a bug in this file, caught by
@@ -328,9 +334,11 @@ Status read_aio(const Json& object, const std::string& path, std::vector<std::st
     std::int64_t block_size = static_cast<std::int64_t>(aio.block_size_bytes);
     ZINF_TRY(r.get_int(std::string_view("block_size"), block_size, 512, std::int64_t{1} << 30));
     if (block_size % 512 != 0) {
-        return Status::invalid_argument(str_cat(
-            r.path_of("block_size"), ": expected a multiple of 512 bytes (the smallest logical block "
-            "size of any file system), got ", block_size));
+        return Status::invalid_argument(
+            str_cat(r.path_of("block_size"),
+                    ": expected a multiple of 512 bytes (the smallest logical block "
+                    "size of any file system), got ",
+                    block_size));
     }
     aio.block_size_bytes = static_cast<std::uint64_t>(block_size);
     ZINF_TRY(r.get_int(std::string_view("queue_depth"), aio.queue_depth, 1, 4096));
@@ -349,7 +357,9 @@ Status read_aio(const Json& object, const std::string& path, std::vector<std::st
 Status read_offload_device(ObjectReader& r, OffloadDevice& device) {
     std::string name = std::string(offload_device_name(device));
     ZINF_TRY(r.get_enum("device", name, {"none", "cpu", "nvme"}));
-    device = name == "cpu" ? OffloadDevice::kCpu : name == "nvme" ? OffloadDevice::kNvme : OffloadDevice::kNone;
+    device = name == "cpu"    ? OffloadDevice::kCpu
+             : name == "nvme" ? OffloadDevice::kNvme
+                              : OffloadDevice::kNone;
     return Status::ok();
 }
 
@@ -415,21 +425,22 @@ Status read_legacy_offload(ObjectReader& r, const std::string& path,
     for (const Legacy& l : legacy) {
         if (!l.on) continue;
         if (l.replaced_given) {
-            return Status::invalid_argument(str_cat(path, ".", l.name, ": deprecated, and ", path, ".",
-                                                    l.replacement, " is given too; keep ",
+            return Status::invalid_argument(str_cat(path, ".", l.name, ": deprecated, and ", path,
+                                                    ".", l.replacement, " is given too; keep ",
                                                     l.replacement));
         }
         *l.device = OffloadDevice::kCpu;
         if (has_pin) *l.pin_memory = pin;
         mapped = true;
-        warnings.push_back(str_cat(path, ".", l.name, ": deprecated by DeepSpeed; read as ", path,
-                                   ".", l.replacement, " {\"device\": \"cpu\", \"pin_memory\": ",
-                                   *l.pin_memory ? "true" : "false", "}"));
+        warnings.push_back(str_cat(
+            path, ".", l.name, ": deprecated by DeepSpeed; read as ", path, ".", l.replacement,
+            " {\"device\": \"cpu\", \"pin_memory\": ", *l.pin_memory ? "true" : "false", "}"));
     }
     if (has_pin && !mapped) {
-        warnings.push_back(str_cat(path, ".cpu_offload_use_pin_memory: deprecated by DeepSpeed, and "
-                                         "no legacy offload switch is on; no effect (use the "
-                                         "pin_memory of offload_param / offload_optimizer)"));
+        warnings.push_back(str_cat(path,
+                                   ".cpu_offload_use_pin_memory: deprecated by DeepSpeed, and "
+                                   "no legacy offload switch is on; no effect (use the "
+                                   "pin_memory of offload_param / offload_optimizer)"));
     }
     return Status::ok();
 }
@@ -441,7 +452,8 @@ Status check_stage_offload(const std::string& path, std::vector<std::string>& wa
     if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
         warnings.push_back(str_cat(
             path, ".offload_param: parameters are offloaded only at stage 3 (partitioned), and ",
-            path, ".stage is ", z.stage, "; as DeepSpeed does, offload_param is ignored and the "
+            path, ".stage is ", z.stage,
+            "; as DeepSpeed does, offload_param is ignored and the "
             "parameters stay on the device"));
         z.offload_param.device = OffloadDevice::kNone;
     }
@@ -516,7 +528,8 @@ Status read_optimizer_params(const Json& params, const std::string& ppath,
                 key == std::string_view("amsgrad") ? optimizer_names_where(&has_amsgrad)
                                                    : optimizer_names_where(&has_bias_correction),
                 " have it, "
-                "and the optimizer is ", d.display_name));
+                "and the optimizer is ",
+                d.display_name));
         }
     }
     ZINF_TRY(p.get_bool("bias_correction", o.bias_correction));
@@ -565,9 +578,10 @@ Status read_scheduler_params(const Json& params, const std::string& ppath,
     ZINF_TRY(p.get_double("cycle_min_lr", s.cycle_min_lr, 0.0, 1e6));
     ZINF_TRY(p.get_double("cycle_max_lr", s.cycle_max_lr, 0.0, 1e6));
     ZINF_TRY(p.get_double("decay_lr_rate", s.decay_lr_rate, 0.0, 1e6));
-    ZINF_TRY(p.get_int(std::string_view("cycle_first_step_size"), s.cycle_first_step_size, 1, kMaxCount));
-    s.cycle_second_step_size_given = p.find("cycle_second_step_size") != nullptr &&
-                                     !p.find("cycle_second_step_size")->is_null();
+    ZINF_TRY(p.get_int(std::string_view("cycle_first_step_size"), s.cycle_first_step_size, 1,
+                       kMaxCount));
+    s.cycle_second_step_size_given =
+        p.find("cycle_second_step_size") != nullptr && !p.find("cycle_second_step_size")->is_null();
     if (s.cycle_second_step_size_given) {
         ZINF_TRY(p.get_int(std::string_view("cycle_second_step_size"), s.cycle_second_step_size, 1,
                            kMaxCount));
@@ -595,7 +609,8 @@ Status read_scheduler_params(const Json& params, const std::string& ppath,
     const bool needs_total =
         s.type == SchedulerType::kWarmupDecayLR || s.type == SchedulerType::kWarmupCosineLR;
     if (needs_total && p.find("total_num_steps") == nullptr) {
-        return Status::invalid_argument(str_cat(ppath, ".total_num_steps: required by this schedule"));
+        return Status::invalid_argument(
+            str_cat(ppath, ".total_num_steps: required by this schedule"));
     }
     if (s.type == SchedulerType::kOneCycle) {
         for (const char* key : {"cycle_min_lr", "cycle_max_lr"}) {
@@ -611,8 +626,9 @@ Status read_scheduler(const Json& object, const std::string& path,
                       std::vector<std::string>& warnings, SchedulerConfig& s) {
     ObjectReader r(object, path, warnings);
     std::string type = "none";
-    ZINF_TRY(r.get_enum("type", type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle",
-                                       "LRRangeTest", "none"}));
+    ZINF_TRY(r.get_enum(
+        "type", type,
+        {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "none"}));
     s.type = type == "WarmupLR"         ? SchedulerType::kWarmupLR
              : type == "WarmupDecayLR"  ? SchedulerType::kWarmupDecayLR
              : type == "WarmupCosineLR" ? SchedulerType::kWarmupCosineLR
@@ -626,7 +642,8 @@ Status read_scheduler(const Json& object, const std::string& path,
     ZINF_TRY(read_scheduler_params(params != nullptr ? *params : empty, join(path, "params"),
                                    warnings, s));
     if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps < s.warmup_num_steps) {
-        return Status::invalid_argument(str_cat(path, ".params.total_num_steps: ", s.total_num_steps,
+        return Status::invalid_argument(str_cat(path,
+                                                ".params.total_num_steps: ", s.total_num_steps,
                                                 " is below warmup_num_steps ", s.warmup_num_steps));
     }
     return Status::ok();
@@ -702,8 +719,8 @@ Status read_activation_checkpointing(const Json& object, const std::string& path
     ZINF_TRY(r.get_bool("cpu_checkpointing", a.cpu_checkpointing));
     ZINF_TRY(r.get_bool("contiguous_memory_optimization", a.contiguous_memory_optimization));
     if (const Json* n = r.find("number_checkpoints"); n != nullptr && !n->is_null()) {
-        ZINF_TRY(r.get_int(std::string_view("number_checkpoints"), a.number_checkpoints, 1,
-                           1 << 20));
+        ZINF_TRY(
+            r.get_int(std::string_view("number_checkpoints"), a.number_checkpoints, 1, 1 << 20));
     }
     ZINF_TRY(r.get_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary));
     ZINF_TRY(r.get_bool("profile", a.profile));
@@ -711,8 +728,8 @@ Status read_activation_checkpointing(const Json& object, const std::string& path
     ZINF_TRY(r.get_path_list("nvme_path", a.nvme_path));
     ZINF_TRY(r.finish());
     if (a.nvme_checkpointing && a.cpu_checkpointing) {
-        return Status::invalid_argument(str_cat(
-            path, ".nvme_checkpointing and ", path, ".cpu_checkpointing: choose one place"));
+        return Status::invalid_argument(str_cat(path, ".nvme_checkpointing and ", path,
+                                                ".cpu_checkpointing: choose one place"));
     }
     if (a.nvme_checkpointing && a.nvme_path.empty()) {
         return Status::invalid_argument(
@@ -738,19 +755,24 @@ Status check_activation_checkpointing(const Json& root, EngineConfig& c) {
             "model-parallel ranks; zinfinity has no model parallelism (ignored)");
     }
     // Each store locks its directories for the run: the activations need their own.
-    for (const auto* offload : {&c.zero.offload_param.nvme_path, &c.zero.offload_optimizer.nvme_path}) {
+    for (const auto* offload :
+         {&c.zero.offload_param.nvme_path, &c.zero.offload_optimizer.nvme_path}) {
         for (const std::string& p : a.nvme_path) {
             if (std::find(offload->begin(), offload->end(), p) != offload->end()) {
-                return Status::invalid_argument(str_cat(
-                    "activation_checkpointing.nvme_path: ", p, " is also an offload nvme_path; "
-                    "the activations need a directory of their own (e.g. ", p, "/activations)"));
+                return Status::invalid_argument(
+                    str_cat("activation_checkpointing.nvme_path: ", p,
+                            " is also an offload nvme_path; "
+                            "the activations need a directory of their own (e.g. ",
+                            p, "/activations)"));
             }
         }
     }
     if (a.number_checkpoints != 0 && a.number_checkpoints != c.model.n_layer) {
-        c.warnings.push_back(str_cat("activation_checkpointing.number_checkpoints: ",
-                                     a.number_checkpoints, " ignored; zinfinity keeps one per "
-                                     "block (model.n_layer = ", c.model.n_layer, ")"));
+        c.warnings.push_back(
+            str_cat("activation_checkpointing.number_checkpoints: ", a.number_checkpoints,
+                    " ignored; zinfinity keeps one per "
+                    "block (model.n_layer = ",
+                    c.model.n_layer, ")"));
     }
     return Status::ok();
 }
@@ -781,8 +803,8 @@ Status read_device(const Json& object, const std::string& path, std::vector<std:
                    DeviceConfig& d) {
     ObjectReader r(object, path, warnings);
     ZINF_TRY(r.get_enum("type", d.type, {"cpu", "cuda"}));
-    ZINF_TRY(r.get_int(std::string_view("memory_budget"), d.memory_budget_bytes, 1 << 20,
-                       kMaxCount));
+    ZINF_TRY(
+        r.get_int(std::string_view("memory_budget"), d.memory_budget_bytes, 1 << 20, kMaxCount));
     ZINF_TRY(r.get_int(std::string_view("local_rank"), d.local_rank, 0, 1023));
     ZINF_TRY(r.get_int(std::string_view("host_memory_budget"), d.host_memory_budget_bytes, 0,
                        kMaxCount));
@@ -812,7 +834,8 @@ Status resolve_batch(const Json& root, int world_size, BatchConfig& b) {
     ZINF_TRY(read("gradient_accumulation_steps", b.gradient_accumulation_steps, has_accum));
     const auto ws = static_cast<std::uint64_t>(world_size);
     if (has_total && has_micro && has_accum) {
-        if (b.train_batch_size != b.train_micro_batch_size_per_gpu * b.gradient_accumulation_steps * ws) {
+        if (b.train_batch_size !=
+            b.train_micro_batch_size_per_gpu * b.gradient_accumulation_steps * ws) {
             return Status::invalid_argument(str_cat(
                 "train_batch_size: ", b.train_batch_size, " != train_micro_batch_size_per_gpu ",
                 b.train_micro_batch_size_per_gpu, " x gradient_accumulation_steps ",
@@ -820,18 +843,22 @@ Status resolve_batch(const Json& root, int world_size, BatchConfig& b) {
         }
     } else if (has_total && has_micro) {
         if (b.train_batch_size % (b.train_micro_batch_size_per_gpu * ws) != 0) {
-            return Status::invalid_argument(str_cat(
-                "train_batch_size: ", b.train_batch_size, " is not divisible by train_micro_batch_size_per_gpu ",
-                b.train_micro_batch_size_per_gpu, " x world size ", ws));
+            return Status::invalid_argument(
+                str_cat("train_batch_size: ", b.train_batch_size,
+                        " is not divisible by train_micro_batch_size_per_gpu ",
+                        b.train_micro_batch_size_per_gpu, " x world size ", ws));
         }
-        b.gradient_accumulation_steps = b.train_batch_size / (b.train_micro_batch_size_per_gpu * ws);
+        b.gradient_accumulation_steps =
+            b.train_batch_size / (b.train_micro_batch_size_per_gpu * ws);
     } else if (has_total && has_accum) {
         if (b.train_batch_size % (b.gradient_accumulation_steps * ws) != 0) {
-            return Status::invalid_argument(str_cat(
-                "train_batch_size: ", b.train_batch_size, " is not divisible by gradient_accumulation_steps ",
-                b.gradient_accumulation_steps, " x world size ", ws));
+            return Status::invalid_argument(
+                str_cat("train_batch_size: ", b.train_batch_size,
+                        " is not divisible by gradient_accumulation_steps ",
+                        b.gradient_accumulation_steps, " x world size ", ws));
         }
-        b.train_micro_batch_size_per_gpu = b.train_batch_size / (b.gradient_accumulation_steps * ws);
+        b.train_micro_batch_size_per_gpu =
+            b.train_batch_size / (b.gradient_accumulation_steps * ws);
     } else if (has_micro && has_accum) {
         b.train_batch_size = b.train_micro_batch_size_per_gpu * b.gradient_accumulation_steps * ws;
     } else if (has_total) {
@@ -868,11 +895,13 @@ Status apply_override(Json& root, const std::string& assignment) {
     std::size_t start = 0;
     while (true) {
         const auto dot = key_path.find('.', start);
-        const std::string part = key_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        if (part.empty()) return Status::invalid_argument(str_cat("--set ", assignment, ": empty key"));
+        const std::string part =
+            key_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (part.empty())
+            return Status::invalid_argument(str_cat("--set ", assignment, ": empty key"));
         if (!node->is_object()) {
-            return Status::invalid_argument(
-                str_cat("--set ", assignment, ": ", key_path.substr(0, start - 1), " is not an object"));
+            return Status::invalid_argument(str_cat(
+                "--set ", assignment, ": ", key_path.substr(0, start - 1), " is not an object"));
         }
         if (dot == std::string::npos) {
             (*node)[part] = value;
@@ -890,14 +919,15 @@ Status check_placement(const EngineConfig& c) {
     const auto& zc = c.zero;
     if (c.device.type != "cpu" && zc.offload_optimizer.device == OffloadDevice::kNone) {
         return Status::not_supported(str_cat(
-            "zero_optimization.offload_optimizer.device: \"none\" on device.type \"",
-            c.device.type, "\" needs a device optimizer, not implemented yet; use \"cpu\" or "
+            "zero_optimization.offload_optimizer.device: \"none\" on device.type \"", c.device.type,
+            "\" needs a device optimizer, not implemented yet; use \"cpu\" or "
             "\"nvme\""));
     }
     if (c.device.type != "cpu" && zc.offload_param.device == OffloadDevice::kCpu) {
         return Status::not_supported(str_cat(
             "zero_optimization.offload_param.device: \"cpu\" is implemented for device.type "
-            "\"cpu\" only, got \"", c.device.type, "\"; use \"nvme\" or \"none\""));
+            "\"cpu\" only, got \"",
+            c.device.type, "\"; use \"nvme\" or \"none\""));
     }
     return Status::ok();
 }
@@ -915,8 +945,10 @@ Status read_precision(ObjectReader& r, EngineConfig& c) {
         ObjectReader f(*sub, "fp16", c.warnings);
         ZINF_TRY(f.get_bool("enabled", c.fp16.enabled));
         ZINF_TRY(f.get_double("loss_scale", c.fp16.loss_scale, 0.0, 1e30));
-        ZINF_TRY(f.get_int(std::string_view("initial_scale_power"), c.fp16.initial_scale_power, 0, 64));
-        ZINF_TRY(f.get_int(std::string_view("loss_scale_window"), c.fp16.loss_scale_window, 1, 1'000'000'000));
+        ZINF_TRY(
+            f.get_int(std::string_view("initial_scale_power"), c.fp16.initial_scale_power, 0, 64));
+        ZINF_TRY(f.get_int(std::string_view("loss_scale_window"), c.fp16.loss_scale_window, 1,
+                           1'000'000'000));
         ZINF_TRY(f.get_int(std::string_view("hysteresis"), c.fp16.hysteresis, 1, 1'000'000));
         ZINF_TRY(f.get_double("min_loss_scale", c.fp16.min_loss_scale, 0.0, 1e30));
         ZINF_TRY(f.finish());
@@ -946,7 +978,7 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
         ObjectReader s(*sub, "comm", c.warnings);
         ZINF_TRY(s.get_bool("deterministic", c.comm.deterministic));
         ZINF_TRY(s.get_int(std::string_view("timeout_s"), c.comm.timeout_s, 0,
-                                 std::int64_t{7} * 24 * 3600));
+                           std::int64_t{7} * 24 * 3600));
         ZINF_TRY(s.finish());
     }
     ZINF_TRY(r.get_object("model", sub));
@@ -972,7 +1004,8 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
 
 Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) {
     if (!root.is_object()) {
-        return Status::invalid_argument(str_cat("expected a JSON object at top level, got ", type_name(root)));
+        return Status::invalid_argument(
+            str_cat("expected a JSON object at top level, got ", type_name(root)));
     }
     ObjectReader r(root, "", c.warnings);
     // Batch keys are read by resolve_batch; mark them known here.
@@ -1007,7 +1040,9 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
 // and precision switches from their defaults), records each resolution, and leaves the rest:
 // reading an "auto" left over is an error that names the key.
 
-bool is_auto(const Json* v) { return v != nullptr && v->is_string() && v->get<std::string>() == "auto"; }
+bool is_auto(const Json* v) {
+    return v != nullptr && v->is_string() && v->get<std::string>() == "auto";
+}
 
 // The model's hidden size for Hugging Face's bucket formulas: a gpt's d_model, or the widest
 // hidden layer of the MLP (its input width when it has none).
@@ -1024,7 +1059,8 @@ std::uint64_t hidden_size(const Json& root) {
         const auto l = model->find("layers");
         if (l != model->end() && l->is_array() && l->size() >= 2) {
             layers.clear();
-            for (const auto& v : *l) layers.push_back(v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
+            for (const auto& v : *l)
+                layers.push_back(v.is_number_unsigned() ? v.get<std::uint64_t>() : 0);
         }
     }
     if (layers.size() <= 2) return layers.front();
@@ -1050,7 +1086,8 @@ void resolve_optimizer_auto(Json& root, std::vector<std::string>& notes) {
         auto it = params->find(key);
         if (it == params->end() || !is_auto(&*it)) continue;
         *it = value;
-        notes.push_back(str_cat("optimizer.params.", key, ": auto -> ", value.dump(), " (the default)"));
+        notes.push_back(
+            str_cat("optimizer.params.", key, ": auto -> ", value.dump(), " (the default)"));
     }
 }
 
@@ -1061,15 +1098,18 @@ void resolve_block_auto(Json& root, std::vector<std::string>& notes) {
         auto enabled = it->find("enabled");
         if (enabled == it->end() || !is_auto(&*enabled)) continue;
         *enabled = false;
-        notes.push_back(str_cat(block, ".enabled: auto -> false (DeepSpeed's default; set true to "
-                                       "train in ", block, ")"));
+        notes.push_back(str_cat(block,
+                                ".enabled: auto -> false (DeepSpeed's default; set true to "
+                                "train in ",
+                                block, ")"));
     }
     auto zero = root.find("zero_optimization");
     if (zero != root.end() && zero->is_object()) {
         const std::uint64_t h = hidden_size(root);
         const std::pair<const char*, std::uint64_t> sizes[] = {
             {"reduce_bucket_size", h * h},
-            {"stage3_prefetch_bucket_size", static_cast<std::uint64_t>(0.9 * static_cast<double>(h * h))},
+            {"stage3_prefetch_bucket_size",
+             static_cast<std::uint64_t>(0.9 * static_cast<double>(h * h))},
             {"prefetch_bucket_size", static_cast<std::uint64_t>(0.9 * static_cast<double>(h * h))},
             {"stage3_param_persistence_threshold", 10 * h},
             {"param_persistence_threshold", 10 * h},
@@ -1079,7 +1119,8 @@ void resolve_block_auto(Json& root, std::vector<std::string>& notes) {
             if (it == zero->end() || !is_auto(&*it)) continue;
             *it = value;
             notes.push_back(str_cat("zero_optimization.", key, ": auto -> ", value,
-                                    " (from the model's hidden size ", h, ", as Hugging Face does)"));
+                                    " (from the model's hidden size ", h,
+                                    ", as Hugging Face does)"));
         }
     }
     auto sched = root.find("scheduler");
@@ -1098,7 +1139,8 @@ void resolve_block_auto(Json& root, std::vector<std::string>& notes) {
             lr = (*opt)["params"]["lr"].get<double>();
         }
         *it = lr;
-        notes.push_back(str_cat("scheduler.params.warmup_max_lr: auto -> ", lr, " (optimizer.params.lr)"));
+        notes.push_back(
+            str_cat("scheduler.params.warmup_max_lr: auto -> ", lr, " (optimizer.params.lr)"));
     }
 }
 
@@ -1107,8 +1149,8 @@ void resolve_block_auto(Json& root, std::vector<std::string>& notes) {
 // it. Returns the names dropped, for the notes once their values are known.
 Result<std::vector<std::string>> resolve_batch_auto(Json& root) {
     std::vector<std::string> dropped;
-    for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu",
-                            "gradient_accumulation_steps"}) {
+    for (const char* key :
+         {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
         auto it = root.find(key);
         if (it == root.end() || !is_auto(&*it)) continue;
         root.erase(it);
@@ -1133,7 +1175,8 @@ Result<std::vector<std::string>> resolve_batch_auto(Json& root) {
 Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
                                std::string_view source_name) {
     if (options.world_size < 1) {
-        return Status::invalid_argument(str_cat("world size must be at least 1, got ", options.world_size));
+        return Status::invalid_argument(
+            str_cat("world size must be at least 1, got ", options.world_size));
     }
     Json root = parsed;
     for (const auto& assignment : options.overrides) ZINF_TRY(apply_override(root, assignment));
@@ -1153,8 +1196,9 @@ Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
                                     : key == "train_micro_batch_size_per_gpu"
                                         ? config.batch.train_micro_batch_size_per_gpu
                                         : config.batch.gradient_accumulation_steps;
-        config.resolved.push_back(str_cat(key, ": auto -> ", value, " (train_batch_size = micro x "
-                                                                     "accumulation x world size ",
+        config.resolved.push_back(str_cat(key, ": auto -> ", value,
+                                          " (train_batch_size = micro x "
+                                          "accumulation x world size ",
                                           options.world_size, ")"));
     }
     config.canonical_json = root.dump();  // nlohmann's object keeps keys sorted
@@ -1167,7 +1211,8 @@ Result<EngineConfig> load_json(const Json& parsed, const LoadOptions& options,
 
 Result<Json> parse_text(std::string_view json_text, std::string_view source_name) {
     try {
-        return Json::parse(json_text.begin(), json_text.end(), nullptr, true, /*ignore_comments=*/true);
+        return Json::parse(json_text.begin(), json_text.end(), nullptr, true,
+                           /*ignore_comments=*/true);
     } catch (const Json::parse_error& e) {
         return Status::invalid_argument(str_cat(source_name, ": not valid JSON: ", e.what()));
     } catch (const std::exception& e) {
@@ -1179,9 +1224,12 @@ Result<Json> parse_text(std::string_view json_text, std::string_view source_name
 
 std::string_view offload_device_name(OffloadDevice device) noexcept {
     switch (device) {
-        case OffloadDevice::kNone: return "none";
-        case OffloadDevice::kCpu: return "cpu";
-        case OffloadDevice::kNvme: return "nvme";
+        case OffloadDevice::kNone:
+            return "none";
+        case OffloadDevice::kCpu:
+            return "cpu";
+        case OffloadDevice::kNvme:
+            return "nvme";
     }
     return "none";
 }
@@ -1213,8 +1261,8 @@ Result<EngineConfig> load_from_string(std::string_view json_text, const LoadOpti
 Result<EngineConfig> load(const std::string& path, const LoadOptions& options) {
     std::ifstream in(path);
     if (!in) {
-        return Status::not_found(str_cat("config file ", path, ": cannot open (", std::strerror(errno), ")"),
-                                 errno);
+        return Status::not_found(
+            str_cat("config file ", path, ": cannot open (", std::strerror(errno), ")"), errno);
     }
     std::stringstream buffer;
     buffer << in.rdbuf();
@@ -1249,7 +1297,8 @@ std::string aio_to_json(const AioConfig& aio, int indent) {
     j["single_submit"] = aio.single_submit;
     j["overlap_events"] = aio.overlap_events;
     j["backend"] = aio.backend;
-    j["use_direct"] = aio.use_direct == Tristate::kAuto ? Json("auto") : Json(aio.use_direct == Tristate::kOn);
+    j["use_direct"] =
+        aio.use_direct == Tristate::kAuto ? Json("auto") : Json(aio.use_direct == Tristate::kOn);
     j["register_buffers"] = aio.register_buffers;
     j["sqpoll"] = aio.sqpoll;
     Json root = Json::object();

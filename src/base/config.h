@@ -83,7 +83,6 @@ struct Fp16Config {
     double min_loss_scale = 1;
 };
 
-
 struct OptimizerConfig {
     // Any registered optimizer (src/base/optimizer_descriptor.h), by its name in any case.
     OptimizerKind type = OptimizerKind::kAdamW;
@@ -115,14 +114,14 @@ struct SchedulerConfig {
     double warmup_min_lr = 0.0;
     double warmup_max_lr = 0.001;
     std::uint64_t warmup_num_steps = 1000;
-    bool warmup_linear = false;  // `warmup_type`: "log" (DeepSpeed's default) or "linear"
+    bool warmup_linear = false;         // `warmup_type`: "log" (DeepSpeed's default) or "linear"
     std::uint64_t total_num_steps = 0;  // WarmupDecayLR, WarmupCosineLR; required there
     // WarmupCosineLR: ratios of the optimizer's lr.
     double warmup_min_ratio = 0.0;
     double cos_min_ratio = 0.0001;
     // OneCycle.
-    double cycle_min_lr = 0.0;   // required
-    double cycle_max_lr = 0.0;   // required
+    double cycle_min_lr = 0.0;  // required
+    double cycle_max_lr = 0.0;  // required
     double decay_lr_rate = 0.0;
     std::uint64_t cycle_first_step_size = 2000;
     std::uint64_t cycle_second_step_size = 0;  // 0: as cycle_first_step_size (DeepSpeed: None)
@@ -168,7 +167,7 @@ struct ModelConfig {
     ModelType type = ModelType::kMlp;
     // mlp
     std::vector<std::uint64_t> layers = {784, 1024, 1024, 10};  // input, hidden..., classes
-    std::string activation = "relu";                             // relu | gelu
+    std::string activation = "relu";                            // relu | gelu
     bool layernorm = false;
     // both: after each hidden activation (mlp); on embeddings and residual branches (gpt)
     double dropout = 0.0;  // in [0, 1)
@@ -185,10 +184,10 @@ struct ModelConfig {
 // DeepSpeed's `activation_checkpointing` block, for models that checkpoint (model.type gpt with
 // model.checkpoint_activations).
 struct ActivationCheckpointingConfig {
-    bool partition_activations = false;  // model parallelism only: warned
-    bool cpu_checkpointing = false;      // kept block inputs in pinned host memory
+    bool partition_activations = false;           // model parallelism only: warned
+    bool cpu_checkpointing = false;               // kept block inputs in pinned host memory
     bool contiguous_memory_optimization = false;  // the kept inputs in one allocation
-    std::uint64_t number_checkpoints = 0;  // 0: absent; zinfinity keeps one per block
+    std::uint64_t number_checkpoints = 0;         // 0: absent; zinfinity keeps one per block
     bool synchronize_checkpoint_boundary = false;
     bool profile = false;  // per-step times of the checkpointed blocks
     // zinfinity: the kept block inputs on NVMe (a swap store of their own under nvme_path).
@@ -214,7 +213,7 @@ struct DataConfig {
 
 // zinfinity's `device` block: where compute runs and how much device memory it may hold.
 struct DeviceConfig {
-    std::string type = "cpu";                     // cpu | cuda
+    std::string type = "cpu";                        // cpu | cuda
     std::uint64_t memory_budget_bytes = 4ULL << 30;  // `memory_budget`, bytes
     int local_rank = 0;
     // `host_memory_budget`, bytes: pinned/host budget for offloaded states (0: unlimited).

@@ -275,18 +275,27 @@ std::string_view parent_of(std::string_view path) {
 
 std::string_view key_status_name(KeyStatus status) noexcept {
     switch (status) {
-        case KeyStatus::kImplemented: return "implemented";
-        case KeyStatus::kZinfinity: return "zinfinity";
-        case KeyStatus::kWarned: return "warned, not implemented";
-        case KeyStatus::kDefaultOnly: return "default only";
-        case KeyStatus::kRefusedIfEnabled: return "refused if enabled";
-        case KeyStatus::kDeprecated: return "deprecated, mapped";
-        case KeyStatus::kAlias: return "alias";
+        case KeyStatus::kImplemented:
+            return "implemented";
+        case KeyStatus::kZinfinity:
+            return "zinfinity";
+        case KeyStatus::kWarned:
+            return "warned, not implemented";
+        case KeyStatus::kDefaultOnly:
+            return "default only";
+        case KeyStatus::kRefusedIfEnabled:
+            return "refused if enabled";
+        case KeyStatus::kDeprecated:
+            return "deprecated, mapped";
+        case KeyStatus::kAlias:
+            return "alias";
     }
     return "?";
 }
 
-std::span<const KeyInfo> key_table() noexcept { return kKeys; }
+std::span<const KeyInfo> key_table() noexcept {
+    return kKeys;
+}
 
 const KeyInfo* find_key(std::string_view path) noexcept {
     for (const KeyInfo& k : kKeys) {

@@ -14,10 +14,10 @@
 namespace zinf::config {
 
 enum class KeyStatus : std::uint8_t {
-    kImplemented,       // DeepSpeed's key, with DeepSpeed's meaning
-    kZinfinity,         // zinfinity's own key
-    kWarned,            // DeepSpeed's key, not implemented: one warning; it does not change results
-    kDefaultOnly,       // only DeepSpeed's default (`accepted`) is allowed; another value is refused
+    kImplemented,  // DeepSpeed's key, with DeepSpeed's meaning
+    kZinfinity,    // zinfinity's own key
+    kWarned,       // DeepSpeed's key, not implemented: one warning; it does not change results
+    kDefaultOnly,  // only DeepSpeed's default (`accepted`) is allowed; another value is refused
     kRefusedIfEnabled,  // a block refused when its "enabled" is true (accepted, inert, when false)
     kDeprecated,        // DeepSpeed's legacy key, mapped to its replacement with a warning
     kAlias,             // another spelling of `accepted`'s key; both at once is an error
@@ -25,7 +25,7 @@ enum class KeyStatus : std::uint8_t {
 std::string_view key_status_name(KeyStatus status) noexcept;
 
 struct KeyInfo {
-    std::string_view path;      // "zero_optimization.offload_param.buffer_size"
+    std::string_view path;  // "zero_optimization.offload_param.buffer_size"
     KeyStatus status;
     std::string_view accepted;  // kDefaultOnly: the default, as JSON; kAlias: the key it spells
     std::string_view note;      // what it does, or why it is not implemented

@@ -20,9 +20,12 @@ constexpr std::size_t dtype_size_bytes(DType dtype) noexcept {
 
 constexpr std::string_view dtype_name(DType dtype) noexcept {
     switch (dtype) {
-        case DType::kFloat32: return "fp32";
-        case DType::kBFloat16: return "bf16";
-        case DType::kFloat16: return "fp16";
+        case DType::kFloat32:
+            return "fp32";
+        case DType::kBFloat16:
+            return "bf16";
+        case DType::kFloat16:
+            return "fp16";
     }
     return "?";
 }

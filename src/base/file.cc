@@ -23,7 +23,8 @@ void FileDescriptor::reset() noexcept {
 
 Result<std::uint64_t> free_space_bytes(const std::string& path) {
     struct statvfs st {};
-    if (::statvfs(path.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("statvfs ", path));
+    if (::statvfs(path.c_str(), &st) != 0)
+        return Status::from_errno(errno, str_cat("statvfs ", path));
     return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
@@ -31,7 +32,8 @@ Status check_writable_directory(const std::string& path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
         const int err = errno;
-        if (err == ENOENT) return Status::not_found(str_cat(path, ": directory does not exist"), err);
+        if (err == ENOENT)
+            return Status::not_found(str_cat(path, ": directory does not exist"), err);
         return Status::from_errno(err, str_cat(path, ": cannot stat"));
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -39,7 +41,9 @@ Status check_writable_directory(const std::string& path) {
     }
     if (::access(path.c_str(), W_OK | X_OK) != 0) {
         const int err = errno;
-        if (err == EROFS) return Status::from_errno(err, str_cat(path, ": directory is on a read-only file system"));
+        if (err == EROFS)
+            return Status::from_errno(err,
+                                      str_cat(path, ": directory is on a read-only file system"));
         return Status::from_errno(err, str_cat(path, ": directory is not writable"));
     }
     // access() says yes for root even on directories without write bits but on a read-only

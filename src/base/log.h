@@ -19,7 +19,8 @@ namespace log {
 
 enum class Level { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kOff = 4 };
 
-// The threshold comes from ZINF_LOG_LEVEL (debug|info|warning|error|off) at first use; info default.
+// The threshold comes from ZINF_LOG_LEVEL (debug|info|warning|error|off) at first use; info
+// default.
 Level level() noexcept;
 void set_level(Level level) noexcept;
 // Text put after the level tag of every line ("rank 1: " on a rank of several); empty: none.

@@ -15,8 +15,7 @@ constexpr MomentDescriptor kExpAvg{"exp_avg", "exp_avg", false, false};
 constexpr MomentDescriptor kExpAvgSq{"exp_avg_sq", "exp_avg_sq", true, false};
 constexpr MomentDescriptor kMaxExpAvgSq{"max_exp_avg_sq", "max_exp_avg_sq", true, true};
 
-OptimizerDescriptor adam_like(OptimizerKind kind, std::string_view name,
-                              std::string_view display) {
+OptimizerDescriptor adam_like(OptimizerKind kind, std::string_view name, std::string_view display) {
     OptimizerDescriptor d;
     d.kind = kind;
     d.name = name;
@@ -162,14 +161,13 @@ Result<OptimizerKind> register_optimizer_descriptor(const OptimizerDescriptor& d
     }
     if (descriptor.moment_count > kMaxMoments) {
         return Status::invalid_argument(str_cat("register optimizer ", descriptor.display_name,
-                                                ": ", descriptor.moment_count,
-                                                " moments; at most ", kMaxMoments));
+                                                ": ", descriptor.moment_count, " moments; at most ",
+                                                kMaxMoments));
     }
     const std::size_t n = r.count.load(std::memory_order_relaxed);
     if (n == kMaxOptimizers) {
-        return Status::invalid_argument(
-            str_cat("register optimizer ", descriptor.display_name, ": all ", kMaxOptimizers,
-                    " slots are taken"));
+        return Status::invalid_argument(str_cat("register optimizer ", descriptor.display_name,
+                                                ": all ", kMaxOptimizers, " slots are taken"));
     }
     r.slots[n] = descriptor;
     r.slots[n].kind = static_cast<OptimizerKind>(n);

@@ -52,7 +52,7 @@ struct OptimizerDescriptor {
     std::array<MomentDescriptor, kMaxMoments> moments{};
     std::size_t moment_count = 0;
     // The hyper-parameters it reads: lr and weight_decay always; the others where set.
-    bool uses_betas = false;        // betas (OneCycle's momentum cycling writes beta1)
+    bool uses_betas = false;  // betas (OneCycle's momentum cycling writes beta1)
     bool uses_eps = false;
     bool has_bias_correction = false;
     bool has_amsgrad = false;
@@ -79,7 +79,9 @@ std::string optimizer_names();
 std::string_view optimizer_kind_name(OptimizerKind kind) noexcept;
 // "Adam and AdamW": the display names of the optimizers for which `has` holds, for messages.
 std::string optimizer_names_where(bool (*has)(const OptimizerDescriptor&));
-inline bool has_amsgrad(const OptimizerDescriptor& d) noexcept { return d.has_amsgrad; }
+inline bool has_amsgrad(const OptimizerDescriptor& d) noexcept {
+    return d.has_amsgrad;
+}
 inline bool has_bias_correction(const OptimizerDescriptor& d) noexcept {
     return d.has_bias_correction;
 }

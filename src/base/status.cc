@@ -10,18 +10,30 @@ namespace zinf {
 
 std::string_view status_code_name(StatusCode code) noexcept {
     switch (code) {
-        case StatusCode::kOk: return "OK";
-        case StatusCode::kInvalidArgument: return "invalid argument";
-        case StatusCode::kNotSupported: return "not supported";
-        case StatusCode::kBusy: return "busy";
-        case StatusCode::kIo: return "I/O error";
-        case StatusCode::kNoSpace: return "no space";
-        case StatusCode::kCorruption: return "corruption";
-        case StatusCode::kCuda: return "CUDA error";
-        case StatusCode::kNccl: return "NCCL error";
-        case StatusCode::kInternal: return "internal error";
-        case StatusCode::kNotFound: return "not found";
-        case StatusCode::kTimeout: return "timeout";
+        case StatusCode::kOk:
+            return "OK";
+        case StatusCode::kInvalidArgument:
+            return "invalid argument";
+        case StatusCode::kNotSupported:
+            return "not supported";
+        case StatusCode::kBusy:
+            return "busy";
+        case StatusCode::kIo:
+            return "I/O error";
+        case StatusCode::kNoSpace:
+            return "no space";
+        case StatusCode::kCorruption:
+            return "corruption";
+        case StatusCode::kCuda:
+            return "CUDA error";
+        case StatusCode::kNccl:
+            return "NCCL error";
+        case StatusCode::kInternal:
+            return "internal error";
+        case StatusCode::kNotFound:
+            return "not found";
+        case StatusCode::kTimeout:
+            return "timeout";
     }
     return "unknown";
 }
@@ -43,14 +55,20 @@ Status Status::from_errno(int errno_value, std::string_view what) {
     message += ": ";
     message += std::strerror(errno_value);
     switch (errno_value) {
-        case ENOENT: return not_found(std::move(message), errno_value);
+        case ENOENT:
+            return not_found(std::move(message), errno_value);
         case ENOSPC:
-        case EDQUOT: return no_space(std::move(message), errno_value);
-        case EINVAL: return {StatusCode::kInvalidArgument, std::move(message), errno_value};
+        case EDQUOT:
+            return no_space(std::move(message), errno_value);
+        case EINVAL:
+            return {StatusCode::kInvalidArgument, std::move(message), errno_value};
         case EOPNOTSUPP:
-        case ENOSYS: return not_supported(std::move(message), errno_value);
-        case EAGAIN: return {StatusCode::kBusy, std::move(message), errno_value};
-        default: return {StatusCode::kIo, std::move(message), errno_value};
+        case ENOSYS:
+            return not_supported(std::move(message), errno_value);
+        case EAGAIN:
+            return {StatusCode::kBusy, std::move(message), errno_value};
+        default:
+            return {StatusCode::kIo, std::move(message), errno_value};
     }
 }
 

@@ -112,15 +112,15 @@ template <typename T>
 class [[nodiscard]] Result {
 public:
     Result(const T& value) : v_(std::in_place_index<0>, value) {}  // NOLINT: implicit by design
-    Result(T&& value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT
+    Result(T&& value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT
     Result(Status status) : v_(std::in_place_index<1>, std::move(status)) {  // NOLINT
         ZINF_ASSERT(!std::get<1>(v_).is_ok());
     }
     template <typename U>
-        requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
-                 !std::is_same_v<std::decay_t<U>, Status> &&
-                 !std::is_same_v<std::decay_t<U>, Result>)
-    Result(U&& value) : v_(std::in_place_index<0>, std::forward<U>(value)) {}  // NOLINT
+    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+             !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result>)
+        Result(U&& value)
+        : v_(std::in_place_index<0>, std::forward<U>(value)) {}  // NOLINT
 
     bool has_value() const noexcept { return v_.index() == 0; }
     explicit operator bool() const noexcept { return has_value(); }
@@ -157,9 +157,9 @@ private:
 #define ZINF_CONCAT_(a, b) ZINF_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define ZINF_TRY(expr)                                  \
-    do {                                                \
-        ::zinf::Status zinf_try_status_ = (expr);       \
+#define ZINF_TRY(expr)                                          \
+    do {                                                        \
+        ::zinf::Status zinf_try_status_ = (expr);               \
         if (!zinf_try_status_.is_ok()) return zinf_try_status_; \
     } while (0)
 

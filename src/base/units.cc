@@ -26,11 +26,11 @@ Result<std::uint64_t> parse_with(std::string_view text, const Suffix* suffixes, 
     s = s.substr(start);
     if (s.empty()) return Status::invalid_argument(str_cat("empty ", what));
     std::size_t end = 0;
-    while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '.' ||
-                              ((s[end] == 'e' || s[end] == 'E') && end + 1 < s.size() &&
-                               (std::isdigit(static_cast<unsigned char>(s[end + 1])) ||
-                                s[end + 1] == '+')) ||
-                              (s[end] == '+' && end > 0 && (s[end - 1] == 'e' || s[end - 1] == 'E')))) {
+    while (end < s.size() &&
+           (std::isdigit(static_cast<unsigned char>(s[end])) || s[end] == '.' ||
+            ((s[end] == 'e' || s[end] == 'E') && end + 1 < s.size() &&
+             (std::isdigit(static_cast<unsigned char>(s[end + 1])) || s[end + 1] == '+')) ||
+            (s[end] == '+' && end > 0 && (s[end - 1] == 'e' || s[end - 1] == 'E')))) {
         ++end;
     }
     if (end == 0) {
@@ -56,11 +56,13 @@ Result<std::uint64_t> parse_with(std::string_view text, const Suffix* suffixes, 
             }
         }
         if (!found) {
-            return Status::invalid_argument(str_cat("'", text, "': unknown unit '", suffix, "' in ", what));
+            return Status::invalid_argument(
+                str_cat("'", text, "': unknown unit '", suffix, "' in ", what));
         }
     }
     const double total = value * multiplier;
-    if (total > 1.8e19) return Status::invalid_argument(str_cat("'", text, "': ", what, " too large"));
+    if (total > 1.8e19)
+        return Status::invalid_argument(str_cat("'", text, "': ", what, " too large"));
     const double rounded = std::floor(total);
     if (rounded != total) {
         return Status::invalid_argument(str_cat("'", text, "' is not a whole number (", what, ")"));
@@ -70,14 +72,32 @@ Result<std::uint64_t> parse_with(std::string_view text, const Suffix* suffixes, 
 
 constexpr double kKi = 1024.0;
 const Suffix kSizeSuffixes[] = {
-    {"B", 1},           {"K", kKi},         {"KiB", kKi},       {"KB", 1e3},   {"k", kKi},
-    {"M", kKi * kKi},   {"MiB", kKi * kKi}, {"MB", 1e6},        {"G", kKi * kKi * kKi},
-    {"GiB", kKi * kKi * kKi},               {"GB", 1e9},        {"T", kKi * kKi * kKi * kKi},
-    {"TiB", kKi * kKi * kKi * kKi},         {"TB", 1e12},
+    {"B", 1},
+    {"K", kKi},
+    {"KiB", kKi},
+    {"KB", 1e3},
+    {"k", kKi},
+    {"M", kKi* kKi},
+    {"MiB", kKi* kKi},
+    {"MB", 1e6},
+    {"G", kKi* kKi* kKi},
+    {"GiB", kKi* kKi* kKi},
+    {"GB", 1e9},
+    {"T", kKi* kKi* kKi* kKi},
+    {"TiB", kKi* kKi* kKi* kKi},
+    {"TB", 1e12},
 };
 const Suffix kCountSuffixes[] = {
-    {"K", 1e3}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"B", 1e9}, {"T", 1e12},
-    {"Ki", kKi}, {"Mi", kKi * kKi}, {"Gi", kKi * kKi * kKi}, {"Ti", kKi * kKi * kKi * kKi},
+    {"K", 1e3},
+    {"k", 1e3},
+    {"M", 1e6},
+    {"G", 1e9},
+    {"B", 1e9},
+    {"T", 1e12},
+    {"Ki", kKi},
+    {"Mi", kKi* kKi},
+    {"Gi", kKi* kKi* kKi},
+    {"Ti", kKi* kKi* kKi* kKi},
 };
 
 }  // namespace

@@ -23,8 +23,8 @@ Result<Batcher> Batcher::create(const DataSource& source, const BatcherOptions& 
             str_cat("batcher: at most 2^32 - 1 samples, got ", source.count()));
     }
     if (options.shard_count == 0 || options.shard_index >= options.shard_count) {
-        return Status::invalid_argument(str_cat("batcher: shard ", options.shard_index,
-                                                " of ", options.shard_count));
+        return Status::invalid_argument(
+            str_cat("batcher: shard ", options.shard_index, " of ", options.shard_count));
     }
     if (options.drop_last && source.count() < options.batch_rows * options.shard_count) {
         return Status::invalid_argument(str_cat(

@@ -19,9 +19,9 @@
 #include "kernels/cast.h"
 #include "kernels/cpu_features.h"
 #include "src/base/dtype.h"
-#include "src/device/cpu_math.h"
 #include "src/base/log.h"
 #include "src/base/philox.h"
+#include "src/device/cpu_math.h"
 
 namespace zinf::device {
 namespace {
@@ -510,10 +510,9 @@ Status CpuCompute::embedding_forward(const std::int32_t* tokens, const float* ta
     return Status::ok();
 }
 
-Status CpuCompute::embedding_backward(const std::int32_t* tokens, const float* dy,
-                                      std::size_t rows, std::size_t period, std::size_t cols,
-                                      std::size_t vocab, float* grad_table,
-                                      float* grad_positions, StreamId stream) {
+Status CpuCompute::embedding_backward(const std::int32_t* tokens, const float* dy, std::size_t rows,
+                                      std::size_t period, std::size_t cols, std::size_t vocab,
+                                      float* grad_table, float* grad_positions, StreamId stream) {
     ZINF_ASSERT_GT(period, 0u);
     ZINF_TRY(wait_stream(stream));
     // Tiles of columns, rows in order inside each: the same sums for every thread count (and the
@@ -558,8 +557,8 @@ Status CpuCompute::causal_softmax_forward(float* s, std::size_t n, std::size_t l
     return Status::ok();
 }
 
-Status CpuCompute::causal_softmax_backward(const float* p, float* dp, std::size_t n,
-                                           std::size_t ld, StreamId stream) {
+Status CpuCompute::causal_softmax_backward(const float* p, float* dp, std::size_t n, std::size_t ld,
+                                           StreamId stream) {
     ZINF_ASSERT_GE(ld, n);
     ZINF_TRY(wait_stream(stream));
     parallel_tiles(n, kRowTileRows, [&](std::size_t r0, std::size_t r1) {

@@ -57,8 +57,7 @@ Result<void*> CpuDevice::allocate(std::size_t size_bytes, std::string_view what)
     const std::size_t rounded = align_up(size_bytes, options_.alignment_bytes);
     std::unique_lock lock(mutex_);
     if (rounded > options_.budget_bytes - used_bytes_) {
-        return ledger_.over_budget("cpu device", what, rounded, options_.budget_bytes,
-                                   used_bytes_);
+        return ledger_.over_budget("cpu device", what, rounded, options_.budget_bytes, used_bytes_);
     }
     auto buffer = AlignedBuffer::allocate(rounded, options_.alignment_bytes);
     if (!buffer.has_value()) return buffer.error().with_context(str_cat("cpu device: ", what));

@@ -143,20 +143,20 @@ Status CudaCompute::count_correct(const float* logits, const std::int32_t* label
 }
 
 Status CudaCompute::embedding_forward(const std::int32_t* tokens, const float* table,
-                                      const float* positions, std::size_t rows,
-                                      std::size_t period, std::size_t cols, std::size_t vocab,
-                                      float* y, StreamId stream) {
+                                      const float* positions, std::size_t rows, std::size_t period,
+                                      std::size_t cols, std::size_t vocab, float* y,
+                                      StreamId stream) {
     ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
     return kc::embedding_forward(tokens, table, positions, rows, period, cols, vocab, y, s);
 }
 
 Status CudaCompute::embedding_backward(const std::int32_t* tokens, const float* dy,
                                        std::size_t rows, std::size_t period, std::size_t cols,
-                                       std::size_t vocab, float* grad_table,
-                                       float* grad_positions, StreamId stream) {
+                                       std::size_t vocab, float* grad_table, float* grad_positions,
+                                       StreamId stream) {
     ZINF_ASSIGN_OR_RETURN(kc::Stream s, stream_of(stream));
-    return kc::embedding_backward(tokens, dy, rows, period, cols, vocab, grad_table,
-                                  grad_positions, s);
+    return kc::embedding_backward(tokens, dy, rows, period, cols, vocab, grad_table, grad_positions,
+                                  s);
 }
 
 Status CudaCompute::causal_softmax_forward(float* scores, std::size_t n, std::size_t ld,

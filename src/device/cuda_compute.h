@@ -79,10 +79,9 @@ public:
     Status count_correct(const float* logits, const std::int32_t* labels, std::size_t rows,
                          std::size_t classes, std::uint64_t* correct_count, bool accumulate,
                          StreamId stream) override;
-    Status embedding_forward(const std::int32_t* tokens, const float* table,
-                             const float* positions, std::size_t rows, std::size_t period,
-                             std::size_t cols, std::size_t vocab, float* y,
-                             StreamId stream) override;
+    Status embedding_forward(const std::int32_t* tokens, const float* table, const float* positions,
+                             std::size_t rows, std::size_t period, std::size_t cols,
+                             std::size_t vocab, float* y, StreamId stream) override;
     Status embedding_backward(const std::int32_t* tokens, const float* dy, std::size_t rows,
                               std::size_t period, std::size_t cols, std::size_t vocab,
                               float* grad_table, float* grad_positions, StreamId stream) override;
@@ -104,8 +103,8 @@ private:
 
     CudaDevice& device_;
     kernels::cuda::CublasHandle cublas_;
-    DeviceBuffer scratch_memory_;             // owns the reduction scratch
-    kernels::cuda::ReduceScratch scratch_;    // the kernels' view of it
+    DeviceBuffer scratch_memory_;           // owns the reduction scratch
+    kernels::cuda::ReduceScratch scratch_;  // the kernels' view of it
     std::string name_;
 };
 

@@ -134,8 +134,8 @@ CudaDevice::~CudaDevice() {
                    " host regions still registered at teardown; unregistering them");
         for (const auto& [base, size] : host_regions_) {
             // The map's keys are the registered regions' own addresses.
-            static_cast<void>(
-                cudaHostUnregister(reinterpret_cast<void*>(base)));  // NOLINT(performance-no-int-to-ptr)
+            static_cast<void>(cudaHostUnregister(
+                reinterpret_cast<void*>(base)));  // NOLINT(performance-no-int-to-ptr)
         }
     }
     for (cudaEvent_t event : events_) static_cast<void>(cudaEventDestroy(event));

@@ -124,7 +124,7 @@ private:
 
     mutable std::mutex mutex_;
     std::unordered_map<void*, std::size_t> allocations_;  // base -> bytes
-    AllocationLedger ledger_;                              // what each allocation is for
+    AllocationLedger ledger_;                             // what each allocation is for
     std::map<std::uintptr_t, std::size_t> host_regions_;  // registered base -> bytes
     std::size_t used_bytes_ = 0;
     std::size_t peak_bytes_ = 0;

@@ -1,7 +1,6 @@
 // NvmeActivationStore: double-buffered writes behind the forward, one-ahead reads in backward.
 #include "src/engine/activation_store.h"
 
-
 #include "io/file_system.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
@@ -21,8 +20,8 @@ Result<std::unique_ptr<NvmeActivationStore>> NvmeActivationStore::create(
         return Status::invalid_argument(str_cat(kKey, ": required with nvme_checkpointing"));
     }
     for (const std::string& p : options.paths) {
-        ZINF_TRY(io::open_trusted_directory(io::posix_file_system(), p, kKey, /*create=*/true)
-                     .status());
+        ZINF_TRY(
+            io::open_trusted_directory(io::posix_file_system(), p, kKey, /*create=*/true).status());
     }
     auto s = std::unique_ptr<NvmeActivationStore>(new NvmeActivationStore(options, device));
     io::EngineOptions eo;
@@ -41,8 +40,7 @@ Result<std::unique_ptr<NvmeActivationStore>> NvmeActivationStore::create(
     ZINF_TRY(s->store_->commit().with_context(kKey));
     for (auto* slots : {&s->writes_, &s->reads_}) {
         for (Slot& slot : *slots) {
-            ZINF_ASSIGN_OR_RETURN(slot.buffer,
-                                  AlignedBuffer::allocate(options.input_bytes, 4096));
+            ZINF_ASSIGN_OR_RETURN(slot.buffer, AlignedBuffer::allocate(options.input_bytes, 4096));
             const Status pinned = device.register_host_memory(slot.buffer.span());
             s->registered_.push_back(pinned.is_ok());
             ZINF_TRY(pinned.with_context("activation checkpoints: pinning the staging buffers"));
@@ -108,8 +106,8 @@ Status NvmeActivationStore::save(std::size_t index, const void* src, std::size_t
     ZINF_TRY(device_.copy_to_host(slot.buffer.data(), src, bytes, stream));
     ZINF_TRY(device_.synchronize(stream));
     slot.holds = index;
-    ZINF_TRY(store_->swap_out(static_cast<swap::PartitionId>(index), slot.buffer.span(),
-                              slot.handle));
+    ZINF_TRY(
+        store_->swap_out(static_cast<swap::PartitionId>(index), slot.buffer.span(), slot.handle));
     bytes_written_ += options_.input_bytes;
     return Status::ok();
 }
@@ -128,8 +126,8 @@ Status NvmeActivationStore::start_read(std::size_t index) {
         (void)ignored;
     }
     slot.holds = index;
-    Status s = store_->swap_in(static_cast<swap::PartitionId>(index), slot.buffer.span(),
-                               slot.handle);
+    Status s =
+        store_->swap_in(static_cast<swap::PartitionId>(index), slot.buffer.span(), slot.handle);
     if (!s.is_ok()) {
         slot.holds = kNone;
         return s;

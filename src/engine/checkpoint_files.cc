@@ -18,7 +18,6 @@
 namespace zinf::engine {
 namespace {
 
-
 constexpr std::size_t kManifestBytesMax = 64u << 20;
 constexpr std::string_view kManifestName = "manifest.txt";
 constexpr std::string_view kLatestName = "latest";

@@ -1,7 +1,7 @@
 // The TrainingStack on a GPU: CudaDevice (device.local_rank, device.memory_budget), CudaCompute,
-// the communicator (single-rank, or the factory's: NCCL over MPI), the model and the Engine. Built only where CUDA is enabled
-// (target zinf_engine_cuda), so that the installed CPU library never needs the CUDA runtime;
-// zinfinity-train calls it for device.type "cuda".
+// the communicator (single-rank, or the factory's: NCCL over MPI), the model and the Engine. Built
+// only where CUDA is enabled (target zinf_engine_cuda), so that the installed CPU library never
+// needs the CUDA runtime; zinfinity-train calls it for device.type "cuda".
 #pragma once
 
 #include "src/base/config.h"

@@ -19,7 +19,6 @@ namespace {
 // in order, whatever the optimizer's sub-groups: offloading must not change the arithmetic.
 using engine::kNormChunkNumel;  // src/engine/gradient_swap.h: the streamed norm uses it too
 
-
 std::string mib(std::size_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -110,9 +109,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
                                                const EngineOptions& options) {
     // Checks first, before anything is allocated (placement was checked by config::load).
     if (model.batch_rows_max() < config.batch.train_micro_batch_size_per_gpu) {
-        return Status::invalid_argument(str_cat(
-            "train_micro_batch_size_per_gpu: ", config.batch.train_micro_batch_size_per_gpu,
-            " exceeds the model's batch_rows_max ", model.batch_rows_max()));
+        return Status::invalid_argument(
+            str_cat("train_micro_batch_size_per_gpu: ", config.batch.train_micro_batch_size_per_gpu,
+                    " exceeds the model's batch_rows_max ", model.batch_rows_max()));
     }
     ZINF_TRY(engine::check_scheduler(config.scheduler));
     // One config serves every rank: each rank swaps under its own subdirectory.
@@ -154,8 +153,8 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
     ZINF_TRY(kernels::validate(plan.optimizer));
     ZINF_ASSIGN_OR_RETURN(auto kernel,
                           kernels::OptimizerKernel::create(plan.cpu_isa, plan.cpu_threads));
-    ZINF_ASSIGN_OR_RETURN(auto part, zero::Partitioning::create(in.parameter_numels,
-                                                                in.world_size, in.rank));
+    ZINF_ASSIGN_OR_RETURN(auto part,
+                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
     ZINF_TRY(e->build(part));
@@ -195,11 +194,12 @@ Status Engine::build(const zero::Partitioning& part) {
     const std::size_t rows = config_.batch.train_micro_batch_size_per_gpu;
     const model::BatchShape shape = model_.batch_shape();
     batch_rows_max_ = rows;
-    ZINF_ASSIGN_OR_RETURN(inputs_device_, DeviceBuffer::allocate(device_, rows * shape.input_numel * 4,
-                                                                 "batch inputs"));
-    ZINF_ASSIGN_OR_RETURN(labels_device_,
-                          DeviceBuffer::allocate(device_, rows * shape.label_numel * 4,
-                                                 "batch labels"));
+    ZINF_ASSIGN_OR_RETURN(
+        inputs_device_,
+        DeviceBuffer::allocate(device_, rows * shape.input_numel * 4, "batch inputs"));
+    ZINF_ASSIGN_OR_RETURN(
+        labels_device_,
+        DeviceBuffer::allocate(device_, rows * shape.label_numel * 4, "batch labels"));
     ZINF_ASSIGN_OR_RETURN(correct_device_,
                           DeviceBuffer::allocate(device_, sizeof(std::uint64_t), "accuracy"));
     return Status::ok();
@@ -217,9 +217,10 @@ void Engine::initial_master(std::size_t offset, std::span<float> out) const {
         const std::size_t lo = std::max(offset, at);
         const std::size_t hi = std::min(end, at + valid);
         if (lo >= hi) continue;
-        const std::size_t first = coordinator_->plan().optimizer_partitioned
-                                      ? static_cast<std::size_t>(part.rank()) * part.slot(i).slice_numel
-                                      : 0;
+        const std::size_t first =
+            coordinator_->plan().optimizer_partitioned
+                ? static_cast<std::size_t>(part.rank()) * part.slot(i).slice_numel
+                : 0;
         model::initial_values(registry.info(static_cast<model::ParamId>(i)), config_.seed,
                               first + (lo - at), out.subspan(lo - offset, hi - lo));
     }
@@ -231,9 +232,9 @@ Status Engine::init_states() {
     ZINF_ASSERT_EQ(coordinator_->domain().numel, plan_.domain_numel);
     ZINF_ASSIGN_OR_RETURN(optimizer_io_, engine::OptimizerIo::create(plan_, *coordinator_, device_,
                                                                      gradient_swap_.get()));
-    ZINF_ASSIGN_OR_RETURN(states_, engine::make_state_store(
-                                       plan_, device_, kernel_,
-                                       offload_ ? offload_->optimizer() : nullptr));
+    ZINF_ASSIGN_OR_RETURN(states_,
+                          engine::make_state_store(plan_, device_, kernel_,
+                                                   offload_ ? offload_->optimizer() : nullptr));
     FnParamSource source(
         [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
     return states_->initialize(source);
@@ -303,16 +304,18 @@ Result<std::string> Engine::memory_table() const {
     std::vector<std::uint64_t> all(5 * ws);
     ZINF_TRY(communicator_.all_gather_host(std::as_bytes(std::span(mine)),
                                            std::as_writable_bytes(std::span(all))));
-    std::string s = str_cat("\n  model states per rank (seed formulas, stage ", a.stage, ", N = ",
-                            a.world_size, ", Ψ = ", a.model_numel, ", b = ", a.b, ", K = ", a.k,
-                            "): parameters ", mib3(a.formula_parameters),
-                            ", gradients ", mib3(a.formula_gradients),
-                            ", optimizer states ", mib3(a.formula_states));
+    std::string s =
+        str_cat("\n  model states per rank (seed formulas, stage ", a.stage, ", N = ", a.world_size,
+                ", Ψ = ", a.model_numel, ", b = ", a.b, ", K = ", a.k, "): parameters ",
+                mib3(a.formula_parameters), ", gradients ", mib3(a.formula_gradients),
+                ", optimizer states ", mib3(a.formula_states));
     for (std::size_t r = 0; r < ws; ++r) {
         const std::uint64_t* v = all.data() + 5 * r;
-        s += str_cat("\n    rank ", r, ": parameters ", mib3(static_cast<double>(v[0])), ", gradients ", mib3(static_cast<double>(v[2])),
-                     ", optimizer states ", mib3(static_cast<double>(v[4])));
-        if (v[1] > 0) s += str_cat(" + a parameter partition copy ", mib3(static_cast<double>(v[1])));
+        s += str_cat("\n    rank ", r, ": parameters ", mib3(static_cast<double>(v[0])),
+                     ", gradients ", mib3(static_cast<double>(v[2])), ", optimizer states ",
+                     mib3(static_cast<double>(v[4])));
+        if (v[1] > 0)
+            s += str_cat(" + a parameter partition copy ", mib3(static_cast<double>(v[1])));
         if (v[3] > 0) {
             s += str_cat(" + the reduced gradient slices ", mib3(static_cast<double>(v[3])));
         }
@@ -322,23 +325,22 @@ Result<std::string> Engine::memory_table() const {
 
 Status Engine::build_summary() {
     const auto& part = coordinator_->partitioning();
-    std::string s = str_cat(
-        "zinfinity engine: ", optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
-        kernels::isa_name(kernel_.isa()), ", ", kernel_.threads(), " threads), lr ",
-        exact(config_.optimizer.lr), "; model ", model_.name(), "; ZeRO stage ", plan_.stage,
-        " over ", part.world_size(), " rank(s) (", communicator_.name(), ")");
+    std::string s =
+        str_cat("zinfinity engine: ", optimizer_kind_name(plan_.optimizer.kind), " (cpu kernel ",
+                kernels::isa_name(kernel_.isa()), ", ", kernel_.threads(), " threads), lr ",
+                exact(config_.optimizer.lr), "; model ", model_.name(), "; ZeRO stage ",
+                plan_.stage, " over ", part.world_size(), " rank(s) (", communicator_.name(), ")");
     if (config_.fp16.enabled) {
         s += str_cat("; loss scale ", exact(scaler_.scale()),
                      scaler_.dynamic() ? " (dynamic)" : " (static)");
     }
-    s += str_cat("\n", plan_.describe(), "\n  optimizer states held: ",
-                 mib(states_->state_bytes()), " (", engine::home_name(states_->home()), ")");
+    s += str_cat("\n", plan_.describe(), "\n  optimizer states held: ", mib(states_->state_bytes()),
+                 " (", engine::home_name(states_->home()), ")");
     if (offload_) s += offload_->summary();
     s += str_cat("\n  device ", device_.name(), ": budget ", mib(device_.budget_bytes()),
                  ", in use ", mib(device_.used_bytes()), "\n  batch: train_batch_size ",
                  train_batch_size(), " = micro ", train_micro_batch_size_per_gpu(),
-                 " x accumulation ", gradient_accumulation_steps(), " x world ",
-                 part.world_size());
+                 " x accumulation ", gradient_accumulation_steps(), " x world ", part.world_size());
     if (config_.gradient_clipping > 0) {
         s += str_cat("; gradient clipping ", exact(config_.gradient_clipping));
     }
@@ -352,8 +354,9 @@ void Engine::set_io_discard(bool on) {
     if (offload_) offload_->set_io_discard(on);
     model_.set_io_discard(on);
     if (io_discard_ && !on) {
-        broken_ = "steps ran with their I/O discarded (set_io_discard: the compute-only pass of "
-                  "--measure-overlap), so the states are not the trained ones";
+        broken_ =
+            "steps ran with their I/O discarded (set_io_discard: the compute-only pass of "
+            "--measure-overlap), so the states are not the trained ones";
     }
     io_discard_ = on;
 }
@@ -389,8 +392,7 @@ Status Engine::stage_batch(const Batch& batch) {
         ZINF_ASSERT_EQ(batch.tokens.size(), batch.rows * shape.input_numel);
         inputs = std::as_bytes(batch.tokens);
     }
-    ZINF_TRY(device_.copy_to_device(inputs_device_.data(), inputs.data(), inputs.size(),
-                                    stream()));
+    ZINF_TRY(device_.copy_to_device(inputs_device_.data(), inputs.data(), inputs.size(), stream()));
     ZINF_TRY(device_.copy_to_device(labels_device_.data(), batch.labels.data(),
                                     batch.labels.size_bytes(), stream()));
     // The copies read the caller's batch, which it may free or refill as soon as forward,
@@ -415,8 +417,8 @@ Result<float> Engine::forward(const Batch& batch) {
         in_iteration_ = true;
     }
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
-    Status fwd = model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(),
-                                batch.rows);
+    Status fwd =
+        model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(), batch.rows);
     Result<float> loss = fwd.is_ok() ? model_.read_loss(stream()) : Result<float>(fwd);
     if (!loss.has_value()) {
         end_iteration_if_open();
@@ -474,7 +476,8 @@ Result<kernels::GradStats> Engine::gradient_stats() {
             partials.back() += static_cast<double>(gradient_swap_->nonfinite_chunks(p));
         }
         if (ws > 1) {
-            ZINF_TRY(zero::sum_over_ranks(communicator_, partials).with_context("gradient norm over ranks"));
+            ZINF_TRY(zero::sum_over_ranks(communicator_, partials)
+                         .with_context("gradient norm over ranks"));
         }
         kernels::GradStats total;
         for (std::size_t k = 0; k < params * ws; ++k) total.sum_squares += partials[k];
@@ -486,8 +489,8 @@ Result<kernels::GradStats> Engine::gradient_stats() {
         double sum = 0.0;
         for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
             const std::size_t len = std::min(kNormChunkNumel, n - at);
-            const auto s = kernel_.grad_stats(
-                kernels::GradView{grads + (offset + at) * eb, len, d.dtype});
+            const auto s =
+                kernel_.grad_stats(kernels::GradView{grads + (offset + at) * eb, len, d.dtype});
             if (s.has_inf_nan) partials.back() += 1.0;
             sum += s.sum_squares;
         }
@@ -506,7 +509,8 @@ Result<kernels::GradStats> Engine::gradient_stats() {
         }
     }
     if (partitioned && ws > 1) {
-        ZINF_TRY(zero::sum_over_ranks(communicator_, partials).with_context("gradient norm over ranks"));
+        ZINF_TRY(
+            zero::sum_over_ranks(communicator_, partials).with_context("gradient norm over ranks"));
     }
     kernels::GradStats total;
     for (std::size_t k = 0; k < params * ws; ++k) total.sum_squares += partials[k];
@@ -639,8 +643,7 @@ Result<Engine::BatchEvaluation> Engine::evaluate_with_loss(const Batch& batch) {
     const model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, false};
     ZINF_TRY(model_.count_correct(ctx, correct_device_.as<std::uint64_t>(), false));
     BatchEvaluation e;
-    ZINF_TRY(device_.copy_to_host(&e.correct, correct_device_.data(), sizeof e.correct,
-                                  stream()));
+    ZINF_TRY(device_.copy_to_host(&e.correct, correct_device_.data(), sizeof e.correct, stream()));
     ZINF_ASSIGN_OR_RETURN(e.loss, model_.read_loss(stream()));  // synchronizes the stream
     ZINF_TRY(coordinator_->end_evaluation(stream()));
     return e;

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/optimizer.h"
 #include "io/file_system.h"
+#include "kernels/optimizer.h"
 #include "src/base/compute.h"
 #include "src/base/config.h"
 #include "src/base/device.h"
@@ -42,8 +42,8 @@ struct Batch {
     Batch(std::span<const float> inputs_, std::span<const std::int32_t> labels_,
           std::size_t rows_) noexcept
         : inputs(inputs_), labels(labels_), rows(rows_) {}
-    static Batch of_tokens(std::span<const std::int32_t> tokens, std::span<const std::int32_t> labels,
-                           std::size_t rows) noexcept {
+    static Batch of_tokens(std::span<const std::int32_t> tokens,
+                           std::span<const std::int32_t> labels, std::size_t rows) noexcept {
         Batch b;
         b.tokens = tokens;
         b.labels = labels;
@@ -269,8 +269,8 @@ private:
     Status find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
                        const std::string& nonce) const;
     Status load_states(const engine::CheckpointReader& r);
-    Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
-                              int saved_world, int saved_stage);
+    Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards, int saved_world,
+                              int saved_stage);
     Result<std::vector<engine::CheckpointReader>> open_shards(const std::string& dir,
                                                               const std::string& tag,
                                                               int& saved_world,

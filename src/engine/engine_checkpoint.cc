@@ -47,7 +47,9 @@ std::string hex64(std::uint64_t v) {
     return buf;
 }
 
-std::string shard_name(int rank) { return "rank" + std::to_string(rank); }
+std::string shard_name(int rank) {
+    return "rank" + std::to_string(rank);
+}
 
 // Where a saved domain put each parameter: the layout of (world size, stage) on one rank.
 struct SavedLayout {
@@ -91,7 +93,8 @@ public:
 private:
     Status skip_to(std::uint64_t offset) {
         while (pos_ < offset) {
-            const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(offset - pos_, 1 << 20));
+            const auto n =
+                static_cast<std::size_t>(std::min<std::uint64_t>(offset - pos_, 1 << 20));
             if (scratch_.size() < n) scratch_.resize(n);
             ZINF_TRY(file_.read(std::span(scratch_).first(n)));
             pos_ += n;
@@ -126,7 +129,8 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
-    ZINF_ASSIGN_OR_RETURN(auto fp, w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
+    ZINF_ASSIGN_OR_RETURN(auto fp,
+                          w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const auto piece = std::span<std::byte>(params.data(), states_->chunk_length(k) * eb);
         ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, piece, stream()));
@@ -175,8 +179,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
     for (std::size_t p = 0; p < part.parameter_count(); ++p) numels.push_back(part.slot(p).numel);
     ZINF_ASSIGN_OR_RETURN(auto saved_part, zero::Partitioning::create(numels, saved_world, 0));
     SavedLayout saved{std::move(saved_part), saved_stage >= 1, saved_stage >= 1 ? saved_world : 1};
-    const std::uint64_t saved_domain = saved.partitioned ? saved.part.partition_numel()
-                                                         : saved.part.full_numel();
+    const std::uint64_t saved_domain =
+        saved.partitioned ? saved.part.partition_numel() : saved.part.full_numel();
     const engine::StateLayout layout = states_->layout();
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::string param_file = "parameters." + std::string(dtype_name(plan_.dtype));
@@ -202,7 +206,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
         for (std::size_t i = 0; i < n_states; ++i) {
             std::fill(state_span(c, i).begin(), state_span(c, i).end(), 0.0f);
         }
-        std::fill(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(len * eb), std::byte{0});
+        std::fill(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(len * eb),
+                  std::byte{0});
         for (std::size_t p = 0; p < part.parameter_count(); ++p) {
             // This rank's real elements of p: [first, first + count) at domain offset `at`.
             const auto& s = part.slot(p);
@@ -229,7 +234,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
             begin, std::span<const std::byte>(params.data(), len * eb), stream()));
     }
     for (std::size_t f = 0; f <= n_states; ++f) {
-        for (std::size_t k = 0; k < cursors[f].size(); ++k) ZINF_TRY(cursors[f][k].finish(shards[k]));
+        for (std::size_t k = 0; k < cursors[f].size(); ++k)
+            ZINF_TRY(cursors[f][k].finish(shards[k]));
     }
     return Status::ok();
 }
@@ -364,8 +370,8 @@ Status Engine::commit_sharded_save(engine::CheckpointWriter& top, const std::str
 Status Engine::find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
                            const std::string& nonce) const {
     for (int r = 0; r < communicator_.world_size(); ++r) {
-        auto shard = engine::CheckpointReader::open(file_system(), str_cat(dir, "/", temp),
-                                                  shard_name(r));
+        auto shard =
+            engine::CheckpointReader::open(file_system(), str_cat(dir, "/", temp), shard_name(r));
         Result<std::string> got =
             shard.has_value() ? shard->get("checkpoint_nonce") : Result<std::string>(shard.error());
         if (got.has_value() && *got == nonce) continue;
@@ -424,7 +430,8 @@ Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layou
     ZINF_TRY(expect("dtype", std::string(dtype_name(plan_.dtype))));
     ZINF_TRY(expect("optimizer", std::string(optimizer_kind_name(plan_.optimizer.kind))));
     // Checkpoints from before amsgrad existed have no such key: they had none.
-    if (r.get("amsgrad").has_value()) ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
+    if (r.get("amsgrad").has_value())
+        ZINF_TRY(expect("amsgrad", plan_.optimizer.amsgrad ? "1" : "0"));
     ZINF_ASSIGN_OR_RETURN(auto digest, r.get("config_digest"));
     const auto own = hex64(engine::checksum(std::as_bytes(
         std::span<const char>(config_.canonical_json.data(), config_.canonical_json.size()))));
@@ -490,8 +497,8 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
     ZINF_ASSIGN_OR_RETURN(auto shards, top.get_u64("shards"));
     ZINF_ASSIGN_OR_RETURN(auto nonce, top.get("checkpoint_nonce"));
     if (shards != world) {
-        return Status::corruption(str_cat("checkpoint ", top.path(), ": ", shards,
-                                          " shards for world size ", world));
+        return Status::corruption(
+            str_cat("checkpoint ", top.path(), ": ", shards, " shards for world size ", world));
     }
     // The same layout needs only this rank's shard; any other all of them (stage 0: one).
     const bool same = saved_world == communicator_.world_size() &&
@@ -499,8 +506,8 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
     const int from = same ? communicator_.rank() : 0;
     const int to = same ? from + 1 : (saved_stage >= 1 ? saved_world : 1);
     for (int r = from; r < to; ++r) {
-        ZINF_ASSIGN_OR_RETURN(auto shard,
-                              engine::CheckpointReader::open(file_system(), top.path(), shard_name(r)));
+        ZINF_ASSIGN_OR_RETURN(
+            auto shard, engine::CheckpointReader::open(file_system(), top.path(), shard_name(r)));
         ZINF_ASSIGN_OR_RETURN(auto got, shard.get("checkpoint_nonce"));
         if (got != nonce) {
             return Status::corruption(str_cat("checkpoint ", shard.path(),
@@ -520,16 +527,18 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     auto shards = open_shards(dir, tag, saved_world, saved_stage);
     const bool same_layout = saved_world == communicator_.world_size() &&
                              (saved_stage >= 1) == coordinator_->plan().optimizer_partitioned;
-    Status checked = shards.has_value() ? check_loadable(shards->front(), same_layout)
-                                        : shards.error();
+    Status checked =
+        shards.has_value() ? check_loadable(shards->front(), same_layout) : shards.error();
     // Every rank loads, or none does: a rank that cannot read its shard stops them all here,
     // before any state changes.
-    ZINF_ASSIGN_OR_RETURN(auto refused, zero::gather_over_ranks(communicator_, checked.is_ok() ? 0 : 1));
+    ZINF_ASSIGN_OR_RETURN(auto refused,
+                          zero::gather_over_ranks(communicator_, checked.is_ok() ? 0 : 1));
     if (!checked.is_ok()) return checked;
     for (int r = 0; r < communicator_.world_size(); ++r) {
         if (refused[r] == 0) continue;
-        return Status::invalid_argument(str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
-                                                " cannot load it (its error names why); not loaded"));
+        return Status::invalid_argument(
+            str_cat("checkpoint ", dir, "/", tag, ": rank ", r,
+                    " cannot load it (its error names why); not loaded"));
     }
     // From here on a failure leaves states half-restored.
     Status s = same_layout ? load_states(shards->front())
@@ -537,14 +546,15 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     // publish_parameters is a collective: every rank enters it, or none does.
     ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
     if (s.is_ok() && any_failed) {
-        s = Status::io_error("checkpoint " + dir + "/" + tag + ": another rank failed to load its states",
-                             EIO);
+        s = Status::io_error(
+            "checkpoint " + dir + "/" + tag + ": another rank failed to load its states", EIO);
     }
     if (s.is_ok()) s = coordinator_->publish_parameters(stream());
     if (s.is_ok()) s = device_.synchronize(stream());
     if (s.is_ok()) s = restore_counters(shards->front());
     if (!s.is_ok()) {
-        broken_ = "loading checkpoint " + dir + "/" + tag + " failed part-way (" + s.to_string() + ")";
+        broken_ =
+            "loading checkpoint " + dir + "/" + tag + " failed part-way (" + s.to_string() + ")";
         return s;
     }
     broken_.clear();

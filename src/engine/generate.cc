@@ -15,9 +15,9 @@ Result<std::string> generate(Engine& engine, std::string_view prompt,
     const model::BatchShape shape = engine.model().batch_shape();
     if (shape.input_kind != model::InputKind::kInt32 || shape.classes != 256 ||
         shape.label_numel != shape.input_numel) {
-        return Status::invalid_argument(str_cat(
-            "--generate: needs a byte-level language model (model.type \"gpt\"), not \"",
-            engine.model().name(), "\""));
+        return Status::invalid_argument(
+            str_cat("--generate: needs a byte-level language model (model.type \"gpt\"), not \"",
+                    engine.model().name(), "\""));
     }
     if (prompt.empty()) return Status::invalid_argument("--generate: the prompt is empty");
     if (!(options.temperature >= 0.0)) {

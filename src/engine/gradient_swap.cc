@@ -12,7 +12,6 @@ namespace {
 
 constexpr std::size_t kWriteSlots = 4;
 
-
 }  // namespace
 
 Status reserve_gradient_partitions(swap::SwapStore& store, const zero::Partitioning& part,
@@ -53,8 +52,7 @@ std::size_t GradientSwap::slice_bytes(std::size_t i) const noexcept {
 
 Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& store,
                                                            const zero::Partitioning& part,
-                                                           DType dtype,
-                                                           std::size_t sub_group_numel,
+                                                           DType dtype, std::size_t sub_group_numel,
                                                            Device& device,
                                                            const kernels::OptimizerKernel& kernel) {
     ZINF_ASSERT_GT(sub_group_numel, 0u);
@@ -78,11 +76,13 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
     g->order_.reserve(params);
     // The buffers that NVMe I/O moves are in huge pages where the kernel has them (see
     // advise_huge_pages).
-    ZINF_ASSIGN_OR_RETURN(g->ahead_, AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
+    ZINF_ASSIGN_OR_RETURN(g->ahead_,
+                          AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
     g->host_bytes_ += g->ahead_.size();
     g->writes_ = std::vector<WriteSlot>(kWriteSlots);
     for (WriteSlot& w : g->writes_) {
-        ZINF_ASSIGN_OR_RETURN(w.buffer, AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
+        ZINF_ASSIGN_OR_RETURN(w.buffer,
+                              AlignedBuffer::allocate_for_io(std::max<std::size_t>(largest, 64)));
         g->host_bytes_ += w.buffer.size();
     }
     // The read buffers: the largest run of covered partitions (staging, with the alignment
@@ -93,9 +93,10 @@ Result<std::unique_ptr<GradientSwap>> GradientSwap::create(swap::SwapStore& stor
         const std::uint64_t n = std::min<std::uint64_t>(sub_group_numel, domain - off);
         std::size_t first = 0, last = 0;
         g->covering(off, n, first, last);
-        staging = std::max<std::size_t>(
-            staging, store.run_bytes(g->partition(first), g->partition(last)));
-        const std::size_t end = part.slot(last).partition_offset_numel + part.slot(last).slice_numel;
+        staging = std::max<std::size_t>(staging,
+                                        store.run_bytes(g->partition(first), g->partition(last)));
+        const std::size_t end =
+            part.slot(last).partition_offset_numel + part.slot(last).slice_numel;
         contiguous = std::max(contiguous, (end - part.slot(first).partition_offset_numel) * g->eb_);
         runs = std::max(runs, last - first + 1);
     }
@@ -113,9 +114,8 @@ void GradientSwap::covering(std::uint64_t offset, std::uint64_t numel, std::size
                             std::size_t& last) const noexcept {
     const std::size_t params = part_.parameter_count();
     first = 0;
-    while (first + 1 < params && part_.slot(first).partition_offset_numel +
-                                         part_.slot(first).slice_numel <=
-                                     offset) {
+    while (first + 1 < params &&
+           part_.slot(first).partition_offset_numel + part_.slot(first).slice_numel <= offset) {
         ++first;
     }
     last = first;
@@ -130,8 +130,7 @@ void GradientSwap::take_partial(std::size_t i, const std::byte* values) {
     std::size_t nonfinite = 0;
     for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
         const std::size_t len = std::min(kNormChunkNumel, n - at);
-        const auto s =
-            kernel_.grad_stats(kernels::GradView{values + at * eb_, len, dtype_});
+        const auto s = kernel_.grad_stats(kernels::GradView{values + at * eb_, len, dtype_});
         if (s.has_inf_nan) ++nonfinite;
         sum += s.sum_squares;
     }
@@ -384,7 +383,8 @@ Status GradientSwap::finish_read(ReadSlot& slot) {
     const std::uint64_t base = store_.extent(partition(slot.first_param)).offset_bytes;
     const std::size_t origin = part_.slot(slot.first_param).partition_offset_numel;
     for (std::size_t i = slot.first_param; i <= slot.last_param; ++i) {
-        std::byte* to = slot.contiguous.data() + (part_.slot(i).partition_offset_numel - origin) * eb_;
+        std::byte* to =
+            slot.contiguous.data() + (part_.slot(i).partition_offset_numel - origin) * eb_;
         if (on_disk_[i] == OnDisk::kStored) {
             const std::uint64_t at = store_.extent(partition(i)).offset_bytes - base;
             std::memcpy(to, slot.staging.data() + at, slice_bytes(i));
@@ -420,7 +420,8 @@ Result<std::span<const std::byte>> GradientSwap::gradients(std::uint64_t offset_
                 (void)ignored;
             }
             other.handles_used = 0;
-            ZINF_TRY(start_read(other, next, std::min<std::uint64_t>(sub_group_numel_, domain - next)));
+            ZINF_TRY(
+                start_read(other, next, std::min<std::uint64_t>(sub_group_numel_, domain - next)));
         }
         next_read_ = slot == &reads_[0] ? 0 : 1;
     }

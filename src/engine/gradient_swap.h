@@ -50,9 +50,8 @@ public:
     // `kernel` are borrowed and outlive the swap. Allocates the buffers (their bytes:
     // host_bytes()). Stages 2-3 of one rank's partition layout.
     static Result<std::unique_ptr<GradientSwap>> create(swap::SwapStore& store,
-                                                        const zero::Partitioning& part,
-                                                        DType dtype, std::size_t sub_group_numel,
-                                                        Device& device,
+                                                        const zero::Partitioning& part, DType dtype,
+                                                        std::size_t sub_group_numel, Device& device,
                                                         const kernels::OptimizerKernel& kernel);
     ~GradientSwap() override;
     GradientSwap(const GradientSwap&) = delete;

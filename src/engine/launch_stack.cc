@@ -49,8 +49,9 @@ CommunicatorResult make_nccl_communicator(const config::EngineConfig& config, De
 #ifdef ZINF_ENGINE_HAVE_NCCL_MPI
     auto& cuda = static_cast<device::CudaDevice&>(device);
     if (config.comm.deterministic) {
-        log::warning("comm.deterministic: not implemented for GPU ranks (NCCL orders its "
-                     "reductions itself); ignored");
+        log::warning(
+            "comm.deterministic: not implemented for GPU ranks (NCCL orders its "
+            "reductions itself); ignored");
     }
     zero::NcclCommunicatorOptions no;
     if (config.comm.timeout_s > 0) no.barrier_timeout = std::chrono::seconds(config.comm.timeout_s);

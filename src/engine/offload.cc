@@ -1,8 +1,6 @@
 // Offload: host and NVMe homes of parameter partitions and optimizer states.
 #include "src/engine/offload.h"
 
-#include "src/engine/gradient_swap.h"
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +9,7 @@
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
+#include "src/engine/gradient_swap.h"
 
 namespace zinf::engine {
 namespace {
@@ -20,8 +19,8 @@ namespace {
 Status check_paths(const std::vector<std::string>& paths, const std::string& key) {
     for (const auto& p : paths) {
         // Refused here, naming the key, before anything is allocated; RunDir checks again.
-        ZINF_TRY(io::open_trusted_directory(io::posix_file_system(), p, key, /*create=*/true)
-                     .status());
+        ZINF_TRY(
+            io::open_trusted_directory(io::posix_file_system(), p, key, /*create=*/true).status());
     }
     return Status::ok();
 }
@@ -31,8 +30,8 @@ Status check_paths(const std::vector<std::string>& paths, const std::string& key
 Status check_swap_directories(const config::EngineConfig& config) {
     const auto& zc = config.zero;
     if (zc.offload_param.device == config::OffloadDevice::kNvme) {
-        ZINF_TRY(check_paths(zc.offload_param.nvme_path,
-                             "zero_optimization.offload_param.nvme_path"));
+        ZINF_TRY(
+            check_paths(zc.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path"));
     }
     if (zc.offload_optimizer.device == config::OffloadDevice::kNvme) {
         ZINF_TRY(check_paths(zc.offload_optimizer.nvme_path,
@@ -83,7 +82,9 @@ Result<const void*> HostPartitionStorage::begin_read(std::size_t index, StreamId
     return static_cast<const void*>(slice(index, 0, 0));
 }
 
-Status HostPartitionStorage::end_read(std::size_t, StreamId) { return Status::ok(); }
+Status HostPartitionStorage::end_read(std::size_t, StreamId) {
+    return Status::ok();
+}
 
 Status HostPartitionStorage::write(std::size_t index, std::size_t offset_bytes,
                                    std::span<const std::byte> bytes) {
@@ -113,8 +114,8 @@ TieredPartitionStorage::TieredPartitionStorage(tier::ResidencyManager& residency
 
 Result<const void*> TieredPartitionStorage::begin_read(std::size_t index, StreamId) {
     ZINF_ASSERT(written_[index]);
-    ZINF_ASSIGN_OR_RETURN(void* p, residency_.acquire(static_cast<tier::PartitionId>(index),
-                                                      tier::Tier::kDevice));
+    ZINF_ASSIGN_OR_RETURN(
+        void* p, residency_.acquire(static_cast<tier::PartitionId>(index), tier::Tier::kDevice));
     return static_cast<const void*>(p);
 }
 
@@ -135,8 +136,8 @@ Status TieredPartitionStorage::write(std::size_t index, std::size_t offset_bytes
         ZINF_ASSERT_LE(bytes.size(), staging_.size());
         std::memcpy(staging_.data(), bytes.data(), bytes.size());
         swap::SwapHandle handle;
-        ZINF_TRY(store_.swap_out(id, std::span<const std::byte>(staging_.data(), bytes.size()),
-                                 handle));
+        ZINF_TRY(
+            store_.swap_out(id, std::span<const std::byte>(staging_.data(), bytes.size()), handle));
         ZINF_TRY(handle.wait());
         written_[index] = true;
         return Status::ok();
@@ -270,12 +271,12 @@ Status Offload::open_stores(const OffloadPlan& plan, const zero::Partitioning& p
                                   swap::SwapStore::create(*io_, plan.optimizer_store));
             optimizer_store_ = optimizer_store_own_.get();
         }
-        ZINF_ASSIGN_OR_RETURN(optimizer_pool_,
-                              swap::create_optimizer_pool(plan.optimizer_stack, *io_, &device,
-                                                          plan.optimizer_pool_registered_with_device));
-        ZINF_ASSIGN_OR_RETURN(auto swappers,
-                              swap::create_optimizer_swappers(plan.optimizer_stack, *optimizer_store_,
-                                                              *optimizer_pool_, kernel));
+        ZINF_ASSIGN_OR_RETURN(optimizer_pool_, swap::create_optimizer_pool(
+                                                   plan.optimizer_stack, *io_, &device,
+                                                   plan.optimizer_pool_registered_with_device));
+        ZINF_ASSIGN_OR_RETURN(
+            auto swappers, swap::create_optimizer_swappers(plan.optimizer_stack, *optimizer_store_,
+                                                           *optimizer_pool_, kernel));
         ZINF_ASSERT_EQ(swappers.size(), std::size_t{1});
         optimizer_ = std::move(swappers.front());
         if (plan.gradients == Home::kNvme) {
@@ -300,8 +301,8 @@ Status Offload::build_parameter_tiers(const OffloadPlan& plan, const zero::Parti
     po.allow_unlocked = true;  // a warning, and the host tier works unlocked
     po.lock = plan.lock_parameter_host_tier;
     ZINF_ASSIGN_OR_RETURN(host_tier_, swap::PinnedPool::create(po));
-    ZINF_ASSIGN_OR_RETURN(mover_, tier::StoreMover::create(*param_store_, &device,
-                                                           host_tier_->region(), plan.mover));
+    ZINF_ASSIGN_OR_RETURN(
+        mover_, tier::StoreMover::create(*param_store_, &device, host_tier_->region(), plan.mover));
     ZINF_ASSIGN_OR_RETURN(residency_,
                           tier::ResidencyManager::create(plan.residency, *mover_, &device));
     for (std::size_t i = 0; i < part.parameter_count(); ++i) {
@@ -311,8 +312,8 @@ Status Offload::build_parameter_tiers(const OffloadPlan& plan, const zero::Parti
     }
     ZINF_ASSIGN_OR_RETURN(auto staging, AlignedBuffer::allocate(align_up(
                                             plan.largest_partition_numel * eb, kPageBytes)));
-    auto tiered = std::make_unique<TieredPartitionStorage>(*residency_, *param_store_, device,
-                                                           part, plan.dtype, std::move(staging));
+    auto tiered = std::make_unique<TieredPartitionStorage>(*residency_, *param_store_, device, part,
+                                                           plan.dtype, std::move(staging));
     tiered_ = tiered.get();
     parameters_ = std::move(tiered);
     return Status::ok();
@@ -327,8 +328,7 @@ OffloadFigures Offload::figures() const {
         f.faults_injected = s.faults_injected;
     }
     if (residency_) {
-        f.stall_seconds +=
-            std::chrono::duration<double>(residency_->stats().stall_time).count();
+        f.stall_seconds += std::chrono::duration<double>(residency_->stats().stall_time).count();
     }
     return f;
 }
@@ -348,6 +348,8 @@ void Offload::set_io_discard(bool on) noexcept {
     if (io_) io_->set_discard(on);
 }
 
-std::uint64_t Offload::io_ops_discarded() const { return io_ ? io_->stats().ops_discarded : 0; }
+std::uint64_t Offload::io_ops_discarded() const {
+    return io_ ? io_->stats().ops_discarded : 0;
+}
 
 }  // namespace zinf::engine

@@ -15,8 +15,8 @@
 #include "io/engine.h"
 #include "kernels/optimizer.h"
 #include "src/base/aligned.h"
-#include "src/base/device.h"
 #include "src/base/config.h"
+#include "src/base/device.h"
 #include "src/base/dtype.h"
 #include "src/base/status.h"
 #include "src/engine/offload_plan.h"
@@ -99,7 +99,7 @@ private:
     Device& device_;
     zero::Partitioning part_;
     DType dtype_;
-    AlignedBuffer staging_;     // first writes: one slice, aligned for O_DIRECT
+    AlignedBuffer staging_;      // first writes: one slice, aligned for O_DIRECT
     std::vector<bool> written_;  // a first whole write reached the store
 };
 

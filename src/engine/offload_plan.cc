@@ -13,9 +13,12 @@ constexpr std::size_t kPageBytes = 4096;
 
 Home home_of(config::OffloadDevice device) noexcept {
     switch (device) {
-        case config::OffloadDevice::kNone: return Home::kDevice;
-        case config::OffloadDevice::kCpu: return Home::kHost;
-        case config::OffloadDevice::kNvme: return Home::kNvme;
+        case config::OffloadDevice::kNone:
+            return Home::kDevice;
+        case config::OffloadDevice::kCpu:
+            return Home::kHost;
+        case config::OffloadDevice::kNvme:
+            return Home::kNvme;
     }
     return Home::kDevice;
 }
@@ -49,10 +52,10 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
     const std::size_t eb = dtype_size_bytes(plan.dtype);
     const std::size_t largest = plan.largest_partition_numel;
     if (op.buffer_size_numel < largest) {
-        return Status::invalid_argument(str_cat(
-            "zero_optimization.offload_param.buffer_size: ", op.buffer_size_numel,
-            " elements is smaller than the largest parameter partition (", largest,
-            " elements); raise it to at least that"));
+        return Status::invalid_argument(
+            str_cat("zero_optimization.offload_param.buffer_size: ", op.buffer_size_numel,
+                    " elements is smaller than the largest parameter partition (", largest,
+                    " elements); raise it to at least that"));
     }
     if (op.buffer_count < 2) {
         return Status::invalid_argument(
@@ -60,17 +63,17 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
                     "; at least 2 buffers are needed (one in use, one arriving)"));
     }
     if (op.max_in_cpu_numel < 2 * largest) {
-        return Status::invalid_argument(str_cat(
-            "zero_optimization.offload_param.max_in_cpu: ", op.max_in_cpu_numel,
-            " elements cannot hold two of the largest parameter partitions (", largest,
-            " elements each); raise it to at least ", 2 * largest));
+        return Status::invalid_argument(
+            str_cat("zero_optimization.offload_param.max_in_cpu: ", op.max_in_cpu_numel,
+                    " elements cannot hold two of the largest parameter partitions (", largest,
+                    " elements each); raise it to at least ", 2 * largest));
     }
-    std::uint64_t host = align_up(static_cast<std::size_t>(std::min<std::uint64_t>(
-                                      static_cast<std::uint64_t>(op.buffer_count) *
-                                          op.buffer_size_numel,
-                                      op.max_in_cpu_numel)) *
-                                      eb,
-                                  kPageBytes);
+    std::uint64_t host =
+        align_up(static_cast<std::size_t>(std::min<std::uint64_t>(
+                     static_cast<std::uint64_t>(op.buffer_count) * op.buffer_size_numel,
+                     op.max_in_cpu_numel)) *
+                     eb,
+                 kPageBytes);
     // Host extents are page-aligned (O_DIRECT): tiny partitions take a page each.
     const std::uint64_t two_pages = 2 * align_up(largest * eb, kPageBytes);
     if (host < two_pages) {
@@ -85,10 +88,10 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
     const std::uint64_t device_tier =
         std::max<std::uint64_t>(two, std::min<std::uint64_t>(live, in.device_budget_bytes / 4));
     if (device_tier > in.device_budget_bytes / 2) {
-        return Status::invalid_argument(str_cat(
-            "device.memory_budget: ", in.device_budget_bytes,
-            " bytes cannot hold two of the largest parameter partitions (", two,
-            " bytes) in half of it; raise it to at least ", 2 * two));
+        return Status::invalid_argument(
+            str_cat("device.memory_budget: ", in.device_budget_bytes,
+                    " bytes cannot hold two of the largest parameter partitions (", two,
+                    " bytes) in half of it; raise it to at least ", 2 * two));
     }
     plan.parameter_host_tier_bytes = host;
     plan.parameter_device_tier_bytes = device_tier;
@@ -129,15 +132,19 @@ Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first
     plan.optimizer_store.paths = oo.nvme_path;
     plan.optimizer_store.verify_checksums = config.swap.verify_checksums;
     plan.optimizer_store.name = "optimizer";
-    plan.stores_shared = plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
+    plan.stores_shared =
+        plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
     return Status::ok();
 }
 
 io::DirectMode direct_mode(config::Tristate t) noexcept {
     switch (t) {
-        case config::Tristate::kAuto: return io::DirectMode::kAuto;
-        case config::Tristate::kOn: return io::DirectMode::kOn;
-        case config::Tristate::kOff: return io::DirectMode::kOff;
+        case config::Tristate::kAuto:
+            return io::DirectMode::kAuto;
+        case config::Tristate::kOn:
+            return io::DirectMode::kOn;
+        case config::Tristate::kOff:
+            return io::DirectMode::kOff;
     }
     return io::DirectMode::kAuto;
 }
@@ -154,9 +161,9 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     // that is registered host memory outside the budget, read in place by the optimizer. Whether
     // it streams to NVMe instead is decided once the pinned buffers are sized
     // (choose_gradient_home).
-    const bool host_gradients = plan.stage_plan.optimizer_partitioned && cpu_device &&
-                                (plan.parameters_offloaded() ||
-                                 plan.optimizer_states == Home::kNvme);
+    const bool host_gradients =
+        plan.stage_plan.optimizer_partitioned && cpu_device &&
+        (plan.parameters_offloaded() || plan.optimizer_states == Home::kNvme);
     plan.gradients = host_gradients ? Home::kHost : Home::kDevice;
     // The CPU optimizer reads gradients in host memory: a copy is made for host states (as
     // DeepSpeed's CPU offload keeps one), and for NVMe states on a GPU.
@@ -175,14 +182,15 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
     // the kernels' alignment; the NVMe swapper takes it as given), at most the domain. 0 is
     // DeepSpeed's "one parameter per sub-group": here, sub-groups of the largest partition.
-    const std::uint64_t sgs = zc.sub_group_size_numel != 0 ? zc.sub_group_size_numel
-                                                           : plan.largest_partition_numel;
+    const std::uint64_t sgs =
+        zc.sub_group_size_numel != 0 ? zc.sub_group_size_numel : plan.largest_partition_numel;
     plan.sub_group_numel =
         plan.optimizer_states == Home::kNvme
-            ? static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16),
-                                                               plan.domain_numel))
-            : std::min<std::size_t>(plan.domain_numel,
-                                    std::max<std::size_t>(16, static_cast<std::size_t>(sgs / 16 * 16)));
+            ? static_cast<std::size_t>(
+                  std::min<std::uint64_t>(std::max<std::uint64_t>(sgs, 16), plan.domain_numel))
+            : std::min<std::size_t>(
+                  plan.domain_numel,
+                  std::max<std::size_t>(16, static_cast<std::size_t>(sgs / 16 * 16)));
 
     zero::CoordinatorOptions& co = plan.coordinator;
     co.stage = zc.stage;
@@ -201,8 +209,7 @@ void choose_gradient_home(const config::EngineConfig& config, OffloadPlan& plan)
     const std::uint64_t bytes =
         static_cast<std::uint64_t>(plan.domain_numel) * dtype_size_bytes(plan.dtype);
     const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes();
-    const bool can_stream = plan.gradients == Home::kHost &&
-                            plan.optimizer_states == Home::kNvme &&
+    const bool can_stream = plan.gradients == Home::kHost && plan.optimizer_states == Home::kNvme &&
                             plan.stage_plan.gradients_partitioned;
     if (!can_stream) {
         if (plan.gradients == Home::kHost) plan.gradients_reason = "the optimizer reads them there";
@@ -272,9 +279,12 @@ config::AioConfig aio_config(const io::AioOptions& aio) {
 
 std::string_view home_name(Home home) noexcept {
     switch (home) {
-        case Home::kDevice: return "device";
-        case Home::kHost: return "cpu";
-        case Home::kNvme: return "nvme";
+        case Home::kDevice:
+            return "device";
+        case Home::kHost:
+            return "cpu";
+        case Home::kNvme:
+            return "nvme";
     }
     return "device";
 }
@@ -356,20 +366,20 @@ std::string OffloadPlan::describe() const {
                                               "produces them, read back per sub-group)"
                  : gradients == Home::kHost ? "host memory"
                                             : "device",
-                 gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "",
-                 ", ", format_bytes(domain_numel * eb), " in the optimizer domain");
+                 gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "", ", ",
+                 format_bytes(domain_numel * eb), " in the optimizer domain");
     if (!gradients_reason.empty()) s += str_cat(" (", gradients_reason, ")");
     s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " state",
-                 state_count == 2 ? "" : "s", optimizer.amsgrad ? " with amsgrad's maximum" : "", ", ",
-                 format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),
+                 state_count == 2 ? "" : "s", optimizer.amsgrad ? " with amsgrad's maximum" : "",
+                 ", ", format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),
                  "): ", home_name(optimizer_states), ", sub-groups of ", sub_group_numel,
                  " elements");
     if (optimizer_states == Home::kNvme) {
-        s += str_cat(" (", joined(optimizer_store.paths),
-                     stores_shared ? ", the parameters' store" : "", "; ",
-                     optimizer_stack.swappers[0].pipeline_read ? "pipelined reads" : "serial reads", ", ",
-                     optimizer_stack.swappers[0].pipeline_write ? "pipelined writes" : "serial writes",
-                     "; pinned ", format_bytes(optimizer_pinned_bytes()), ")");
+        s += str_cat(
+            " (", joined(optimizer_store.paths), stores_shared ? ", the parameters' store" : "",
+            "; ", optimizer_stack.swappers[0].pipeline_read ? "pipelined reads" : "serial reads",
+            ", ", optimizer_stack.swappers[0].pipeline_write ? "pipelined writes" : "serial writes",
+            "; pinned ", format_bytes(optimizer_pinned_bytes()), ")");
     }
     if (host_budget_bytes > 0) {
         s += str_cat("\n    host budget ", format_bytes(host_budget_bytes), ", pinned ",

@@ -76,14 +76,14 @@ struct OffloadPlan {
 
     // ---- sizes ----
     std::size_t model_numel = 0;
-    std::size_t domain_numel = 0;       // elements the optimizer updates on this rank
+    std::size_t domain_numel = 0;  // elements the optimizer updates on this rank
     std::size_t largest_partition_numel = 0;
-    std::size_t sub_group_numel = 0;    // the optimizer's (and the checkpoint's) unit of work
-    std::size_t state_count = 0;        // fp32 arrays per element: master + moments
+    std::size_t sub_group_numel = 0;  // the optimizer's (and the checkpoint's) unit of work
+    std::size_t state_count = 0;      // fp32 arrays per element: master + moments
     std::uint64_t parameter_host_tier_bytes = 0;    // offload_param nvme: pinned host tier
     std::uint64_t parameter_device_tier_bytes = 0;  // offload_param nvme: device tier
     std::uint64_t optimizer_pinned_bytes() const noexcept { return optimizer_stack.pinned_bytes; }
-    std::uint64_t host_budget_bytes = 0;            // device.host_memory_budget (0: none)
+    std::uint64_t host_budget_bytes = 0;  // device.host_memory_budget (0: none)
 
     // ---- options of the layers below, filled once here ----
     kernels::OptimizerParams optimizer;  // step, lr and grad_scale are set per step

@@ -55,13 +55,12 @@ Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config
     // swap files are.
     const int world = s.communicator->world_size();
     ZINF_ASSIGN_OR_RETURN(
-        s.model, engine::build_model(
-                     world > 1 ? engine::with_rank_swap_paths(config, s.communicator->rank())
-                               : config,
-                     *s.device));
-    ZINF_ASSIGN_OR_RETURN(s.engine,
-                          Engine::create(config, *s.model, *s.device, *s.compute, *s.communicator,
-                                         options));
+        s.model,
+        engine::build_model(
+            world > 1 ? engine::with_rank_swap_paths(config, s.communicator->rank()) : config,
+            *s.device));
+    ZINF_ASSIGN_OR_RETURN(s.engine, Engine::create(config, *s.model, *s.device, *s.compute,
+                                                   *s.communicator, options));
     return s;
 }
 

@@ -9,7 +9,6 @@
 namespace zinf::engine {
 namespace {
 
-
 // The states in one flat array each, in host-addressable memory: what the device and host
 // stores share. They differ only in where the arrays come from.
 class InMemoryStateStore : public StateStore {
@@ -103,12 +102,12 @@ public:
                                                       const kernels::OptimizerKernel& kernel) {
         ZINF_ASSERT(device.kind() == DeviceKind::kCpu);
         std::unique_ptr<DeviceStateStore> s(new DeviceStateStore(plan, kernel));
-        ZINF_TRY(s->allocate_arrays(s->arrays_, plan, "device", [&](DeviceBuffer& b,
-                                                                      std::size_t bytes,
-                                                                      const std::string& what) {
-            ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what.c_str()));
-            return device.fill_zero(b.data(), bytes, 0);
-        }));
+        ZINF_TRY(s->allocate_arrays(
+            s->arrays_, plan, "device",
+            [&](DeviceBuffer& b, std::size_t bytes, const std::string& what) {
+                ZINF_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(device, bytes, what.c_str()));
+                return device.fill_zero(b.data(), bytes, 0);
+            }));
         ZINF_TRY(device.synchronize(0));
         return std::unique_ptr<StateStore>(std::move(s));
     }
@@ -126,14 +125,14 @@ public:
     static Result<std::unique_ptr<StateStore>> create(const OffloadPlan& plan,
                                                       const kernels::OptimizerKernel& kernel) {
         std::unique_ptr<HostStateStore> s(new HostStateStore(plan, kernel));
-        ZINF_TRY(s->allocate_arrays(s->arrays_, plan, "host", [](AlignedBuffer& b,
-                                                                   std::size_t bytes,
-                                                                   const std::string& what) {
-            auto r = AlignedBuffer::allocate(bytes, kDefaultAlignmentBytes, /*zero_fill=*/true);
-            if (!r.has_value()) return r.error().with_context(what);
-            b = std::move(*r);
-            return Status::ok();
-        }));
+        ZINF_TRY(s->allocate_arrays(
+            s->arrays_, plan, "host",
+            [](AlignedBuffer& b, std::size_t bytes, const std::string& what) {
+                auto r = AlignedBuffer::allocate(bytes, kDefaultAlignmentBytes, /*zero_fill=*/true);
+                if (!r.has_value()) return r.error().with_context(what);
+                b = std::move(*r);
+                return Status::ok();
+            }));
         return std::unique_ptr<StateStore>(std::move(s));
     }
     Home home() const noexcept override { return Home::kHost; }
@@ -168,7 +167,8 @@ public:
     Status read_chunk(std::size_t k, const StateChunk& out) override {
         check_chunk(k, out);
         return swapper_.read_sub_group(
-            k, out.master, std::span<const std::span<float>>(out.moments.data(), layout().moment_count));
+            k, out.master,
+            std::span<const std::span<float>>(out.moments.data(), layout().moment_count));
     }
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
         check_chunk(k, in);
@@ -229,8 +229,10 @@ Result<std::unique_ptr<StateStore>> make_state_store(const OffloadPlan& plan, De
                                                      const kernels::OptimizerKernel& kernel,
                                                      swap::OptimizerSwapper* swapper) {
     switch (plan.optimizer_states) {
-        case Home::kDevice: return DeviceStateStore::create(plan, device, kernel);
-        case Home::kHost: return HostStateStore::create(plan, kernel);
+        case Home::kDevice:
+            return DeviceStateStore::create(plan, device, kernel);
+        case Home::kHost:
+            return HostStateStore::create(plan, kernel);
         case Home::kNvme:
             ZINF_ASSERT(swapper != nullptr);
             return std::unique_ptr<StateStore>(new NvmeStateStore(plan, *swapper));

@@ -168,7 +168,7 @@ private:
     DType dtype_;
     ParameterUpdate update_;
     bool copy_gradients_;
-    bool master_persists_;  // the stepped master stays in memory (not the NVMe store's buffer)
+    bool master_persists_;      // the stepped master stays in memory (not the NVMe store's buffer)
     AlignedBuffer host_grads_;  // the domain's gradients, when copied to host memory
     AlignedBuffer staging_;     // one chunk of new 16-bit parameters (kThroughCoordinator)
     const std::byte* grads_ = nullptr;

@@ -52,23 +52,23 @@ Batch batch_of(const data::DataSource& source, const HostBatch& b, std::size_t r
     return batch_of(source, b.inputs, b.tokens, b.labels, rows);
 }
 
-std::size_t fill(const data::Batcher& batcher, const data::DataSource& source,
-                 std::size_t index, std::vector<float>& inputs,
-                 std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& labels) {
+std::size_t fill(const data::Batcher& batcher, const data::DataSource& source, std::size_t index,
+                 std::vector<float>& inputs, std::vector<std::int32_t>& tokens,
+                 std::vector<std::int32_t>& labels) {
     return source.token_inputs() ? batcher.fill_tokens(index, tokens, labels)
                                  : batcher.fill(index, inputs, labels);
 }
-std::size_t fill(const data::Batcher& batcher, const data::DataSource& source,
-                 std::size_t index, HostBatch& b) {
+std::size_t fill(const data::Batcher& batcher, const data::DataSource& source, std::size_t index,
+                 HostBatch& b) {
     return fill(batcher, source, index, b.inputs, b.tokens, b.labels);
 }
 
-void gather(const data::DataSource& source, std::span<const std::uint32_t> indices,
-            HostBatch& b) {
+void gather(const data::DataSource& source, std::span<const std::uint32_t> indices, HostBatch& b) {
     const std::size_t n = indices.size();
     const auto y = std::span<std::int32_t>(b.labels).first(n * source.label_numel());
     if (source.token_inputs()) {
-        source.gather_tokens(indices, std::span<std::int32_t>(b.tokens).first(n * source.features()), y);
+        source.gather_tokens(indices,
+                             std::span<std::int32_t>(b.tokens).first(n * source.features()), y);
     } else {
         source.gather(indices, std::span<float>(b.inputs).first(n * source.features()), y);
     }
@@ -92,11 +92,10 @@ Result<Datasets> load_datasets(const config::EngineConfig& c) {
         ZINF_ASSIGN_OR_RETURN(data::TextSplit split, data::load_text(o));
         d.train_entropy = split.train->entropy();
         d.description = str_cat(
-            "text ", split.path, ": ", format_bytes(split.corpus_bytes), ", ",
-            split.train->count(), " training and ", split.validation->count(),
-            " validation windows of ", o.seq_len, " + 1 bytes; training text entropy: unigram ",
-            d.train_entropy->unigram_nats, ", bigram (next byte given this one) ",
-            d.train_entropy->bigram_nats, " nats/byte");
+            "text ", split.path, ": ", format_bytes(split.corpus_bytes), ", ", split.train->count(),
+            " training and ", split.validation->count(), " validation windows of ", o.seq_len,
+            " + 1 bytes; training text entropy: unigram ", d.train_entropy->unigram_nats,
+            ", bigram (next byte given this one) ", d.train_entropy->bigram_nats, " nats/byte");
         d.train = std::move(split.train);
         d.test = std::move(split.validation);
     } else {
@@ -129,7 +128,8 @@ Status check_datasets(const Datasets& d, const model::BatchShape& shape) {
         if (d.train->classes() != shape.classes) {
             return Status::invalid_argument(str_cat("data.dataset: ", d.train->classes(),
                                                     " token values but the model's vocabulary "
-                                                    "has ", shape.classes));
+                                                    "has ",
+                                                    shape.classes));
         }
         return Status::ok();
     }
@@ -190,13 +190,13 @@ Result<Trainer> Trainer::create(Engine& engine, const data::DataSource& train,
     const std::uint64_t gas = config.batch.gradient_accumulation_steps;
     t.steps_per_epoch_ = t.batcher_.batches_per_epoch() / gas;
     if (t.steps_per_epoch_ == 0) {
-        return Status::invalid_argument(str_cat(
-            "gradient_accumulation_steps: ", gas, " is more than the ",
-            t.batcher_.batches_per_epoch(), " micro-batches of an epoch"));
+        return Status::invalid_argument(
+            str_cat("gradient_accumulation_steps: ", gas, " is more than the ",
+                    t.batcher_.batches_per_epoch(), " micro-batches of an epoch"));
     }
     t.total_steps_ = t.steps_per_epoch_ * config.data.epochs;
-    const std::uint64_t max_steps = options.max_steps != 0 ? options.max_steps
-                                                           : config.data.max_steps;
+    const std::uint64_t max_steps =
+        options.max_steps != 0 ? options.max_steps : config.data.max_steps;
     if (max_steps != 0) t.total_steps_ = std::min(t.total_steps_, max_steps);
     size_for(train, bo.batch_rows, t.inputs_, t.tokens_, t.labels_);
     return t;
@@ -261,8 +261,7 @@ Status Trainer::after_step(TrainerObserver& observer) {
         run_->loss_sum = 0;
         run_->loss_count = 0;
     }
-    if (!options_.save_dir.empty() && options_.save_every != 0 &&
-        step % options_.save_every == 0) {
+    if (!options_.save_dir.empty() && options_.save_every != 0 && step % options_.save_every == 0) {
         ZINF_TRY(save(observer));
     }
     if (step % steps_per_epoch_ == 0 && options_.evaluate_each_epoch) {
@@ -350,8 +349,8 @@ Result<EvaluationFigures> Trainer::evaluate_figures() {
     if (options_.eval_samples > 0) {
         // The same count on every rank (each forward gathers collectively).
         const std::uint64_t per_batch = o.batch_rows * o.shard_count;
-        batches = static_cast<std::size_t>(std::min<std::uint64_t>(
-            batches, (options_.eval_samples + per_batch - 1) / per_batch));
+        batches = static_cast<std::size_t>(
+            std::min<std::uint64_t>(batches, (options_.eval_samples + per_batch - 1) / per_batch));
     }
     std::uint64_t samples = 0;
     for (std::size_t i = 0; i < batches; ++i) {

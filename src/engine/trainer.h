@@ -41,11 +41,11 @@ Result<Datasets> load_datasets(const config::EngineConfig& config);
 Status check_datasets(const Datasets& datasets, const model::BatchShape& shape);
 
 struct TrainerOptions {
-    std::uint64_t max_steps = 0;  // optimizer steps in total; 0: data.max_steps, then epochs
-    std::string save_dir;         // empty: no checkpoints
+    std::uint64_t max_steps = 0;   // optimizer steps in total; 0: data.max_steps, then epochs
+    std::string save_dir;          // empty: no checkpoints
     std::uint64_t save_every = 0;  // steps; 0: only at the end
     bool evaluate_each_epoch = true;
-    std::uint64_t eval_every = 0;  // steps; 0: only after each epoch
+    std::uint64_t eval_every = 0;    // steps; 0: only after each epoch
     std::uint64_t eval_samples = 0;  // the first N evaluation samples, whole batches; 0: all
     TraceRecorder* trace = nullptr;  // borrowed; null: none
 };
@@ -55,7 +55,7 @@ struct EvaluationFigures {
     std::uint64_t epoch = 0;  // the epoch that ended, or the one in progress (eval_every)
     std::uint64_t step = 0;
     bool epoch_end = true;
-    bool test = false;  // on the test (validation) set, not the training set
+    bool test = false;    // on the test (validation) set, not the training set
     double accuracy = 0;  // labels predicted right (next bytes for a language model)
     double loss = 0;      // mean loss per label (nats per byte for a language model)
     std::uint64_t labels = 0;
@@ -73,7 +73,7 @@ struct PrintFigures {
     double loss_scale = 1;
     double samples_per_second = 0;
     IoFigures io;
-    double read_gb_per_second = 0;   // since the last print
+    double read_gb_per_second = 0;  // since the last print
     double write_gb_per_second = 0;
     double data_seconds = 0;  // cumulative time spent gathering batches
 };
@@ -84,7 +84,7 @@ struct TrainSummary {
     double seconds = 0;
     double samples_per_second = 0;
     float last_loss = 0;
-    std::optional<double> accuracy;  // the last evaluation, if any ran
+    std::optional<double> accuracy;   // the last evaluation, if any ran
     std::optional<double> eval_loss;  // its mean loss per label
     bool accuracy_on_test = false;
     double data_seconds = 0;
@@ -138,8 +138,8 @@ struct OverlapFigures {
 class Trainer {
 public:
     // Borrows the engine and the sources (they outlive the trainer); `eval` null: evaluate on
-    // `train`. The config is the engine's. Errors: kInvalidArgument for an epoch shorter than one accumulation window or a
-    // source too small for one batch.
+    // `train`. The config is the engine's. Errors: kInvalidArgument for an epoch shorter than one
+    // accumulation window or a source too small for one batch.
     static Result<Trainer> create(Engine& engine, const data::DataSource& train,
                                   const data::DataSource* eval, const TrainerOptions& options);
     Trainer(Trainer&&) noexcept;

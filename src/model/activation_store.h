@@ -22,8 +22,7 @@ public:
     // most input_bytes(), produced by work enqueued on `stream` before the call). Returns once
     // `src` may be overwritten; the write goes on in the background. Errors: the copy's, an
     // earlier write's (kIo naming the input), kNoSpace.
-    virtual Status save(std::size_t index, const void* src, std::size_t bytes,
-                        StreamId stream) = 0;
+    virtual Status save(std::size_t index, const void* src, std::size_t bytes, StreamId stream) = 0;
     // Copies input `index` back into device memory `dst` (ordered on `stream`), then starts
     // reading index - 1, which backward needs next. Waits for this input's own write and read.
     // Errors: kIo, kCorruption (a checksum), naming the input.

@@ -304,8 +304,8 @@ Status Gpt::attention_forward(const Context& ctx, const Workspace& ws) {
             const float* k = qkv + d + h * hd;
             const float* v = qkv + 2 * d + h * hd;
             // s = scale * q k^T (t x t), then the causal softmax in place, then out_h = p v.
-            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d,
-                                      k, 3 * d, 0.0f, s, t, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d, k,
+                                      3 * d, 0.0f, s, t, ctx.stream));
             ZINF_TRY(ctx.compute.causal_softmax_forward(s, t, t, ctx.stream));
             ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, t, hd, t, 1.0f, s, t, v,
                                       3 * d, 0.0f, out + h * hd, d, ctx.stream));
@@ -333,14 +333,14 @@ Status Gpt::attention_backward(const Context& ctx, const Workspace& ws, const fl
             const float* v = qkv + 2 * d + h * hd;
             const float* doh = dout + h * hd;
             // The probabilities again (the forward kept none).
-            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d,
-                                      k, 3 * d, 0.0f, p, t, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, scale, q, 3 * d, k,
+                                      3 * d, 0.0f, p, t, ctx.stream));
             ZINF_TRY(ctx.compute.causal_softmax_forward(p, t, t, ctx.stream));
             // dp = dout v^T; dv = p^T dout.
             ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, t, t, hd, 1.0f, doh, d, v,
                                       3 * d, 0.0f, dp, t, ctx.stream));
-            ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, t, hd, t, 1.0f, p, t, doh,
-                                      d, 0.0f, dq_base + 2 * d + h * hd, 3 * d, ctx.stream));
+            ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, t, hd, t, 1.0f, p, t, doh, d,
+                                      0.0f, dq_base + 2 * d + h * hd, 3 * d, ctx.stream));
             // ds (over dp), then dq = scale * ds k and dk = scale * ds^T q.
             ZINF_TRY(ctx.compute.causal_softmax_backward(p, dp, t, t, ctx.stream));
             ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kNo, t, hd, t, scale, dp, t, k,
@@ -423,8 +423,9 @@ Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t
         Fetched wpe(ctx, wpe_);
         ZINF_TRY(wte.fetch());
         ZINF_TRY(wpe.fetch());
-        ZINF_TRY(ctx.compute.embedding_forward(tokens, wte.get(), wpe.get(), n, t, d,
-                                               config_.vocab, block_input(0), ctx.stream)
+        ZINF_TRY(ctx.compute
+                     .embedding_forward(tokens, wte.get(), wpe.get(), n, t, d, config_.vocab,
+                                        block_input(0), ctx.stream)
                      .with_context("embedding forward"));
         ZINF_TRY(wpe.release());
         ZINF_TRY(wte.release());
@@ -440,8 +441,8 @@ Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t
             ZINF_TRY(store_->save(i, block_input(i), n * d * sizeof(float), ctx.stream)
                          .with_context(str_cat("block ", i, ": keeping its input")));
         }
-        Status status = block_forward(ctx, i, workspace(i), block_input(i), block_input(i + 1),
-                                      false);
+        Status status =
+            block_forward(ctx, i, workspace(i), block_input(i), block_input(i + 1), false);
         if (!status.is_ok()) return status.with_context(str_cat("block ", i, " forward"));
         if (config_.synchronize_boundaries) ZINF_TRY(device_.synchronize(ctx.stream));
         if (config_.profile) {
@@ -454,9 +455,8 @@ Status Gpt::forward(const Context& outer, const void* inputs, const std::int32_t
         Fetched wte(ctx, wte_);
         ZINF_TRY(wte.fetch());
         // logits (n x vocab) = hf (n x d) wte^T.
-        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, n, config_.vocab, d, 1.0f,
-                                  hf_, d, wte.get(), d, 0.0f, logits_,
-                                  config_.vocab, ctx.stream));
+        ZINF_TRY(ctx.compute.gemm(Transpose::kNo, Transpose::kYes, n, config_.vocab, d, 1.0f, hf_,
+                                  d, wte.get(), d, 0.0f, logits_, config_.vocab, ctx.stream));
         ZINF_TRY(wte.release());
     }
     labels_ = labels;
@@ -489,8 +489,8 @@ Status Gpt::backward(const Context& outer, float grad_scale) {
                                   wte.get(), d, 0.0f, gt, d, ctx.stream));
         ZINF_TRY(wte.release());
     }
-    ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, v, d, n, 1.0f, dlogits, v,
-                              hf_, d, 0.0f, wte_grad_.as<float>(), d, ctx.stream));
+    ZINF_TRY(ctx.compute.gemm(Transpose::kYes, Transpose::kNo, v, d, n, 1.0f, dlogits, v, hf_, d,
+                              0.0f, wte_grad_.as<float>(), d, ctx.stream));
     ZINF_TRY(ln_f_->backward(ctx, gt, gx));
     for (std::size_t i = blocks_.size(); i-- > 0;) {
         Workspace& ws = workspace(i);
@@ -518,8 +518,9 @@ Status Gpt::backward(const Context& outer, float grad_scale) {
     }
     ZINF_TRY(embed_dropout_->backward(ctx, gx, gx));
     float* wpe_grad = ctx.grad_scratch;
-    ZINF_TRY(ctx.compute.embedding_backward(tokens_, gx, n, t, d, v, wte_grad_.as<float>(),
-                                            wpe_grad, ctx.stream)
+    ZINF_TRY(ctx.compute
+                 .embedding_backward(tokens_, gx, n, t, d, v, wte_grad_.as<float>(), wpe_grad,
+                                     ctx.stream)
                  .with_context("embedding backward"));
     ZINF_TRY(ctx.grads.accumulate(wpe_, wpe_grad, ctx.stream));
     ZINF_TRY(ctx.grads.accumulate(wte_, wte_grad_.as<float>(), ctx.stream));
@@ -534,11 +535,10 @@ Result<float> Gpt::read_loss(StreamId stream) const {
     return loss;
 }
 
-Status Gpt::count_correct(const Context& ctx, std::uint64_t* correct_count,
-                          bool accumulate) const {
+Status Gpt::count_correct(const Context& ctx, std::uint64_t* correct_count, bool accumulate) const {
     ZINF_ASSERT(labels_ != nullptr);
-    return ctx.compute.count_correct(logits_, labels_, rows_ * config_.seq_len,
-                                     config_.vocab, correct_count, accumulate, ctx.stream);
+    return ctx.compute.count_correct(logits_, labels_, rows_ * config_.seq_len, config_.vocab,
+                                     correct_count, accumulate, ctx.stream);
 }
 
 Status Gpt::read_logits(StreamId stream, std::span<float> out) const {

@@ -51,7 +51,7 @@ struct GptConfig {
     float dropout = 0.0f;  // embeddings and both residual branches
     float layer_norm_eps = 1e-5f;
     std::size_t batch_rows_max = 8;  // sequences per forward
-    std::uint64_t seed = 1234;        // dropout masks
+    std::uint64_t seed = 1234;       // dropout masks
     // Activation checkpointing: keep block inputs only, recompute the inside in backward.
     bool checkpoint_activations = false;
     CheckpointPlace checkpoint_place = CheckpointPlace::kDevice;
@@ -148,7 +148,8 @@ private:
     float* block_input(std::size_t i) const noexcept;
     // Whether the kept inputs live outside device memory (two device slots rotate).
     bool inputs_off_device() const noexcept {
-        return config_.checkpoint_activations && config_.checkpoint_place != CheckpointPlace::kDevice;
+        return config_.checkpoint_activations &&
+               config_.checkpoint_place != CheckpointPlace::kDevice;
     }
     Status block_forward(const Context& ctx, std::size_t i, Workspace& ws, const float* x,
                          float* out, bool recompute);
@@ -169,9 +170,9 @@ private:
     std::unique_ptr<SoftmaxCrossEntropy> loss_;
 
     std::vector<std::unique_ptr<Workspace>> workspaces_;  // one per block, or one shared
-    DeviceBuffer kept_;                  // block inputs 0..n_layer (contiguous), or:
-    std::vector<DeviceBuffer> kept_each_;  // one per block input
-    AlignedBuffer host_kept_;            // kHost: block inputs 0..n_layer-1
+    DeviceBuffer kept_;                       // block inputs 0..n_layer (contiguous), or:
+    std::vector<DeviceBuffer> kept_each_;     // one per block input
+    AlignedBuffer host_kept_;                 // kHost: block inputs 0..n_layer-1
     std::unique_ptr<ActivationStore> store_;  // kStore
     bool host_registered_ = false;
     // ln_f's output and the logits (rows x seq_len x vocab): their own buffers, or with
@@ -180,8 +181,8 @@ private:
     float* hf_ = nullptr;
     float* logits_ = nullptr;
     DeviceBuffer grad_x_, grad_t_, grad_u_;  // backward's d_model-wide gradients
-    DeviceBuffer scores_, dscores_;                   // one head's seq_len x seq_len
-    DeviceBuffer wte_grad_;    // the tied embedding's gradient, summed over head and embedding
+    DeviceBuffer scores_, dscores_;          // one head's seq_len x seq_len
+    DeviceBuffer wte_grad_;  // the tied embedding's gradient, summed over head and embedding
     DeviceBuffer grad_scratch_;
     DeviceBuffer scalars_;
     std::size_t grad_scratch_numel_ = 0;

@@ -236,8 +236,8 @@ Result<std::unique_ptr<SoftmaxCrossEntropy>> SoftmaxCrossEntropy::create(Device&
 Status SoftmaxCrossEntropy::forward(const Context& ctx, const float* logits,
                                     const std::int32_t* labels, std::size_t rows, float* loss) {
     check_rows(rows, rows_max_);
-    ZINF_TRY(ctx.compute.softmax_cross_entropy_forward(logits, labels, rows, classes_,
-                                                       probs_, loss, ctx.stream));
+    ZINF_TRY(ctx.compute.softmax_cross_entropy_forward(logits, labels, rows, classes_, probs_, loss,
+                                                       ctx.stream));
     labels_ = labels;
     rows_ = rows;
     return Status::ok();
@@ -246,8 +246,8 @@ Status SoftmaxCrossEntropy::forward(const Context& ctx, const float* logits,
 Status SoftmaxCrossEntropy::backward(const Context& ctx, float grad_scale, float* dlogits) {
     ZINF_ASSERT(ctx.training);
     ZINF_ASSERT(labels_ != nullptr);
-    return ctx.compute.softmax_cross_entropy_backward(probs_, labels_, rows_, classes_,
-                                                      grad_scale, dlogits, ctx.stream);
+    return ctx.compute.softmax_cross_entropy_backward(probs_, labels_, rows_, classes_, grad_scale,
+                                                      dlogits, ctx.stream);
 }
 
 }  // namespace zinf::model

@@ -183,7 +183,7 @@ private:
         : classes_(classes), rows_max_(rows_max), own_(std::move(own)), probs_(probs) {}
     std::size_t classes_;
     std::size_t rows_max_;
-    DeviceBuffer own_;      // empty when the probabilities are borrowed
+    DeviceBuffer own_;  // empty when the probabilities are borrowed
     float* probs_ = nullptr;
     const std::int32_t* labels_ = nullptr;
     std::size_t rows_ = 0;

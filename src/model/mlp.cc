@@ -179,8 +179,8 @@ Status Mlp::read_predictions(StreamId stream, std::span<std::int32_t> out) const
     ZINF_ASSERT_EQ(out.size(), rows_);
     const std::size_t classes = this->classes();
     std::vector<float> logits(rows_ * classes);
-    ZINF_TRY(device_.copy_to_host(logits.data(), this->logits(), logits.size() * sizeof(float),
-                                  stream));
+    ZINF_TRY(
+        device_.copy_to_host(logits.data(), this->logits(), logits.size() * sizeof(float), stream));
     ZINF_TRY(device_.synchronize(stream));
     for (std::size_t r = 0; r < rows_; ++r) {
         const float* row = logits.data() + r * classes;

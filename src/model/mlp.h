@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "src/base/device.h"
-#include "src/base/status.h"
 #include "src/base/device_buffer.h"
+#include "src/base/status.h"
 #include "src/model/layers.h"
 #include "src/model/model.h"
 #include "src/model/module.h"

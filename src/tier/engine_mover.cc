@@ -78,7 +78,9 @@ std::uint64_t EngineMover::offset_of(PartitionId id) const {
     return offsets_[id];
 }
 
-void EngineMover::free_slot(MoveToken token) noexcept { slots_.give_back(token); }
+void EngineMover::free_slot(MoveToken token) noexcept {
+    slots_.give_back(token);
+}
 
 Status EngineMover::failed(const Slot& s, const Status& status) const {
     return status.with_context(

@@ -69,16 +69,18 @@ public:
     HostRegionLinks(const HostRegionLinks&) = delete;
     HostRegionLinks& operator=(const HostRegionLinks&) = delete;
 
-    Status link(const char* who, io::Engine& engine, Device* device,
-                std::span<std::byte> region, bool register_with_device) {
+    Status link(const char* who, io::Engine& engine, Device* device, std::span<std::byte> region,
+                bool register_with_device) {
         who_ = who;
         device_ = device;
         region_ = region;
         if (!region.empty()) {
             const Status registered = engine.register_buffers(region);
             if (!registered.is_ok()) {
-                log::warning(who, ": host region not registered with the I/O engine (plain "
-                             "opcodes): ", registered.to_string());
+                log::warning(who,
+                             ": host region not registered with the I/O engine (plain "
+                             "opcodes): ",
+                             registered.to_string());
             }
         }
         if (device == nullptr) return Status::ok();

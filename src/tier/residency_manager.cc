@@ -80,9 +80,9 @@ Result<std::unique_ptr<ResidencyManager>> ResidencyManager::create(const Residen
     }
     std::unique_ptr<ResidencyManager> manager(new ResidencyManager(options, mover, device));
     if (options.device_budget_bytes > 0) {
-        ZINF_ASSIGN_OR_RETURN(manager->device_memory_,
-                              DeviceBuffer::allocate(*device, options.device_budget_bytes,
-                                                     "residency: device tier"));
+        ZINF_ASSIGN_OR_RETURN(
+            manager->device_memory_,
+            DeviceBuffer::allocate(*device, options.device_budget_bytes, "residency: device tier"));
         manager->device_region_ = manager->device_memory_.as<std::byte>();
     }
     return manager;
@@ -608,10 +608,10 @@ void ResidencyManager::collect_candidates(Tier tier, PartitionId for_id, bool pr
 EvictionPolicy ResidencyManager::eviction_policy() const noexcept {
     EvictionPolicy policy;
     policy.use_trace = following_trace();
-    policy.bytes_per_access = trace_.empty()
-                                  ? 1.0
-                                  : std::max(1.0, static_cast<double>(trace_bytes_) /
-                                                      static_cast<double>(trace_.size()));
+    policy.bytes_per_access =
+        trace_.empty()
+            ? 1.0
+            : std::max(1.0, static_cast<double>(trace_bytes_) / static_cast<double>(trace_.size()));
     policy.dirty_weight = options_.dirty_weight;
     return policy;
 }
@@ -650,8 +650,8 @@ bool ResidencyManager::room_after_evicting(const ExtentAllocator& alloc, Tier ti
     extents_.insert(extents_.end(), free.begin(), free.end());
     for (const EvictionCandidate& c : candidates_) {
         const Partition& p = parts_[c.id];
-        extents_.push_back({tier == Tier::kDevice ? p.device_offset : p.host_offset,
-                            alloc.rounded(p.size_bytes)});
+        extents_.push_back(
+            {tier == Tier::kDevice ? p.device_offset : p.host_offset, alloc.rounded(p.size_bytes)});
     }
     std::sort(extents_.begin(), extents_.end(),
               [](const auto& a, const auto& b) { return a.offset_bytes < b.offset_bytes; });

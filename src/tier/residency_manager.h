@@ -285,7 +285,7 @@ private:
     Mover& mover_;
     Device* device_;
     std::span<std::byte> host_region_;
-    Status deferred_;  // see defer()
+    Status deferred_;                     // see defer()
     DeviceBuffer device_memory_;          // the device tier
     std::byte* device_region_ = nullptr;  // device_memory_'s bytes
     ExtentAllocator device_alloc_;

@@ -45,7 +45,8 @@ TEST(AlignedBuffer, IoBuffersFromTwoMiBAreHugePageAlignedAndBackedByHugePages) {
         // Where only advised regions get huge pages, a plain buffer of the same size gets none:
         // the huge pages above are the advice's doing.
         // (A fresh mapping of its own, so that no earlier advice on reused heap memory counts.)
-        void* plain = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void* plain =
+            ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         ASSERT_NE(plain, MAP_FAILED);
         std::memset(plain, 1, kBytes);
         auto none = huge_page_bytes_backing({static_cast<const std::byte*>(plain), kBytes});
@@ -60,7 +61,8 @@ TEST(AlignedBuffer, AdviseHugePagesCoversOnlyWholeAlignedHugePages) {
     ASSERT_TRUE(buffer.has_value());
     std::span<std::byte> all = buffer->span();
     // Starting one page in and ending one page short: the first and last huge pages are partial.
-    const std::size_t advised = advise_huge_pages(all.subspan(kPageBytes, all.size() - 2 * kPageBytes));
+    const std::size_t advised =
+        advise_huge_pages(all.subspan(kPageBytes, all.size() - 2 * kPageBytes));
     if (advised == 0) GTEST_SKIP() << "madvise(MADV_HUGEPAGE) refused here";
     EXPECT_EQ(advised, 2 * kHugePageBytes);
     EXPECT_EQ(advise_huge_pages(all.subspan(0, kHugePageBytes - kPageBytes)), 0u);

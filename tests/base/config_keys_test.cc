@@ -7,10 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "src/base/config.h"
 
@@ -32,7 +31,8 @@ Json nested(std::string_view path, const Json& value) {
     std::size_t start = 0;
     while (true) {
         const auto dot = path.find('.', start);
-        const std::string part(path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+        const std::string part(path.substr(
+            start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
         if (dot == std::string_view::npos) {
             (*node)[part] = value;
             return root;
@@ -45,7 +45,8 @@ Json nested(std::string_view path, const Json& value) {
 // Blocks whose keys need their section present to mean anything: a scheduler's params need a
 // type, offload sections a stage.
 Json with_context(std::string_view path, Json root) {
-    if (path.rfind("scheduler.", 0) == 0 && path != "scheduler.type") root["scheduler"]["type"] = "WarmupLR";
+    if (path.rfind("scheduler.", 0) == 0 && path != "scheduler.type")
+        root["scheduler"]["type"] = "WarmupLR";
     if (path.rfind("zero_optimization.offload", 0) == 0) root["zero_optimization"]["stage"] = 3;
     return root;
 }
@@ -59,7 +60,8 @@ TEST(ConfigKeys, EveryImplementedKeyIsReadAndChecked) {
         const Json bad = Json::array({Json::array()});  // [[]]
         auto c = load_json_value(with_context(k.path, nested(k.path, bad)));
         ASSERT_FALSE(c.has_value()) << k.path << " accepted [[]]";
-        EXPECT_NE(c.error().code(), StatusCode::kInternal) << k.path << ": " << c.error().to_string();
+        EXPECT_NE(c.error().code(), StatusCode::kInternal)
+            << k.path << ": " << c.error().to_string();
         EXPECT_NE(c.error().message().find(std::string(k.path)), std::string::npos)
             << k.path << ": " << c.error().to_string();
         ++checked;
@@ -98,7 +100,8 @@ TEST(ConfigKeys, DefaultOnlyKeysTakeDeepSpeedsDefaultAndRefuseAnythingElse) {
 TEST(ConfigKeys, BlocksThatChangeTheArithmeticAreRefusedOnlyWhenEnabled) {
     for (const KeyInfo& k : key_table()) {
         if (k.status != KeyStatus::kRefusedIfEnabled) continue;
-        EXPECT_TRUE(load_json_value(nested(k.path, Json{{"enabled", false}})).has_value()) << k.path;
+        EXPECT_TRUE(load_json_value(nested(k.path, Json{{"enabled", false}})).has_value())
+            << k.path;
         auto refused = load_json_value(nested(k.path, Json{{"enabled", true}}));
         ASSERT_FALSE(refused.has_value()) << k.path;
         EXPECT_NE(refused.error().message().find(std::string(k.path) + ".enabled: true"),
@@ -155,7 +158,8 @@ TEST(ConfigKeys, LegacyOffloadSwitchesMapWithADeprecationWarning) {
         "cpu_offload": true, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})"));
     ASSERT_FALSE(both.has_value());
     EXPECT_NE(both.error().message().find("keep offload_optimizer"), std::string::npos);
-    auto off = load_json_value(Json::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})"));
+    auto off = load_json_value(
+        Json::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})"));
     ASSERT_TRUE(off.has_value());
     EXPECT_EQ(off->zero.offload_optimizer.device, OffloadDevice::kNone);
 }
@@ -200,11 +204,11 @@ TEST(ConfigAuto, HuggingFacesZero3ConfigLoadsWithEveryAutoResolvedAndPrinted) {
     EXPECT_EQ(c->zero.stage3_param_persistence_threshold_numel, 10240u);
     std::string notes;
     for (const auto& n : c->resolved) notes += n + "\n";
-    for (const char* key : {"optimizer.params.lr: auto -> 0.001", "fp16.enabled: auto -> false",
-                            "train_micro_batch_size_per_gpu: auto -> 64",
-                            "gradient_accumulation_steps: auto -> 1",
-                            "zero_optimization.stage3_prefetch_bucket_size: auto -> 943718",
-                            "scheduler.params.warmup_max_lr: auto -> 0.001"}) {
+    for (const char* key :
+         {"optimizer.params.lr: auto -> 0.001", "fp16.enabled: auto -> false",
+          "train_micro_batch_size_per_gpu: auto -> 64", "gradient_accumulation_steps: auto -> 1",
+          "zero_optimization.stage3_prefetch_bucket_size: auto -> 943718",
+          "scheduler.params.warmup_max_lr: auto -> 0.001"}) {
         EXPECT_NE(notes.find(key), std::string::npos) << key << "\n" << notes;
     }
     // What it does not implement draws warnings, each naming the key.
@@ -221,8 +225,9 @@ TEST(ConfigAuto, WhatCannotBeDeterminedIsAnErrorNamingTheKey) {
     root["train_batch_size"] = "auto";
     auto c = load_json_value(root);
     ASSERT_FALSE(c.has_value());
-    EXPECT_NE(c.error().message().find("train_micro_batch_size_per_gpu: \"auto\" cannot be resolved"),
-              std::string::npos)
+    EXPECT_NE(
+        c.error().message().find("train_micro_batch_size_per_gpu: \"auto\" cannot be resolved"),
+        std::string::npos)
         << c.error().message();
     root = Json::parse(kHuggingFaceZero3);
     root["gradient_clipping"] = "auto";
@@ -265,7 +270,8 @@ TEST(ConfigKeys, BiasCorrectionAndAmsgradAreAdamsOnly) {
     EXPECT_FALSE(c->optimizer.bias_correction);
     EXPECT_TRUE(c->optimizer.amsgrad);
     EXPECT_TRUE(c->warnings.empty());
-    c = load_json_value(Json::parse(R"({"optimizer": {"type": "Lion", "params": {"amsgrad": false}}})"));
+    c = load_json_value(
+        Json::parse(R"({"optimizer": {"type": "Lion", "params": {"amsgrad": false}}})"));
     ASSERT_FALSE(c.has_value());
     EXPECT_NE(c.error().message().find("optimizer.params.amsgrad: only Adam and AdamW"),
               std::string::npos)
@@ -278,7 +284,8 @@ TEST(ConfigKeys, ConfigDocListsEveryKeyFromTheTable) {
     ASSERT_TRUE(in) << "docs/CONFIG.md";
     std::stringstream doc;
     doc << in.rdbuf();
-    const std::string begin = "<!-- BEGIN KEY TABLE (generated: scripts/update-config-doc.sh) -->\n";
+    const std::string begin =
+        "<!-- BEGIN KEY TABLE (generated: scripts/update-config-doc.sh) -->\n";
     const std::string end = "<!-- END KEY TABLE -->";
     const auto b = doc.str().find(begin);
     const auto e = doc.str().find(end);

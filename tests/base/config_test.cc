@@ -38,7 +38,8 @@ TEST(ConfigTest, DefaultsFromEmptyObject) {
 }
 
 TEST(ConfigTest, AioBlock) {
-    auto c = load_text(R"({"aio": {"block_size": 4194304, "queue_depth": 16, "intra_op_parallelism": 2,
+    auto c =
+        load_text(R"({"aio": {"block_size": 4194304, "queue_depth": 16, "intra_op_parallelism": 2,
         "single_submit": false, "overlap_events": true, "backend": "libaio", "use_direct": true,
         "register_buffers": false, "sqpoll": true}})");
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
@@ -55,8 +56,9 @@ TEST(ConfigTest, ThreadCountIsTheOldNameOfIntraOpParallelism) {
     auto c = load_text(R"({"aio": {"thread_count": 3}})");
     ASSERT_TRUE(c.has_value());
     EXPECT_EQ(c->aio.intra_op_parallelism, 3);
-    EXPECT_NE(error_of(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 2}})").find("thread_count"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 2}})").find("thread_count"),
+        std::string::npos);
 }
 
 TEST(ConfigTest, DeepSpeedKeyNotImplementedWarnsOnce) {
@@ -76,15 +78,19 @@ TEST(ConfigTest, UnknownKeySuggestsNearest) {
 }
 
 TEST(ConfigTest, WrongTypesAndRangesNameTheKeyPath) {
-    EXPECT_NE(error_of(R"({"aio": {"queue_depth": 0}})").find("aio.queue_depth: expected integer in [1, 4096], got 0"),
+    EXPECT_NE(error_of(R"({"aio": {"queue_depth": 0}})")
+                  .find("aio.queue_depth: expected integer in [1, 4096], got 0"),
               std::string::npos);
-    EXPECT_NE(error_of(R"({"aio": {"queue_depth": "deep"}})").find("aio.queue_depth: expected integer"),
-              std::string::npos);
-    EXPECT_NE(error_of(R"({"aio": {"single_submit": 1}})").find("aio.single_submit: expected boolean"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"aio": {"queue_depth": "deep"}})").find("aio.queue_depth: expected integer"),
+        std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"aio": {"single_submit": 1}})").find("aio.single_submit: expected boolean"),
+        std::string::npos);
     EXPECT_NE(error_of(R"({"aio": {"backend": "spdk"}})").find("aio.backend: expected one of"),
               std::string::npos);
-    EXPECT_NE(error_of(R"({"aio": {"block_size": 1000}})").find("aio.block_size: expected a multiple of 512"),
+    EXPECT_NE(error_of(R"({"aio": {"block_size": 1000}})")
+                  .find("aio.block_size: expected a multiple of 512"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"aio": 3})").find("aio: expected object"), std::string::npos);
     EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
@@ -95,23 +101,27 @@ TEST(ConfigTest, ElementCountsAcceptScientificNotation) {
         "stage3_prefetch_bucket_size": 5e7}})");
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     EXPECT_EQ(c->zero.sub_group_size_numel, 100000000u);
-    EXPECT_NE(error_of(R"({"zero_optimization": {"sub_group_size": 1.5}})").find("zero_optimization.sub_group_size"),
+    EXPECT_NE(error_of(R"({"zero_optimization": {"sub_group_size": 1.5}})")
+                  .find("zero_optimization.sub_group_size"),
               std::string::npos);
 }
 
 TEST(ConfigTest, OffloadRules) {
     // Below stage 3 DeepSpeed ignores offload_param: a warning, and the parameters stay put.
-    auto below = load_text(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
+    auto below =
+        load_text(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
     ASSERT_TRUE(below.has_value()) << below.error().to_string();
     EXPECT_EQ(below->zero.offload_param.device, OffloadDevice::kNone);
     ASSERT_EQ(below->warnings.size(), 1u);
     EXPECT_NE(below->warnings[0].find("offload_param is ignored"), std::string::npos);
-    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})")
-                  .find("needs zero_optimization.stage 1, 2 or 3"),
-              std::string::npos);
-    EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")
-                  .find("zero_optimization.offload_param.nvme_path: required"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})")
+            .find("needs zero_optimization.stage 1, 2 or 3"),
+        std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")
+            .find("zero_optimization.offload_param.nvme_path: required"),
+        std::string::npos);
     auto c = load_text(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
         "nvme_path": ["/a", "/b"]}, "offload_optimizer": {"device": "nvme", "nvme_path": "/c",
         "pipeline_read": true, "ratio": 0.5}}})");
@@ -126,11 +136,14 @@ TEST(ConfigTest, BatchArithmetic) {
     auto a = load_text(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})");
     ASSERT_TRUE(a.has_value());
     EXPECT_EQ(a->batch.train_micro_batch_size_per_gpu, 8u);
-    auto b = load_text(R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})");
+    auto b =
+        load_text(R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2})");
     ASSERT_TRUE(b.has_value());
     EXPECT_EQ(b->batch.train_batch_size, 16u);
     EXPECT_NE(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8,
-        "gradient_accumulation_steps": 4})").find("train_batch_size"), std::string::npos);
+        "gradient_accumulation_steps": 4})")
+                  .find("train_batch_size"),
+              std::string::npos);
     LoadOptions two = quiet();
     two.world_size = 2;
     auto c = load_text(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})", two);
@@ -139,7 +152,8 @@ TEST(ConfigTest, BatchArithmetic) {
 }
 
 TEST(ConfigTest, OptimizerAndScheduler) {
-    auto c = load_text(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.8, 0.99],
+    auto c =
+        load_text(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.8, 0.99],
         "eps": 1e-6, "weight_decay": 0.1}}, "scheduler": {"type": "WarmupDecayLR", "params": {
         "warmup_num_steps": 10, "total_num_steps": 100, "warmup_type": "linear"}}})");
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
@@ -147,9 +161,11 @@ TEST(ConfigTest, OptimizerAndScheduler) {
     EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
     EXPECT_EQ(c->scheduler.type, SchedulerType::kWarmupDecayLR);
     EXPECT_TRUE(c->scheduler.warmup_linear);
-    EXPECT_NE(error_of(R"({"optimizer": {"type": "SGD"}})").find("optimizer.type"), std::string::npos);
-    EXPECT_NE(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})").find("optimizer.params.betas"),
+    EXPECT_NE(error_of(R"({"optimizer": {"type": "SGD"}})").find("optimizer.type"),
               std::string::npos);
+    EXPECT_NE(
+        error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})").find("optimizer.params.betas"),
+        std::string::npos);
     EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR"}})").find("total_num_steps"),
               std::string::npos);
 }

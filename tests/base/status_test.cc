@@ -8,7 +8,9 @@
 namespace zinf {
 namespace {
 
-Status fails() { return Status::io_error("read /x at 4096+512", EIO); }
+Status fails() {
+    return Status::io_error("read /x at 4096+512", EIO);
+}
 Status chain() {
     ZINF_TRY(fails());
     return Status::ok();

@@ -55,9 +55,9 @@ TEST(CpuDevice, BudgetErrorNamesTheAllocationAndWhatHoldsTheMemory) {
 // to unmapped pages. Large enough that the allocation is its own mapping, which free unmaps.
 TEST(CpuDevice, FreeWaitsForWorkQueuedOnTheMemory) {
     constexpr std::size_t kBytes = 64u << 20;
-    auto device = CpuDevice::create({.budget_bytes = kBytes,
-                                     .op_delay = std::chrono::milliseconds(50)})
-                      .value();
+    auto device =
+        CpuDevice::create({.budget_bytes = kBytes, .op_delay = std::chrono::milliseconds(50)})
+            .value();
     for (int i = 0; i < 3; ++i) {
         void* d = device->allocate(kBytes, "test").value();
         ASSERT_TRUE(device->fill_zero(d, kBytes, 0).is_ok());

@@ -2,6 +2,8 @@
 // trains bitwise as one keeping them on the device, writes every input once per step and reads
 // back all but the two still in its write buffers; a full disk is refused at creation, naming
 // the key, before anything is written.
+#include "src/engine/activation_store.h"
+
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 
@@ -12,7 +14,6 @@
 
 #include "src/device/cpu_compute.h"
 #include "src/device/cpu_device.h"
-#include "src/engine/activation_store.h"
 #include "src/model/gpt.h"
 #include "src/model/parameter_store.h"
 #include "tests/support/test_seed.h"
@@ -57,8 +58,9 @@ TrainedRun train(const model::GptConfig& config, const std::string& nvme_dir) {
     }
     auto gpt = model::Gpt::create(config, *device, std::move(store));
     ZINF_ASSERT_MSG(gpt.has_value(), gpt.status().to_string());
-    auto params = std::move(
-        model::DeviceParameterStore::create((*gpt)->parameters(), *device, *compute)).value();
+    auto params =
+        std::move(model::DeviceParameterStore::create((*gpt)->parameters(), *device, *compute))
+            .value();
     ZINF_ASSERT(params->initialize(test::seed(), 0));
     TrainedRun run;
     const std::size_t n = config.batch_rows_max * config.seq_len;
@@ -105,9 +107,9 @@ TEST(NvmeActivationStore, GptTrainsBitwiseAsOnTheDeviceAndReadsAheadInReverse) {
         EXPECT_EQ(std::memcmp(&nvme.losses[i], &device.losses[i], sizeof(float)), 0) << i;
     }
     for (std::size_t p = 0; p < device.grads.size(); ++p) {
-        ASSERT_EQ(std::memcmp(nvme.grads[p].data(), device.grads[p].data(),
-                              device.grads[p].size() * 4),
-                  0)
+        ASSERT_EQ(
+            std::memcmp(nvme.grads[p].data(), device.grads[p].data(), device.grads[p].size() * 4),
+            0)
             << "parameter " << p;
     }
     const std::size_t input = config.batch_rows_max * config.seq_len * config.d_model * 4;
@@ -138,8 +140,7 @@ TEST(NvmeActivationStore, AFullDiskIsRefusedAtCreationNamingTheKey) {
     ::umount2(mnt.c_str(), MNT_DETACH);
     ASSERT_FALSE(store.has_value());
     EXPECT_EQ(store.error().code(), StatusCode::kNoSpace) << store.error().to_string();
-    EXPECT_NE(store.error().message().find("activation_checkpointing.nvme_path"),
-              std::string::npos)
+    EXPECT_NE(store.error().message().find("activation_checkpointing.nvme_path"), std::string::npos)
         << store.error().to_string();
 }
 

@@ -20,9 +20,9 @@ namespace zinf {
 namespace {
 
 using test_support::bits;
+using test_support::kNvmeZero;
 using test_support::load_config;
 using test_support::small_config;
-using test_support::kNvmeZero;
 using test_support::Trainer;
 using test_support::with_nvme;
 
@@ -48,19 +48,16 @@ const Placement kPlacements[] = {
     {"stage0", R"("zero_optimization": {"stage": 0},)"},
     {"stage1", R"("zero_optimization": {"stage": 1},)"},
     {"stage2", R"("zero_optimization": {"stage": 2, "sub_group_size": 100},)"},
-    {"stage3",
-     R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20},)"},
-    {"stage2-cpu",
-     R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"},
+    {"stage3", R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20},)"},
+    {"stage2-cpu", R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"},
     {"stage3-cpu", R"("zero_optimization": {"stage": 3, "sub_group_size": 64,)"
                    R"( "offload_optimizer": {"device": "cpu"}},)"},
     {"stage3-param-cpu",
      R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 20,)"
      R"( "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},)"},
-    {"stage2-optimizer-nvme",
-     R"("zero_optimization": {"stage": 2, "sub_group_size": 200,)"
-     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
-     R"( "stream_gradients": true}},)"},
+    {"stage2-optimizer-nvme", R"("zero_optimization": {"stage": 2, "sub_group_size": 200,)"
+                              R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@",)"
+                              R"( "stream_gradients": true}},)"},
     {"stage3-nvme", kNvmeZero},
     // stream_gradients "auto" (the default) without a host budget: the gradient partition stays
     // in host memory.
@@ -130,9 +127,10 @@ TEST(EngineTest, SlowDeviceCopiesStillGiveBitwiseTheSameTraining) {
         o.budget_bytes = c.device.memory_budget_bytes;
         if (slow) o.op_delay = std::chrono::microseconds(1500);
         auto device = std::move(device::CpuDevice::create(o)).value();
-        auto compute = std::move(device::CpuCompute::create(
-                                     device.get(), device::CpuComputeOptions{c.cpu_optimizer.threads}))
-                           .value();
+        auto compute =
+            std::move(device::CpuCompute::create(
+                          device.get(), device::CpuComputeOptions{c.cpu_optimizer.threads}))
+                .value();
         Trainer t(c, assemble_training_stack(c, std::move(device), std::move(compute)));
         const auto losses = bits(t.run(6));
         return std::make_pair(losses, bits(t.engine().master_parameters().value()));
@@ -148,9 +146,9 @@ TEST(EngineTest, SlowDeviceCopiesStillGiveBitwiseTheSameTraining) {
 }
 
 TEST(EngineTest, Fp16OverflowSkipsStepAndLowersScale) {
-    Trainer t(load_config(small_config(
-        R"("fp16": {"enabled": true, "initial_scale_power": 32, "hysteresis": 1,)"
-        R"( "loss_scale_window": 4},
+    Trainer t(load_config(
+        small_config(R"("fp16": {"enabled": true, "initial_scale_power": 32, "hysteresis": 1,)"
+                     R"( "loss_scale_window": 4},
            "zero_optimization": {"stage": 2},)")));
     const double initial = t.engine().loss_scale();
     EXPECT_EQ(initial, std::ldexp(1.0, 32));
@@ -190,7 +188,7 @@ TEST(EngineTest, IoOnlyStepMovesTheStreamedGradientsAndChangesNothing) {
         std::uint64_t io_only_read = 0;
         std::uint64_t io_only_written = 0;
         std::uint64_t window_gradient_bytes = 0;  // written per micro-step
-        std::uint64_t io_only_gradient_read = 0;   // by the gradients' own pass
+        std::uint64_t io_only_gradient_read = 0;  // by the gradients' own pass
         std::uint64_t io_only_gradient_written = 0;
     };
     auto run = [](bool stream, bool io_only) {
@@ -227,8 +225,7 @@ TEST(EngineTest, IoOnlyStepMovesTheStreamedGradientsAndChangesNothing) {
     // hold the parameters' replay, whose hits depend on when the prefetches land (under load
     // it varied beyond a quarter of the gradients' bytes), so the reads are counted exactly by
     // the gradients' pass itself, and the engine's only bounded from below.
-    EXPECT_EQ(streamed.io_only_written - plain.io_only_written,
-              3 * streamed.window_gradient_bytes);
+    EXPECT_EQ(streamed.io_only_written - plain.io_only_written, 3 * streamed.window_gradient_bytes);
     EXPECT_EQ(streamed.io_only_gradient_written, 3 * streamed.window_gradient_bytes);
     EXPECT_EQ(streamed.io_only_gradient_read, 3 * streamed.window_gradient_bytes);
     EXPECT_GE(streamed.io_only_read, streamed.io_only_gradient_read);
@@ -278,9 +275,9 @@ TEST(EngineTest, StreamedGradientsAccumulateBitwiseAsInMemory) {
         for (const char* stream : {"true", "false"}) {
             test::TempDir nvme("nvme");
             Trainer t(load_config(
-                with_nvme(small_config(std::string(kNvmeZero) + dtype +
-                                       R"("gradient_clipping": 0.5,)"),
-                          nvme.path()),
+                with_nvme(
+                    small_config(std::string(kNvmeZero) + dtype + R"("gradient_clipping": 0.5,)"),
+                    nvme.path()),
                 {"gradient_accumulation_steps=3",
                  std::string("zero_optimization.offload_optimizer.stream_gradients=") + stream}));
             const auto losses = bits(t.run(4));
@@ -322,10 +319,10 @@ class ResumeTest : public ::testing::TestWithParam<ResumeCase> {};
 TEST_P(ResumeTest, ResumeIsBitwiseExact) {
     // Each engine alive at the same time has its own nvme_path (a second run on one is refused).
     test::TempDir nvme_a("nvme"), nvme_b("nvme");
-    const auto config_a = load_config(with_nvme(small_config(GetParam().extra), nvme_a.path()),
-                                      GetParam().overrides);
-    const auto config = load_config(with_nvme(small_config(GetParam().extra), nvme_b.path()),
-                                    GetParam().overrides);
+    const auto config_a =
+        load_config(with_nvme(small_config(GetParam().extra), nvme_a.path()), GetParam().overrides);
+    const auto config =
+        load_config(with_nvme(small_config(GetParam().extra), nvme_b.path()), GetParam().overrides);
     const std::uint64_t n = 10, k = 4;
     Trainer full(config_a);
     const auto full_losses = bits(full.run(n));
@@ -352,15 +349,13 @@ INSTANTIATE_TEST_SUITE_P(
     Configs, ResumeTest,
     ::testing::Values(
         ResumeCase{R"("zero_optimization": {"stage": 0},)", {}},
-        ResumeCase{
-            R"("zero_optimization": {"stage": 3}, "bf16": {"enabled": true},)"
-            R"( "scheduler": {"type": "WarmupDecayLR",)"
-            R"( "params": {"warmup_num_steps": 3, "total_num_steps": 20}},)",
-            {}},
-        ResumeCase{
-            R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"
-            R"( "fp16": {"enabled": true, "initial_scale_power": 30, "hysteresis": 1},)",
-            {}},
+        ResumeCase{R"("zero_optimization": {"stage": 3}, "bf16": {"enabled": true},)"
+                   R"( "scheduler": {"type": "WarmupDecayLR",)"
+                   R"( "params": {"warmup_num_steps": 3, "total_num_steps": 20}},)",
+                   {}},
+        ResumeCase{R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)"
+                   R"( "fp16": {"enabled": true, "initial_scale_power": 30, "hysteresis": 1},)",
+                   {}},
         ResumeCase{std::string(kNvmeZero) + R"( "bf16": {"enabled": true},)", {}},
         ResumeCase{
             R"("zero_optimization": {"stage": 1},)",
@@ -435,16 +430,20 @@ TEST(EngineConfigTest, BadOffloadFailsBeforeAllocationNamingTheKey) {
     };
     const Case cases[] = {
         {R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",)"
-         R"( "nvme_path": ")" + file + R"(/sub"}},)",
+         R"( "nvme_path": ")" +
+             file + R"(/sub"}},)",
          "offload_param.nvme_path"},
         {R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",)"
-         R"( "nvme_path": ")" + file + R"("}},)",
+         R"( "nvme_path": ")" +
+             file + R"("}},)",
          "offload_optimizer.nvme_path"},
         {R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",)"
-         R"( "nvme_path": ")" + dir.path() + R"(", "buffer_size": 100}},)",
+         R"( "nvme_path": ")" +
+             dir.path() + R"(", "buffer_size": 100}},)",
          "offload_param.buffer_size"},
         {R"("zero_optimization": {"stage": 3, "sub_group_size": 1000, "offload_optimizer":)"
-         R"( {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},)",
+         R"( {"device": "nvme", "nvme_path": ")" +
+             dir.path() + R"("}},)",
          "device.host_memory_budget"},
     };
     for (const auto& c : cases) {

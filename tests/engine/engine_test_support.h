@@ -107,9 +107,10 @@ struct Trainer {
             const std::uint64_t per_epoch = batcher->batches_per_epoch();
             if (batcher->epoch() != micro / per_epoch) batcher->start_epoch(micro / per_epoch);
             const std::size_t n = batcher->fill(micro % per_epoch, x, y);
-            ZINF_ASSIGN_OR_RETURN(loss, engine().forward(Batch{
-                                            std::span<const float>(x.data(), n * dataset->features()),
-                                            std::span<const std::int32_t>(y.data(), n), n}));
+            ZINF_ASSIGN_OR_RETURN(
+                loss,
+                engine().forward(Batch{std::span<const float>(x.data(), n * dataset->features()),
+                                       std::span<const std::int32_t>(y.data(), n), n}));
             ZINF_TRY(engine().backward());
             ZINF_TRY(engine().step());
         }

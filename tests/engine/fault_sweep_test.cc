@@ -35,8 +35,8 @@ long locked_kib() {
 }
 
 struct Outcome {
-    Status error;                     // the first error, or OK when the scenario completed
-    std::vector<float> losses;        // every micro-step before it
+    Status error;                          // the first error, or OK when the scenario completed
+    std::vector<float> losses;             // every micro-step before it
     std::uint64_t io_faults_injected = 0;  // by the engine's FaultyBackend
 };
 
@@ -110,8 +110,8 @@ protected:
             return;
         }
         ASSERT_TRUE(after_.count(*latest)) << what << ": latest " << *latest;
-        EXPECT_EQ(test_support::bits(std::vector<float>{loss_after_loading(config_, ckpt_.path(),
-                                                                          *latest)}),
+        EXPECT_EQ(test_support::bits(
+                      std::vector<float>{loss_after_loading(config_, ckpt_.path(), *latest)}),
                   test_support::bits(std::vector<float>{after_[*latest]}))
             << what << ": resuming " << *latest;
     }

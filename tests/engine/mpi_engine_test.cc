@@ -1,9 +1,10 @@
-// The engine over several ranks (run under mpiexec with 2 and 3 ranks; tests/engine/CMakeLists.txt):
-// data-parallel training against a single-rank engine built in the same process, every ZeRO
-// stage and placement against each other, checkpoints (shards, atomicity, re-partitioning) and
-// errors every rank reports instead of a hang. The deterministic reduction (comm.deterministic)
-// makes the arithmetic of N ranks the arithmetic of one rank accumulating N micro-batches: added
-// in rank order, exactly what gradient accumulation adds when 1/N is a power of two.
+// The engine over several ranks (run under mpiexec with 2 and 3 ranks;
+// tests/engine/CMakeLists.txt): data-parallel training against a single-rank engine built in the
+// same process, every ZeRO stage and placement against each other, checkpoints (shards, atomicity,
+// re-partitioning) and errors every rank reports instead of a hang. The deterministic reduction
+// (comm.deterministic) makes the arithmetic of N ranks the arithmetic of one rank accumulating N
+// micro-batches: added in rank order, exactly what gradient accumulation adds when 1/N is a power
+// of two.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,11 +35,13 @@ constexpr std::size_t kMicro = 8;
 // and anything else, with a trailing comma).
 std::string config_text(const std::string& zero, std::uint64_t gas, double clipping) {
     return R"({
-  )" + zero + R"(
+  )" + zero +
+           R"(
   "train_micro_batch_size_per_gpu": 8,
   "gradient_accumulation_steps": )" +
            std::to_string(gas) + R"(,
-  "gradient_clipping": )" + std::to_string(clipping) + R"(,
+  "gradient_clipping": )" +
+           std::to_string(clipping) + R"(,
   "steps_per_print": 1000,
   "seed": 7,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
@@ -77,7 +80,8 @@ struct RankRun {
     std::vector<float> losses;
 
     RankRun(const config::EngineConfig& c, bool several_ranks) : config(c) {
-        auto s = TrainingStack::create(c, {}, several_ranks ? mpi_factory() : CommunicatorFactory{});
+        auto s =
+            TrainingStack::create(c, {}, several_ranks ? mpi_factory() : CommunicatorFactory{});
         ZINF_ASSERT_MSG(s.has_value(), s.error().to_string());
         stack = std::move(*s);
         data::SyntheticOptions so;
@@ -107,12 +111,15 @@ struct RankRun {
         const auto& part = co.partitioning();
         std::vector<std::pair<std::size_t, std::vector<float>>> out;
         for (std::size_t p = 0; p < part.parameter_count(); ++p) {
-            const std::size_t first = co.plan().optimizer_partitioned
-                                          ? static_cast<std::size_t>(part.rank()) * part.slot(p).slice_numel
-                                          : 0;
-            const auto begin = master->begin() + static_cast<std::ptrdiff_t>(co.domain_offset_numel(p));
-            out.emplace_back(first, std::vector<float>(
-                                        begin, begin + static_cast<std::ptrdiff_t>(co.domain_valid_numel(p))));
+            const std::size_t first =
+                co.plan().optimizer_partitioned
+                    ? static_cast<std::size_t>(part.rank()) * part.slot(p).slice_numel
+                    : 0;
+            const auto begin =
+                master->begin() + static_cast<std::ptrdiff_t>(co.domain_offset_numel(p));
+            out.emplace_back(
+                first, std::vector<float>(
+                           begin, begin + static_cast<std::ptrdiff_t>(co.domain_valid_numel(p))));
         }
         return out;
     }
@@ -135,7 +142,8 @@ void expect_same_parameters(RankRun& mine, RankRun& whole, double tolerance = 0)
             const float y = b[p].second[a[p].first - b[p].first + i];
             if (tolerance == 0) {
                 ASSERT_EQ(test_support::bits({x}), test_support::bits({y}))
-                    << "parameter " << p << " element " << a[p].first + i << ": " << x << " vs " << y;
+                    << "parameter " << p << " element " << a[p].first + i << ": " << x << " vs "
+                    << y;
             } else {
                 ASSERT_LE(std::abs(x - y), tolerance * std::max(std::abs(y), 1e-2f))
                     << "parameter " << p << " element " << a[p].first + i;
@@ -209,7 +217,8 @@ TEST(MpiEngine, RanksTrainAsOneRankAccumulatingTheirMicroBatches) {
             for (int r = 1; r < n; ++r) sum += one.losses[s * n + r];
             const auto want = static_cast<float>(sum / n);
             if (tolerance == 0) {
-                EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want})) << "step " << s;
+                EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want}))
+                    << "step " << s;
             } else {
                 EXPECT_NEAR(ranks.losses[s], want, tolerance * want) << "step " << s;
             }
@@ -307,10 +316,12 @@ TEST(MpiEngine, EachRankHoldsWhatTheSeedFormulasGive) {
             within(a.optimizer_states, a.formula_states, a.k);
             EXPECT_EQ(a.held.parameter_staging, 0u);
             EXPECT_EQ(a.held.gradient_staging,
-                      stage == 1 ? run.engine().coordinator().partitioning().partition_numel() * a.b : 0u);
+                      stage == 1 ? run.engine().coordinator().partitioning().partition_numel() * a.b
+                                 : 0u);
             if (stage == 3) {
-                EXPECT_LT(static_cast<double>(a.held.parameters) * n,
-                          static_cast<double>(a.b) * (static_cast<double>(a.model_numel) + pad) + 1);
+                EXPECT_LT(
+                    static_cast<double>(a.held.parameters) * n,
+                    static_cast<double>(a.b) * (static_cast<double>(a.model_numel) + pad) + 1);
             }
             EXPECT_NE(run.engine().summary().find("model states per rank"), std::string::npos);
         }
@@ -336,12 +347,12 @@ TEST(MpiEngine, EachRankSwapsInItsOwnSubdirectoryOfEveryPath) {
             if (dir == &b && !list) continue;
             const std::string mine = dir->path() + sub;
             EXPECT_TRUE(std::filesystem::exists(mine + "/zinfinity-swap.lock")) << mine;
-            EXPECT_NE(run.engine().summary().find(mine), std::string::npos) << run.engine().summary();
+            EXPECT_NE(run.engine().summary().find(mine), std::string::npos)
+                << run.engine().summary();
         }
         EXPECT_GT(run.engine().io_figures().bytes_read, 0u);
     }
 }
-
 
 // Save on N ranks, continue: the run resumed from the shards continues bitwise. The same
 // checkpoint loads on one rank (re-partitioned, every shard read) and under another stage.
@@ -353,7 +364,8 @@ TEST(MpiEngine, ShardedCheckpointResumesBitwiseAndRepartitions) {
     ASSERT_TRUE(first.train_until(3).is_ok());
     ASSERT_TRUE(first.engine().save_checkpoint(dir.path(), "step3").is_ok());
     EXPECT_EQ(latest_tag(dir.path()), "step3");
-    EXPECT_TRUE(std::filesystem::exists(dir.path() + "/step3/rank" + std::to_string(n - 1) + "/master.fp32"));
+    EXPECT_TRUE(std::filesystem::exists(dir.path() + "/step3/rank" + std::to_string(n - 1) +
+                                        "/master.fp32"));
     ASSERT_TRUE(first.train_until(6).is_ok());
 
     RankRun resumed(load(config_text(zero2, 1, 0.05), n), true);
@@ -424,8 +436,9 @@ TEST(MpiEngine, ARankThatCannotCreateItsEngineFailsEveryRank) {
         std::ofstream(dir.path() + "/swap/rank" + std::to_string(n - 1)) << "not a directory";
     }
     ASSERT_TRUE(probe.engine().communicator().barrier().is_ok());
-    const std::string zero = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                             dir.path() + R"(/swap"}},)";
+    const std::string zero =
+        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+        dir.path() + R"(/swap"}},)";
     auto stack = TrainingStack::create(load(config_text(zero, 1, 0.0), n), {}, mpi_factory());
     ASSERT_FALSE(stack.has_value());
     if (probe.engine().rank() == n - 1) {
@@ -442,8 +455,9 @@ TEST(MpiEngine, ARankThatCannotCreateItsEngineFailsEveryRank) {
 TEST(MpiEngine, AnOptimizerStepThatFailsOnOneRankFailsOnEvery) {
     const int n = world();
     test::TempDir nvme("mpi-fail");
-    const std::string zero = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                             nvme.path() + R"("}},)";
+    const std::string zero =
+        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+        nvme.path() + R"("}},)";
     const auto c = load(config_text(zero, 1, 0.0), n);
     RankRun probe(load(config_text(kStages[0], 1, 0.0), n), true);
     EngineOptions eo;
@@ -466,7 +480,8 @@ TEST(MpiEngine, AnOptimizerStepThatFailsOnOneRankFailsOnEvery) {
     }
     const auto again = e.forward(Batch(x, y, kMicro));
     ASSERT_FALSE(again.has_value());
-    EXPECT_NE(again.error().message().find("unusable"), std::string::npos) << again.error().to_string();
+    EXPECT_NE(again.error().message().find("unusable"), std::string::npos)
+        << again.error().to_string();
 }
 
 // A checkpoint of another model: every rank refuses it, naming the difference, none waits.

@@ -56,7 +56,8 @@ TEST(OffloadPlan, NoOffloadKeepsEverythingOnTheDevice) {
     EXPECT_EQ(p.model_numel, 6060u);
     EXPECT_GE(p.domain_numel, p.model_numel);
     EXPECT_EQ(p.state_count, 3u);  // AdamW: master + two moments
-    const OffloadPlan bf16 = plan_of(R"("zero_optimization": {"stage": 0}, "bf16": {"enabled": true},)");
+    const OffloadPlan bf16 =
+        plan_of(R"("zero_optimization": {"stage": 0}, "bf16": {"enabled": true},)");
     EXPECT_EQ(bf16.dtype, DType::kBFloat16);
     EXPECT_EQ(bf16.parameter_update, ParameterUpdate::kInPlace);
 }
@@ -70,9 +71,9 @@ TEST(OffloadPlan, CpuOptimizerOffloadKeepsAHostGradientCopy) {
     EXPECT_EQ(p.optimizer_pinned_bytes(), 0u);
     // On a GPU the host-side optimizer cannot write the device's parameters: through the
     // coordinator, with the gradients copied to the host.
-    const OffloadPlan gpu = plan_of(
-        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)", {},
-        inputs(DeviceKind::kCuda));
+    const OffloadPlan gpu =
+        plan_of(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)", {},
+                inputs(DeviceKind::kCuda));
     EXPECT_EQ(gpu.parameter_update, ParameterUpdate::kThroughCoordinator);
     EXPECT_EQ(gpu.gradients, Home::kDevice);
 }
@@ -86,14 +87,13 @@ TEST(OffloadPlan, GradientsStreamOnlyBeyondTheHostBudget) {
     const std::uint64_t gradients = unbounded.domain_numel * 2;
     ASSERT_GT(pinned, 0u);
     const auto with_budget = [&](std::uint64_t budget) {
-        return plan_of(kNvmeBoth,
-                       {"bf16.enabled=true", "device.host_memory_budget=" + std::to_string(budget)});
+        return plan_of(kNvmeBoth, {"bf16.enabled=true",
+                                   "device.host_memory_budget=" + std::to_string(budget)});
     };
     const OffloadPlan fits = with_budget(pinned + gradients);
     EXPECT_EQ(fits.gradients, Home::kHost);
     EXPECT_TRUE(fits.coordinator.host_gradients);
-    EXPECT_NE(fits.describe().find("fit in the host budget"), std::string::npos)
-        << fits.describe();
+    EXPECT_NE(fits.describe().find("fit in the host budget"), std::string::npos) << fits.describe();
     const OffloadPlan beyond = with_budget(pinned + gradients - 1);
     EXPECT_EQ(beyond.gradients, Home::kNvme);
     EXPECT_FALSE(beyond.coordinator.host_gradients);
@@ -102,8 +102,9 @@ TEST(OffloadPlan, GradientsStreamOnlyBeyondTheHostBudget) {
 }
 
 TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
-    const OffloadPlan p = plan_of(
-        kNvmeBoth, {"bf16.enabled=true", "zero_optimization.offload_optimizer.stream_gradients=true"});
+    const OffloadPlan p =
+        plan_of(kNvmeBoth,
+                {"bf16.enabled=true", "zero_optimization.offload_optimizer.stream_gradients=true"});
     EXPECT_EQ(p.parameters, Home::kNvme);
     EXPECT_EQ(p.optimizer_states, Home::kNvme);
     // Stage 3 with the optimizer on NVMe, streaming asked for: the gradients go to the swap files.
@@ -113,9 +114,10 @@ TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
     // Asked to stay, or "auto" without a host budget: the CPU device keeps them in registered
     // host memory.
     for (const char* mode : {"false", "\"auto\""}) {
-        const OffloadPlan held = plan_of(
-            kNvmeBoth, {"bf16.enabled=true",
-                        std::string("zero_optimization.offload_optimizer.stream_gradients=") + mode});
+        const OffloadPlan held =
+            plan_of(kNvmeBoth,
+                    {"bf16.enabled=true",
+                     std::string("zero_optimization.offload_optimizer.stream_gradients=") + mode});
         EXPECT_EQ(held.gradients, Home::kHost) << mode;
         EXPECT_TRUE(held.coordinator.host_gradients) << mode;
     }
@@ -134,11 +136,13 @@ TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
     // The optimizer: sub-groups of 1000 elements, 3 fp32 arrays each, pipelined buffers.
     EXPECT_EQ(p.sub_group_numel, 1000u);
     EXPECT_EQ(p.optimizer_stack.swappers[0].sub_group_numel, 1000u);
-    EXPECT_EQ(p.optimizer_stack.swappers[0].first_partition, 4u);  // after the parameters' partitions
+    EXPECT_EQ(p.optimizer_stack.swappers[0].first_partition,
+              4u);  // after the parameters' partitions
     EXPECT_EQ(p.optimizer_stack.pool.buffer_size_bytes,
               swap::OptimizerSwapper::buffer_size_bytes(1000, p.optimizer.kind));
     EXPECT_EQ(p.optimizer_pinned_bytes(),
-              p.optimizer_stack.pool.buffer_count * align_up(p.optimizer_stack.pool.buffer_size_bytes, 4096));
+              p.optimizer_stack.pool.buffer_count *
+                  align_up(p.optimizer_stack.pool.buffer_size_bytes, 4096));
     EXPECT_EQ(p.parameter_store.paths, std::vector<std::string>{"/nonexistent/p"});
     EXPECT_EQ(p.io.aio.block_size_bytes, 1u << 20);
     const std::string d = p.describe();
@@ -149,10 +153,10 @@ TEST(OffloadPlan, NvmeOffloadSizesEveryTierAndPool) {
 }
 
 TEST(OffloadPlan, TinyHostTierIsRaisedToTwoPageAlignedPartitions) {
-    const OffloadPlan p = plan_of(kNvmeBoth, {"zero_optimization.offload_param.buffer_size=5008",
-                                             "zero_optimization.offload_param.buffer_count=2",
-                                             "zero_optimization.offload_param.max_in_cpu=10016",
-                                             "bf16.enabled=true"});
+    const OffloadPlan p = plan_of(
+        kNvmeBoth, {"zero_optimization.offload_param.buffer_size=5008",
+                    "zero_optimization.offload_param.buffer_count=2",
+                    "zero_optimization.offload_param.max_in_cpu=10016", "bf16.enabled=true"});
     // 2 x 5008 x 2 bytes = 20032 -> 20480 (page-aligned), below two page-aligned slices of
     // 10016 bytes: 2 x 12288.
     EXPECT_EQ(p.parameter_host_tier_bytes, 24576u);
@@ -170,8 +174,7 @@ TEST(OffloadPlan, SizeErrorsNameTheKeyAndTheSizeNeeded) {
     s = plan_error(kNvmeBoth, {"zero_optimization.offload_param.buffer_count=1"});
     EXPECT_NE(s.message().find("offload_param.buffer_count"), std::string::npos);
     s = plan_error(kNvmeBoth, {}, inputs(DeviceKind::kCpu, 40000));
-    EXPECT_NE(s.message().find("device.memory_budget: 40000"), std::string::npos)
-        << s.to_string();
+    EXPECT_NE(s.message().find("device.memory_budget: 40000"), std::string::npos) << s.to_string();
     s = plan_error(kNvmeBoth, {"device.host_memory_budget=4096"});
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("device.host_memory_budget: 4096"), std::string::npos);

@@ -25,7 +25,8 @@ namespace {
 template <int kGrad>
 float grad_at(const void* grads, std::size_t i) noexcept {
     if constexpr (kGrad == 0) return static_cast<const float*>(grads)[i];
-    if constexpr (kGrad == 1) return kernels::bf16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
+    if constexpr (kGrad == 1)
+        return kernels::bf16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
     return kernels::fp16_to_float(static_cast<const std::uint16_t*>(grads)[i]);
 }
 

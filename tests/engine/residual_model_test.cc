@@ -140,7 +140,8 @@ Outcome train(const std::string& zero, const std::string& nvme_dir, std::uint64_
     auto device = std::move(device::CpuDevice::create(o)).value();
     auto compute = std::move(device::CpuCompute::create(device.get(), {1})).value();
     zero::SingleRankCommunicator communicator(*device);
-    auto model = ResidualModel::create(*device, kWidth, config.batch.train_micro_batch_size_per_gpu);
+    auto model =
+        ResidualModel::create(*device, kWidth, config.batch.train_micro_batch_size_per_gpu);
     auto engine = Engine::create(config, *model, *device, *compute, communicator);
     ZINF_ASSERT_MSG(engine.has_value(), engine.error().to_string());
     data::SyntheticOptions so;
@@ -173,13 +174,13 @@ TEST(ResidualModelThroughTheEngine, LearnsAndIsBitwiseTheSameInEveryPlacement) {
     for (std::size_t i = 50; i < 60; ++i) tail += base.losses[i];
     EXPECT_LT(tail / 10, 0.8 * base.losses[0]) << base.losses[0] << " -> " << tail / 10;
     EXPECT_GT(base.accuracy, 1.5 / kWidth);  // better than chance
-    for (const char* zero : {
-             R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)",
-             R"("zero_optimization": {"stage": 3, "sub_group_size": 64,)"
-             R"( "stage3_param_persistence_threshold": 0,)"
-             R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 2,)"
-             R"( "buffer_size": 256, "max_in_cpu": 512},)"
-             R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"}) {
+    for (const char* zero :
+         {R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)",
+          R"("zero_optimization": {"stage": 3, "sub_group_size": 64,)"
+          R"( "stage3_param_persistence_threshold": 0,)"
+          R"( "offload_param": {"device": "nvme", "nvme_path": "@NVME@", "buffer_count": 2,)"
+          R"( "buffer_size": 256, "max_in_cpu": 512},)"
+          R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"}) {
         const Outcome other = train(zero, dir.path(), 60);
         EXPECT_EQ(test_support::bits(other.losses), test_support::bits(base.losses)) << zero;
         EXPECT_EQ(other.accuracy, base.accuracy) << zero;

@@ -35,7 +35,9 @@ void expect_rel(double actual, double expected, std::uint64_t step) {
 
 // DeepSpeed's last_batch_iteration during optimizer step `step` >= 1 (step 0 runs with the
 // constructor's value, before any scheduler.step()).
-std::int64_t iteration_of(std::uint64_t step) { return std::int64_t(step) - 1; }
+std::int64_t iteration_of(std::uint64_t step) {
+    return std::int64_t(step) - 1;
+}
 
 // ---------------------------------------------------------------------------------------------
 // WarmupCosineLR. DeepSpeed (get_lr_ratio, W = max(2, warmup_num_steps)):
@@ -365,15 +367,15 @@ TEST(OneCycleScheduleTest, HandComputedPoints) {
     // batch_iteration k.
     OneCycleParams p{0.5, 1.5, 1.0, 4, {}, 0, {}, 2, 0.8, 0.9, 0.5};
     const SchedulerConfig s = one_cycle_config(p);
-    EXPECT_EQ(learning_rate(s, 0, 0), 0.5);         // the constructor's cycle_min_lr
-    EXPECT_EQ(*momentum(s, 0), 0.8);                // the constructor's betas[0]: cycle_min_mom
-    EXPECT_EQ(learning_rate(s, 0, 1), 0.75);        // x = 1/8, scale 1/4
-    EXPECT_EQ(learning_rate(s, 0, 2), 1.0);         // x = 1/4, scale 1/2
-    EXPECT_EQ(learning_rate(s, 0, 4), 1.5);         // x = 1/2: the peak
-    EXPECT_EQ(learning_rate(s, 0, 6), 1.0);         // x = 3/4, scale (3/4 - 1) / (1/2 - 1) = 1/2
-    EXPECT_EQ(learning_rate(s, 0, 8), 0.5);         // batch_iteration 8: x = 0, back at the bottom
-    EXPECT_EQ(learning_rate(s, 0, 9), 0.5 / 1.5);   // decay interval 1/2
-    EXPECT_EQ(learning_rate(s, 0, 10), 0.25);       // decay interval 1
+    EXPECT_EQ(learning_rate(s, 0, 0), 0.5);        // the constructor's cycle_min_lr
+    EXPECT_EQ(*momentum(s, 0), 0.8);               // the constructor's betas[0]: cycle_min_mom
+    EXPECT_EQ(learning_rate(s, 0, 1), 0.75);       // x = 1/8, scale 1/4
+    EXPECT_EQ(learning_rate(s, 0, 2), 1.0);        // x = 1/4, scale 1/2
+    EXPECT_EQ(learning_rate(s, 0, 4), 1.5);        // x = 1/2: the peak
+    EXPECT_EQ(learning_rate(s, 0, 6), 1.0);        // x = 3/4, scale (3/4 - 1) / (1/2 - 1) = 1/2
+    EXPECT_EQ(learning_rate(s, 0, 8), 0.5);        // batch_iteration 8: x = 0, back at the bottom
+    EXPECT_EQ(learning_rate(s, 0, 9), 0.5 / 1.5);  // decay interval 1/2
+    EXPECT_EQ(learning_rate(s, 0, 10), 0.25);      // decay interval 1
     EXPECT_DOUBLE_EQ(*momentum(s, 1), 0.9 - 0.1 / 4);  // back near the top after step 0
     EXPECT_EQ(*momentum(s, 4), 0.8);
     EXPECT_EQ(*momentum(s, 8), 0.9);

@@ -39,8 +39,8 @@ const StoreCase kStores[] = {
      R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)"},
     // AMSGrad: a fourth state, the running maximum of exp_avg_sq.
-    {"device_amsgrad", Home::kDevice, R"("zero_optimization": {"stage": 1, "sub_group_size": 1000},)",
-     true},
+    {"device_amsgrad", Home::kDevice,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000},)", true},
     {"host_amsgrad", Home::kHost,
      R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
      R"( "offload_optimizer": {"device": "cpu"}},)",
@@ -59,8 +59,9 @@ config::EngineConfig config_of(const StoreCase& c, const std::string& nvme_dir) 
 
 // The gradient of element i at step s: deterministic, varied in sign and size.
 float gradient(std::size_t i, std::uint64_t s) {
-    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * static_cast<double>(s)) *
-                              (0.01 + 0.001 * static_cast<double>(i % 7)));
+    return static_cast<float>(
+        std::sin(0.37 * static_cast<double>(i) + 1.3 * static_cast<double>(s)) *
+        (0.01 + 0.001 * static_cast<double>(i % 7)));
 }
 
 class Gradients final : public swap::GradientSource {
@@ -74,7 +75,8 @@ public:
             std::span<const float>(grads_).subspan(offset, static_cast<std::size_t>(numel)));
     }
     Status updated(std::size_t, std::uint64_t offset, std::span<const float> params) override {
-        std::copy(params.begin(), params.end(), published_.begin() + static_cast<std::ptrdiff_t>(offset));
+        std::copy(params.begin(), params.end(),
+                  published_.begin() + static_cast<std::ptrdiff_t>(offset));
         return Status::ok();
     }
     const std::vector<float>& grads() const { return grads_; }

@@ -5,9 +5,8 @@
 // short reads with real files; EAGAIN, EINTR, short and zero-byte writes, EINVAL after a short
 // read and kernel errors, which no real file gives on demand, through Seams::result, which
 // rewrites the kernel's answer before the backend classifies it.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <map>
@@ -37,7 +36,8 @@ class BackendConformance : public ::testing::TestWithParam<Param> {
 protected:
     void SetUp() override {
         std::string skip;
-        engine_ = make_engine(GetParam().backend, GetParam().direct ? Tristate::kOn : Tristate::kOff, &skip);
+        engine_ = make_engine(GetParam().backend,
+                              GetParam().direct ? Tristate::kOn : Tristate::kOff, &skip);
         if (engine_ == nullptr && !skip.empty()) {
             GTEST_SKIP() << skip;
         }
@@ -207,10 +207,13 @@ TEST_P(BackendConformance, RandomRoundTrips) {
         std::memcpy(model.data() + offset, out.data(), size);
         // Read a random region back into a buffer with its own misalignment.
         const std::size_t rsize = 1 + rng() % (readback.size() - 512);
-        const std::uint64_t roffset = aligned ? align_down(rng() % (kFileBytes - rsize), 512) : rng() % (kFileBytes - rsize);
+        const std::uint64_t roffset =
+            aligned ? align_down(rng() % (kFileBytes - rsize), 512) : rng() % (kFileBytes - rsize);
         const std::size_t rshift = aligned ? 0 : 1 + rng() % 300;
-        const std::size_t rlen = aligned ? std::max<std::size_t>(512, align_down(rsize, 512)) : rsize;
-        std::span<std::byte> in = readback.span().subspan(rshift, std::min(rlen, readback.size() - rshift));
+        const std::size_t rlen =
+            aligned ? std::max<std::size_t>(512, align_down(rsize, 512)) : rsize;
+        std::span<std::byte> in =
+            readback.span().subspan(rshift, std::min(rlen, readback.size() - rshift));
         const Status st = engine_->read(file, roffset, in);
         ASSERT_TRUE(st.is_ok()) << st.to_string();
         ASSERT_EQ(std::memcmp(in.data(), model.data() + roffset, in.size()), 0)
@@ -255,7 +258,10 @@ TEST_P(BackendConformance, FourConcurrentSubmitters) {
                     if (!h.wait_for(kHangTimeout).is_ok()) ++failures;
                 }
                 IoHandle r;
-                if (!engine_->submit_read(r, file, static_cast<std::uint64_t>(t) * kRegion, in.span()).is_ok()) ++failures;
+                if (!engine_
+                         ->submit_read(r, file, static_cast<std::uint64_t>(t) * kRegion, in.span())
+                         .is_ok())
+                    ++failures;
                 if (!r.wait_for(kHangTimeout).is_ok()) ++failures;
                 if (std::memcmp(in.data(), out.data(), kRegion) != 0) ++failures;
             }
@@ -518,8 +524,8 @@ TEST_P(BackendConformance, DirectAndBufferedPiecesOfARequestNeverShareAPage) {
             if (GetParam().backend == "sim") {
                 // Simulated pieces have no descriptor to ask.
             } else if (GetParam().direct) {
-                EXPECT_EQ(direct_bytes, align_down(offset + length, kPage) -
-                                            align_up(offset, kPage))
+                EXPECT_EQ(direct_bytes,
+                          align_down(offset + length, kPage) - align_up(offset, kPage))
                     << "every whole page goes direct";
             } else {
                 EXPECT_EQ(direct_bytes, 0u);

@@ -119,7 +119,8 @@ TEST_P(BackendDirect, ReadAtEndOfFileReportsIt) {
     ASSERT_TRUE(backend_->submit(std::span<Request* const>(&p, 1)).has_value());
     reap_all();
     ASSERT_EQ(c.calls, 1);
-    EXPECT_NE(c.status.message().find("unexpected end of file"), std::string::npos) << c.status.to_string();
+    EXPECT_NE(c.status.message().find("unexpected end of file"), std::string::npos)
+        << c.status.to_string();
     EXPECT_EQ(r.done_bytes, 100u);
 }
 

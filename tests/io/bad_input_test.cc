@@ -1,9 +1,8 @@
 // Bad inputs give clear errors that name what is wrong: missing paths, files where directories
 // are expected, sizes beyond free space, empty buffers, block sizes the file system cannot take.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <fstream>
 

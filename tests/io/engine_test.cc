@@ -89,7 +89,8 @@ TEST(Engine, StripesRoundRobinOverThreeDirectories) {
         ASSERT_TRUE(fd.valid());
         const auto physical = static_cast<off_t>((chunk / 3) * kChunk + within);
         ASSERT_EQ(::pread(fd.get(), got.data(), n, physical), static_cast<ssize_t>(n));
-        ASSERT_EQ(std::memcmp(got.data(), out.data() + (logical - kStart), n), 0) << "chunk " << chunk;
+        ASSERT_EQ(std::memcmp(got.data(), out.data() + (logical - kStart), n), 0)
+            << "chunk " << chunk;
         logical += n;
     }
     AlignedBuffer in = must_allocate(kBytes);
@@ -129,7 +130,9 @@ TEST(Engine, SmallRequestKeepsTheQueueFull) {
     AlignedBuffer buffer = must_allocate(16 * 4096);
     const auto start = std::chrono::steady_clock::now();
     ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
     EXPECT_LT(ms, 45) << "pieces of one request did not overlap";
     EXPECT_EQ(engine.stats().pieces_completed, 16u);
 }
@@ -143,7 +146,9 @@ TEST(Engine, PiecesSpreadOverWorkers) {
     AlignedBuffer buffer = must_allocate(8 * 4096);
     const auto start = std::chrono::steady_clock::now();
     ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
     EXPECT_LT(ms, 90) << "the second worker did not take pieces of the request";
 }
 
@@ -187,7 +192,8 @@ TEST(Engine, SeveralThreadsWaitOnOneHandle) {
         waiters.emplace_back([&] { ok += h.wait_for(kHangTimeout).is_ok() ? 1 : 0; });
     }
     waiters.emplace_back([&] {
-        timed_out += h.wait_for(std::chrono::milliseconds(1)).code() == StatusCode::kTimeout ? 1 : 0;
+        timed_out +=
+            h.wait_for(std::chrono::milliseconds(1)).code() == StatusCode::kTimeout ? 1 : 0;
     });
     for (auto& t : waiters) t.join();
     EXPECT_EQ(ok.load(), 6);
@@ -230,8 +236,10 @@ TEST(Engine, DestructorDrainsInFlightOperations) {
         auto file = engine->open(dir.file("d"), fo);
         ASSERT_TRUE(file.has_value());
         for (int i = 0; i < 4; ++i) {
-            ASSERT_TRUE(engine->submit_write(handles[i], *file, static_cast<std::uint64_t>(i) << 20,
-                                             buffer.span().subspan(static_cast<std::size_t>(i) << 20, 1 << 20))
+            ASSERT_TRUE(engine
+                            ->submit_write(
+                                handles[i], *file, static_cast<std::uint64_t>(i) << 20,
+                                buffer.span().subspan(static_cast<std::size_t>(i) << 20, 1 << 20))
                             .is_ok());
         }
     }
@@ -259,7 +267,8 @@ TEST(Engine, NamedBackendThatCannotBeSetUpIsAnError) {
     o.aio.backend = "nvme-of";
     auto engine = Engine::create(o);
     ASSERT_FALSE(engine.has_value());
-    EXPECT_NE(engine.error().message().find("nvme-of"), std::string::npos) << engine.error().to_string();
+    EXPECT_NE(engine.error().message().find("nvme-of"), std::string::npos)
+        << engine.error().to_string();
 }
 
 TEST(Engine, SqpollAndSingleSubmitAndNoOverlapStillRoundTrip) {

@@ -1,8 +1,9 @@
 // FaultyBackend and parse_fault_plan: every injected fault reaches the caller with its context,
 // without a hang or a lost piece; sweeps fail the n-th piece of a scenario for every n.
+#include "io/faulty_backend.h"
+
 #include <gtest/gtest.h>
 
-#include "io/faulty_backend.h"
 #include "io/fault.h"
 #include "tests/io/io_test_util.h"
 

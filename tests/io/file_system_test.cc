@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "io/engine.h"
-#include "tests/support/test_seed.h"
 #include "src/base/log.h"
 #include "tests/io/io_test_util.h"
+#include "tests/support/test_seed.h"
 
 namespace zinf::io::test {
 namespace {

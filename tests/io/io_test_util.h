@@ -38,7 +38,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& backend, io::Direc
                                            io::AioOptions* aio_override = nullptr,
                                            const Seams& seams = {}) {
     EngineOptions options;
-    options.aio = aio_override != nullptr ? *aio_override : small_aio(backend == "sim" ? "auto" : backend, direct);
+    options.aio = aio_override != nullptr ? *aio_override
+                                          : small_aio(backend == "sim" ? "auto" : backend, direct);
     if (backend == "sim") {
         SimOptions sim;
         sim.seed = zinf::test::seed();
@@ -73,6 +74,5 @@ inline AlignedBuffer must_allocate(std::size_t size, bool zero = true) {
     EXPECT_TRUE(b.has_value());
     return std::move(b).value();
 }
-
 
 }  // namespace zinf::io::test

@@ -2,11 +2,10 @@
 // a real full disk (4 MiB tmpfs), a file system that refuses O_DIRECT (ramfs), a read-only
 // directory (tmpfs remounted read-only) and a 4 KiB logical block size (loop device).
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
@@ -53,11 +52,11 @@ std::string run(const std::string& command) {
     return out;
 }
 
-#define REQUIRE_ROOT()                                                  \
-    do {                                                                \
-        if (!zinf::test::is_root()) {                                   \
-            GTEST_SKIP() << "needs root to mount a file system";        \
-        }                                                               \
+#define REQUIRE_ROOT()                                           \
+    do {                                                         \
+        if (!zinf::test::is_root()) {                            \
+            GTEST_SKIP() << "needs root to mount a file system"; \
+        }                                                        \
     } while (0)
 
 TEST(Mounted, FullTmpfsGivesANoSpaceErrorWithContext) {
@@ -84,7 +83,8 @@ TEST(Mounted, FullTmpfsGivesANoSpaceErrorWithContext) {
         ASSERT_FALSE(st.is_ok()) << backend;
         EXPECT_EQ(st.code(), StatusCode::kNoSpace) << st.to_string();
         EXPECT_NE(st.message().find(path), std::string::npos) << st.to_string();
-        EXPECT_NE(st.message().find("No space left on device"), std::string::npos) << st.to_string();
+        EXPECT_NE(st.message().find("No space left on device"), std::string::npos)
+            << st.to_string();
         ASSERT_TRUE(engine->close(*file).is_ok());
         ::unlink(path.c_str());
         // Up front: preallocating more than the file system holds.
@@ -112,7 +112,8 @@ TEST(Mounted, RamfsRefusesODirect) {
     auto refused = strict->open(m.file("f"), fo);
     ASSERT_FALSE(refused.has_value());
     EXPECT_EQ(refused.error().code(), StatusCode::kNotSupported);
-    EXPECT_NE(refused.error().message().find("O_DIRECT"), std::string::npos) << refused.error().to_string();
+    EXPECT_NE(refused.error().message().find("O_DIRECT"), std::string::npos)
+        << refused.error().to_string();
     EXPECT_NE(::access(m.file("f").c_str(), F_OK), 0) << "a refused open left its file behind";
 
     auto lenient = make_engine("io_uring", Tristate::kAuto, &skip);
@@ -146,7 +147,8 @@ TEST(Mounted, ReadOnlyDirectory) {
     fo.create = true;
     auto f = engine->open(m.file("new"), fo);
     ASSERT_FALSE(f.has_value());
-    EXPECT_NE(f.error().message().find("read-only file system"), std::string::npos) << f.error().to_string();
+    EXPECT_NE(f.error().message().find("read-only file system"), std::string::npos)
+        << f.error().to_string();
     EXPECT_NE(f.error().message().find(m.file("new")), std::string::npos);
     // An existing file can be opened for writing only if the file system allows it.
     auto rw = engine->open(m.file("existing"), FileOptions{});
@@ -161,9 +163,7 @@ TEST(Mounted, FourKibLogicalBlocks) {
     REQUIRE_ROOT();
     zinf::test::TempDir backing("loop");
     const std::string image = backing.file("disk.img");
-    {
-        std::ofstream f(image);
-    }
+    { std::ofstream f(image); }
     if (::truncate(image.c_str(), 64 << 20) != 0) {
         GTEST_SKIP() << "cannot size the image";
     }
@@ -203,7 +203,8 @@ TEST(Mounted, FourKibLogicalBlocks) {
     fo.create = true;
     auto refused = bad->open(m.file("f"), fo);
     ASSERT_FALSE(refused.has_value());
-    EXPECT_NE(refused.error().message().find("aio.block_size"), std::string::npos) << refused.error().to_string();
+    EXPECT_NE(refused.error().message().find("aio.block_size"), std::string::npos)
+        << refused.error().to_string();
     EXPECT_NE(refused.error().message().find("4096"), std::string::npos);
 
     aio.block_size_bytes = 64 * 1024;

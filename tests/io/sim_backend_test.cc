@@ -1,9 +1,10 @@
 // SimDevice / SimBackend: out-of-order completion reproducible by seed, capacity as ENOSPC.
+#include "io/sim_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "io/sim_backend.h"
 #include "tests/io/io_test_util.h"
 
 namespace zinf::io::test {
@@ -32,7 +33,8 @@ std::vector<int> completion_order(std::uint64_t seed) {
         reqs[i].user = &order;
         reqs[i].callback = [](Request& r, const Status& s) {
             EXPECT_TRUE(s.is_ok());
-            static_cast<std::vector<int>*>(r.user)->push_back(static_cast<int>(r.offset_bytes / 512));
+            static_cast<std::vector<int>*>(r.user)->push_back(
+                static_cast<int>(r.offset_bytes / 512));
         };
         ptrs[i] = &reqs[i];
     }

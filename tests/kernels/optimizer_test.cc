@@ -84,7 +84,8 @@ StepOutputs run_step(const OptimizerKernel& kernel, const OptimizerParams& param
     out.copy.assign(in.params.size(), 0xdead);
     ParamCopy copy = ParamCopy::none();
     if (with_copy)
-        copy = copy_dtype == DType::kBFloat16 ? ParamCopy::bf16(out.copy) : ParamCopy::fp16(out.copy);
+        copy =
+            copy_dtype == DType::kBFloat16 ? ParamCopy::bf16(out.copy) : ParamCopy::fp16(out.copy);
     const Status status =
         kernel.step(params, state_of(out, params), in.grad_view(grad_dtype), copy);
     EXPECT_TRUE(status.is_ok()) << status.to_string();
@@ -396,7 +397,8 @@ TEST_P(OptimizerIsaTest, AmsgradMatchesReferenceOnAMillionElements) {
         OptimizerParams params = default_params(kind, 11);
         params.amsgrad = true;
         params.bias_correction = kind == OptimizerKind::kAdamW;
-        const StepOutputs out = run_step(kernel, params, in, DType::kBFloat16, DType::kFloat16, true);
+        const StepOutputs out =
+            run_step(kernel, params, in, DType::kBFloat16, DType::kFloat16, true);
         expect_matches_reference(params, in, out, DType::kBFloat16, true, DType::kFloat16);
     }
 }
@@ -671,8 +673,10 @@ TEST(OptimizerCrossVariantTest, Avx2AndAvx512AgreeBitwise) {
                                      params.bias_correction, " torch_rounding ",
                                      params.torch_rounding));
                 const StepInputs in = make_inputs(numel, zinf::test::seed() + 53);
-                const StepOutputs a = run_step(avx2, params, in, grad_dtype, DType::kBFloat16, true);
-                const StepOutputs b = run_step(avx512, params, in, grad_dtype, DType::kBFloat16, true);
+                const StepOutputs a =
+                    run_step(avx2, params, in, grad_dtype, DType::kBFloat16, true);
+                const StepOutputs b =
+                    run_step(avx512, params, in, grad_dtype, DType::kBFloat16, true);
                 expect_bitwise_equal(a, b, 0);
             }
         }
@@ -736,8 +740,8 @@ TEST(OptimizerTorchRoundingTest, EqualsTorchsOperationsBitForBit) {
                                       std::memcmp(&t.v, &out.exp_avg_sq[i], 4) == 0;
                     if (!same && ++mismatches <= 3) {
                         ADD_FAILURE()
-                            << describe(i, in, DType::kFloat32) << ": torch p " << t.p << " m " << t.m
-                            << " v " << t.v << ", kernel p " << out.params[i] << " m "
+                            << describe(i, in, DType::kFloat32) << ": torch p " << t.p << " m "
+                            << t.m << " v " << t.v << ", kernel p " << out.params[i] << " m "
                             << out.exp_avg[i] << " v " << out.exp_avg_sq[i];
                     }
                 }

@@ -325,8 +325,8 @@ TEST(CpuMath, ExpAndTanhMatchDoublePrecision) {
         worst_exp = std::max(worst_exp, std::fabs(cpu_math::exp(x) - want) / want);
     }
     for (float u = -12.0f; u <= 12.0f; u += 0.00071f) {
-        worst_tanh = std::max(worst_tanh,
-                              std::fabs(cpu_math::tanh(u) - std::tanh(static_cast<double>(u))));
+        worst_tanh =
+            std::max(worst_tanh, std::fabs(cpu_math::tanh(u) - std::tanh(static_cast<double>(u))));
     }
     std::printf("cpu_math: exp relative error <= %.2e, tanh absolute error <= %.2e\n", worst_exp,
                 worst_tanh);
@@ -348,7 +348,8 @@ TEST(CpuCompute, EmbeddingForwardAddsPositionsAndBackwardScattersInRowOrder) {
         const auto table = random_vector(vocab * cols, 60);
         const auto positions = random_vector(period * cols, 61);
         std::vector<std::int32_t> tokens(rows);
-        for (std::size_t r = 0; r < rows; ++r) tokens[r] = static_cast<std::int32_t>((r * 5) % vocab);
+        for (std::size_t r = 0; r < rows; ++r)
+            tokens[r] = static_cast<std::int32_t>((r * 5) % vocab);
         tokens[4] = tokens[7] = 6;  // a repeated token: its gradient rows add up
         std::vector<float> y(rows * cols);
         ASSERT_TRUE(compute->embedding_forward(tokens.data(), table.data(), positions.data(), rows,
@@ -387,7 +388,8 @@ double weighted_causal_softmax(const std::vector<double>& s, const std::vector<d
         for (std::size_t j = 1; j <= i; ++j) mx = std::max(mx, s[i * ld + j]);
         double sum = 0;
         for (std::size_t j = 0; j <= i; ++j) sum += std::exp(s[i * ld + j] - mx);
-        for (std::size_t j = 0; j <= i; ++j) total += w[i * n + j] * std::exp(s[i * ld + j] - mx) / sum;
+        for (std::size_t j = 0; j <= i; ++j)
+            total += w[i * n + j] * std::exp(s[i * ld + j] - mx) / sum;
     }
     return total;
 }

@@ -2,6 +2,8 @@
 // gradients by central differences), activation checkpointing bitwise equal to the run without
 // it (on the device and with the kept inputs in host memory), its memory, fetch pairing under
 // injected failures, and bad configs.
+#include "src/model/gpt.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "src/model/gpt.h"
 #include "src/model/parameter_store.h"
 #include "tests/model/model_test_support.h"
 #include "tests/support/test_seed.h"
@@ -401,12 +402,13 @@ TEST(Gpt, CheckpointingInHostMemoryHoldsAThirdOfTheDevicePeakAtGptSmallsShape) {
     const std::size_t device = peak(config);
     config.checkpoint_place = CheckpointPlace::kHost;
     const std::size_t host = peak(config);
-    std::printf("gpt 4x128, 32 x 128 tokens: device peak %.1f MiB, checkpointing %.1f MiB "
-                "(%.3f), kept inputs in host memory %.1f MiB (%.3f)\n",
-                static_cast<double>(plain) / 1048576.0, static_cast<double>(device) / 1048576.0,
-                static_cast<double>(device) / static_cast<double>(plain),
-                static_cast<double>(host) / 1048576.0,
-                static_cast<double>(host) / static_cast<double>(plain));
+    std::printf(
+        "gpt 4x128, 32 x 128 tokens: device peak %.1f MiB, checkpointing %.1f MiB "
+        "(%.3f), kept inputs in host memory %.1f MiB (%.3f)\n",
+        static_cast<double>(plain) / 1048576.0, static_cast<double>(device) / 1048576.0,
+        static_cast<double>(device) / static_cast<double>(plain),
+        static_cast<double>(host) / 1048576.0,
+        static_cast<double>(host) / static_cast<double>(plain));
     EXPECT_LE(3 * host, plain);
     EXPECT_LT(host, device);
 }

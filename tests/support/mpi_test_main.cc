@@ -18,8 +18,7 @@ int main(int argc, char** argv) {
     const int rank = (*session)->rank();
     if (rank == 0) {
         std::printf("[zinf test] %d ranks, seed %llu (replay with ZINF_TEST_SEED=%llu)\n",
-                    (*session)->world_size(),
-                    static_cast<unsigned long long>(zinf::test::seed()),
+                    (*session)->world_size(), static_cast<unsigned long long>(zinf::test::seed()),
                     static_cast<unsigned long long>(zinf::test::seed()));
     }
     const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 
 #include "io/file_system.h"
@@ -17,7 +17,8 @@ namespace zinf::test {
 
 std::uint64_t seed() {
     static const std::uint64_t value = [] {
-        if (const char* env = std::getenv("ZINF_TEST_SEED")) return static_cast<std::uint64_t>(std::strtoull(env, nullptr, 10));
+        if (const char* env = std::getenv("ZINF_TEST_SEED"))
+            return static_cast<std::uint64_t>(std::strtoull(env, nullptr, 10));
         return static_cast<std::uint64_t>(
             std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007ULL);
     }();
@@ -35,11 +36,11 @@ std::filesystem::path temp_root() {
         if (base == nullptr) return std::filesystem::path("/tmp");
         std::filesystem::create_directories(base);
         auto dir = io::posix_file_system().open_directory(base, true);
-        const Status trusted = dir.has_value()
-                                   ? io::check_trusted_directory(*dir, "ZINF_TEST_TMPDIR")
-                                   : dir.error();
+        const Status trusted =
+            dir.has_value() ? io::check_trusted_directory(*dir, "ZINF_TEST_TMPDIR") : dir.error();
         if (trusted.is_ok()) return std::filesystem::path(base);
-        std::fprintf(stderr, "[zinf test] ZINF_TEST_TMPDIR unusable for swap files (%s); using /tmp\n",
+        std::fprintf(stderr,
+                     "[zinf test] ZINF_TEST_TMPDIR unusable for swap files (%s); using /tmp\n",
                      trusted.to_string().c_str());
         return std::filesystem::path("/tmp");
     }();
@@ -60,7 +61,9 @@ TempDir::~TempDir() {
     std::filesystem::remove_all(path_, ec);
 }
 
-bool is_root() { return ::geteuid() == 0; }
+bool is_root() {
+    return ::geteuid() == 0;
+}
 
 std::string read_text(const std::string& path) {
     std::ifstream in(path);

@@ -61,13 +61,15 @@ TEST(RunDir, SecondRunInThisProcessIsRefused) {
 
 TEST(RunDir, PathGivenTwiceIsRejected) {
     zinf::test::TempDir tmp("rundir");
-    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path(), tmp.path() + "/."});
+    auto dir = RunDir::create(io::posix_file_system(),
+                              std::vector<std::string>{tmp.path(), tmp.path() + "/."});
     ASSERT_FALSE(dir.has_value());
     EXPECT_EQ(dir.error().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(RunDir, MissingDirectoryIsAnError) {
-    auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{"/nonexistent/zinf-swap"});
+    auto dir =
+        RunDir::create(io::posix_file_system(), std::vector<std::string>{"/nonexistent/zinf-swap"});
     ASSERT_FALSE(dir.has_value());
     EXPECT_NE(dir.error().message().find("/nonexistent/zinf-swap"), std::string::npos);
 }
@@ -151,7 +153,8 @@ TEST(RunDirSecurity, PlantedLockSymlinkInAStickyDirectoryIsRefusedAndItsTargetUn
     auto dir = RunDir::create(io::posix_file_system(), std::vector<std::string>{base});
     ASSERT_FALSE(dir.has_value());
     EXPECT_EQ(dir.error().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(dir.error().message().find("symbolic link"), std::string::npos) << dir.error().message();
+    EXPECT_NE(dir.error().message().find("symbolic link"), std::string::npos)
+        << dir.error().message();
     EXPECT_NE(dir.error().message().find(std::string(kLockFileName)), std::string::npos);
     EXPECT_TRUE(victim.untouched());
     EXPECT_TRUE(run_dirs_in(base).empty());

@@ -13,7 +13,6 @@
 
 #include "swap/swap_store.h"
 
-
 namespace zinf::swap::test {
 
 Child spawn_child(const std::string& mode, const std::string& dir) {

@@ -565,9 +565,9 @@ TEST(ResidencyManager, PrefetchUnderATightHostTierReadsEachPartitionOncePerPass)
     PartitionId next = 0;
     for (auto& block : blocks) {
         for (const std::size_t units : sizes) {
-            ASSERT_TRUE(rig.rm->register_partition(next, units * kPart, DType::kFloat16,
-                                                   Tier::kNvme)
-                            .is_ok());
+            ASSERT_TRUE(
+                rig.rm->register_partition(next, units * kPart, DType::kFloat16, Tier::kNvme)
+                    .is_ok());
             std::vector<std::byte>& nvme = rig.mover->nvme(next);
             nvme[7] = static_cast<std::byte>(next * 31 + 7);
             block.push_back(next++);

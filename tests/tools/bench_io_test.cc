@@ -1,6 +1,7 @@
 // Tests of `zinfinity-bench io`, `sweep` and `tune` through the built binary: --help, flag
 // validation, tiny runs, file ownership (never overwrite, always remove) and the tune output.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -14,13 +15,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "src/base/aligned.h"
 #include "src/base/config.h"
@@ -86,7 +85,8 @@ RunResult collect(pid_t pid, int out_read, int err_read) {
     return r;
 }
 
-RunResult run_bench(const std::vector<std::string>& args, const std::function<void()>& in_child = {}) {
+RunResult run_bench(const std::vector<std::string>& args,
+                    const std::function<void()>& in_child = {}) {
     int out_pipe[2];
     int err_pipe[2];
     EXPECT_EQ(::pipe(out_pipe), 0);
@@ -112,33 +112,58 @@ std::string describe(const RunResult& r) {
 
 bool io_uring_unavailable(const RunResult& r) {
     return r.exit_code != 0 && (r.err.find("io_uring") != std::string::npos) &&
-           (r.err.find("not supported") != std::string::npos || r.err.find("EPERM") != std::string::npos ||
-            r.err.find("NotSupported") != std::string::npos || r.err.find("unavailable") != std::string::npos);
+           (r.err.find("not supported") != std::string::npos ||
+            r.err.find("EPERM") != std::string::npos ||
+            r.err.find("NotSupported") != std::string::npos ||
+            r.err.find("unavailable") != std::string::npos);
 }
 
 TEST(BenchIoTest, HelpListsEveryFlag) {
     const RunResult io = run_bench({"io", "--help"});
     ASSERT_EQ(io.exit_code, 0) << describe(io);
-    for (const char* flag :
-         {"--path", "--size", "--op", "--backend", "--block-size", "--queue-depth", "--threads", "--direct",
-          "--register-buffers", "--sqpoll", "--op-size", "--buffer-limit", "--loops", "--json", "--fault",
-          "--vs-fio", "--fio-grid", "--fio-grid-block-sizes", "--fio-grid-queue-depths", "--fio-grid-seconds",
-          "--vs-libaio", "--pairs", "--fio-binary", "--progress", "--help"}) {
-        EXPECT_NE(io.out.find(flag), std::string::npos) << flag << " missing from io --help:\n" << io.out;
+    for (const char* flag : {"--path",
+                             "--size",
+                             "--op",
+                             "--backend",
+                             "--block-size",
+                             "--queue-depth",
+                             "--threads",
+                             "--direct",
+                             "--register-buffers",
+                             "--sqpoll",
+                             "--op-size",
+                             "--buffer-limit",
+                             "--loops",
+                             "--json",
+                             "--fault",
+                             "--vs-fio",
+                             "--fio-grid",
+                             "--fio-grid-block-sizes",
+                             "--fio-grid-queue-depths",
+                             "--fio-grid-seconds",
+                             "--vs-libaio",
+                             "--pairs",
+                             "--fio-binary",
+                             "--progress",
+                             "--help"}) {
+        EXPECT_NE(io.out.find(flag), std::string::npos) << flag << " missing from io --help:\n"
+                                                        << io.out;
     }
     EXPECT_NE(io.out.find("default: 1MiB"), std::string::npos) << io.out;
     EXPECT_NE(io.out.find("GB/s (decimal"), std::string::npos) << io.out;
 
     const RunResult sweep = run_bench({"sweep", "--help"});
     ASSERT_EQ(sweep.exit_code, 0) << describe(sweep);
-    for (const char* flag : {"--backends", "--block-sizes", "--queue-depths", "--threads", "--op", "--loops",
-                             "--vs-fio", "--pairs", "--fio-binary", "--plot", "--tmpfs"}) {
+    for (const char* flag :
+         {"--backends", "--block-sizes", "--queue-depths", "--threads", "--op", "--loops",
+          "--vs-fio", "--pairs", "--fio-binary", "--plot", "--tmpfs"}) {
         EXPECT_NE(sweep.out.find(flag), std::string::npos) << flag << " missing from sweep --help";
     }
     const RunResult tune = run_bench({"tune", "--help"});
     ASSERT_EQ(tune.exit_code, 0) << describe(tune);
     EXPECT_NE(tune.out.find("--write-config"), std::string::npos);
-    EXPECT_NE(tune.out.find("harmonic mean"), std::string::npos) << "tune --help must state its rule";
+    EXPECT_NE(tune.out.find("harmonic mean"), std::string::npos)
+        << "tune --help must state its rule";
 }
 
 TEST(BenchIoTest, BadInputNamesTheCulprit) {
@@ -181,9 +206,9 @@ TEST(BenchIoTest, TinyWriteReadRunLeavesNothingBehind) {
     test::TempDir dir("bench-run");
     for (const std::string backend : {"posix", "io_uring"}) {
         const std::string json = dir.file("out-" + backend + ".json");
-        const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write,read",
-                                       "--backend", backend, "--loops", "1", "--queue-depth", "4", "--json",
-                                       json});
+        const RunResult r =
+            run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write,read",
+                       "--backend", backend, "--loops", "1", "--queue-depth", "4", "--json", json});
         if (backend == "io_uring" && io_uring_unavailable(r)) {
             std::cerr << "io_uring unavailable here; skipping its run: " << r.err << "\n";
             continue;
@@ -246,17 +271,18 @@ TEST(BenchIoTest, ExistingFileWithTheBenchNameIsNotOverwritten) {
     std::string victim;
     // The bench names its file after its pid; create that name in the child before exec.
     const std::string dir_path = dir.path();
-    const RunResult r = run_bench({"io", "--path", dir_path, "--size", "8MiB", "--op", "write", "--backend",
-                                   "posix", "--loops", "1"},
-                                  [&dir_path] {
-                                      const std::string path = dir_path + "/zinf-bench-" +
-                                                               std::to_string(::getpid()) + "-0.dat";
-                                      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-                                      if (fd >= 0) {
-                                          [[maybe_unused]] auto n = ::write(fd, "precious", 8);
-                                          ::close(fd);
-                                      }
-                                  });
+    const RunResult r =
+        run_bench({"io", "--path", dir_path, "--size", "8MiB", "--op", "write", "--backend",
+                   "posix", "--loops", "1"},
+                  [&dir_path] {
+                      const std::string path =
+                          dir_path + "/zinf-bench-" + std::to_string(::getpid()) + "-0.dat";
+                      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+                      if (fd >= 0) {
+                          [[maybe_unused]] auto n = ::write(fd, "precious", 8);
+                          ::close(fd);
+                      }
+                  });
     EXPECT_NE(r.exit_code, 0) << describe(r);
     EXPECT_NE(r.err.find("already exists"), std::string::npos) << r.err;
     const auto names = bench_files_in(dir.path());
@@ -268,8 +294,9 @@ TEST(BenchIoTest, ExistingFileWithTheBenchNameIsNotOverwritten) {
 
 TEST(BenchIoTest, InjectedFaultSurfacesWithContextAndCleansUp) {
     test::TempDir dir("bench-fault");
-    const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write", "--backend",
-                                   "posix", "--loops", "1", "--fault", "fail_nth=3,errno=EIO"});
+    const RunResult r =
+        run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "write", "--backend",
+                   "posix", "--loops", "1", "--fault", "fail_nth=3,errno=EIO"});
     EXPECT_EQ(r.exit_code, 1) << describe(r);
     EXPECT_NE(r.err.find("write"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("offset"), std::string::npos) << r.err;
@@ -282,8 +309,8 @@ TEST(BenchIoTest, InterruptStopsAndRemovesTheFile) {
     int err_pipe[2];
     ASSERT_EQ(::pipe(out_pipe), 0);
     ASSERT_EQ(::pipe(err_pipe), 0);
-    const pid_t pid = spawn({"io", "--path", dir.path(), "--size", "64MiB", "--op", "write,read", "--backend",
-                             "posix", "--loops", "1000", "--progress", "off"},
+    const pid_t pid = spawn({"io", "--path", dir.path(), "--size", "64MiB", "--op", "write,read",
+                             "--backend", "posix", "--loops", "1000", "--progress", "off"},
                             out_pipe[1], err_pipe[1]);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
@@ -305,9 +332,9 @@ TEST(BenchIoTest, InterruptStopsAndRemovesTheFile) {
 TEST(BenchIoTest, TuneWritesAConfigThatLoads) {
     test::TempDir dir("bench-tune");
     const std::string config_path = dir.file("aio.json");
-    const RunResult r = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends", "posix",
-                                   "--block-sizes", "512KiB,1MiB", "--queue-depths", "4", "--threads", "1",
-                                   "--write-config", config_path});
+    const RunResult r = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends",
+                                   "posix", "--block-sizes", "512KiB,1MiB", "--queue-depths", "4",
+                                   "--threads", "1", "--write-config", config_path});
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     std::ifstream in(config_path);
     ASSERT_TRUE(in.good());
@@ -321,9 +348,9 @@ TEST(BenchIoTest, TuneWritesAConfigThatLoads) {
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
 
     // A second tune does not overwrite the config without --force.
-    const RunResult again = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends", "posix",
-                                       "--block-sizes", "1MiB", "--queue-depths", "4", "--threads", "1",
-                                       "--write-config", config_path});
+    const RunResult again = run_bench({"tune", "--path", dir.path(), "--size", "8MiB", "--backends",
+                                       "posix", "--block-sizes", "1MiB", "--queue-depths", "4",
+                                       "--threads", "1", "--write-config", config_path});
     EXPECT_EQ(again.exit_code, 2) << describe(again);
     EXPECT_NE(again.err.find("--force"), std::string::npos) << again.err;
 }
@@ -332,8 +359,9 @@ TEST(BenchIoTest, VsFioPrintsRatios) {
     if (std::system("fio --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "fio is not installed";
     test::TempDir dir("bench-fio");
     const std::string json = dir.file("vs-fio.json");
-    const RunResult r = run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "read", "--backend",
-                                   "io_uring", "--queue-depth", "4", "--vs-fio", "--pairs", "2", "--json", json});
+    const RunResult r =
+        run_bench({"io", "--path", dir.path(), "--size", "8MiB", "--op", "read", "--backend",
+                   "io_uring", "--queue-depth", "4", "--vs-fio", "--pairs", "2", "--json", json});
     if (io_uring_unavailable(r)) GTEST_SKIP() << "io_uring unavailable: " << r.err;
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_NE(r.out.find("median ratio ours/fio"), std::string::npos) << r.out;
@@ -348,15 +376,20 @@ TEST(BenchIoTest, VsFioPrintsRatios) {
     // An unresolved CPU ratio (fio's start-up varying by more than a fifth of its I/O's CPU, as
     // likely on an 8 MiB file) is said so, and only then.
     EXPECT_EQ(read["cpu_resolved"].get<bool>(),
-              read["fio_io_cpu_seconds"].get<double>() >= 5 * read["fio_startup_cpu_spread_seconds"].get<double>());
-    EXPECT_EQ(r.out.find("CPU ratio not resolved") == std::string::npos, read["cpu_resolved"].get<bool>()) << r.out;
-    EXPECT_EQ(report["vs_fio"]["read"]["fio_command"].get<std::string>().rfind("fio", 0), 0u) << report.dump(2);
+              read["fio_io_cpu_seconds"].get<double>() >=
+                  5 * read["fio_startup_cpu_spread_seconds"].get<double>());
+    EXPECT_EQ(r.out.find("CPU ratio not resolved") == std::string::npos,
+              read["cpu_resolved"].get<bool>())
+        << r.out;
+    EXPECT_EQ(report["vs_fio"]["read"]["fio_command"].get<std::string>().rfind("fio", 0), 0u)
+        << report.dump(2);
     if (zinf::transparent_huge_pages_available()) {
         // Running fio does not take the huge pages from our registered buffers (5 ops of 1 MiB
         // aligned to a huge page): a fork would have split their mappings (pinned by io_uring)
         // into small pages at the first fio run.
         for (const auto& pair : report["vs_fio"]["read"]["pairs"]) {
-            EXPECT_GE(pair["ours"]["buffer_huge_page_bytes"].get<std::uint64_t>(), zinf::kHugePageBytes)
+            EXPECT_GE(pair["ours"]["buffer_huge_page_bytes"].get<std::uint64_t>(),
+                      zinf::kHugePageBytes)
                 << pair.dump();
         }
     }
@@ -382,7 +415,8 @@ testing::AssertionResult well_formed_xml(const std::string& text) {
         if (tag[0] == '/') {
             const std::string name = tag.substr(1);
             if (open.empty() || open.back() != name) {
-                return testing::AssertionFailure() << "</" << name << "> closes <" << (open.empty() ? "" : open.back()) << ">";
+                return testing::AssertionFailure()
+                       << "</" << name << "> closes <" << (open.empty() ? "" : open.back()) << ">";
             }
             open.pop_back();
             continue;
@@ -406,7 +440,8 @@ std::vector<std::string> polyline_attribute(const std::string& svg, const std::s
         const std::size_t at = tag.find(" " + name + "=\"");
         values.push_back(at == std::string::npos ? std::string()
                                                  : tag.substr(at + name.size() + 3,
-                                                              tag.find('"', at + name.size() + 3) - (at + name.size() + 3)));
+                                                              tag.find('"', at + name.size() + 3) -
+                                                                  (at + name.size() + 3)));
         i = end;
     }
     return values;
@@ -417,9 +452,10 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
     test::TempDir dir("bench-sweep-fio");
     const std::string json = dir.file("sweep.json");
     const std::string svg = dir.file("sweep.svg");
-    const RunResult r = run_bench({"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends",
-                                   "libaio", "--block-sizes", "512KiB,1MiB", "--queue-depths", "2,4", "--pairs",
-                                   "2", "--plot", svg, "--json", json});
+    const RunResult r =
+        run_bench({"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends",
+                   "libaio", "--block-sizes", "512KiB,1MiB", "--queue-depths", "2,4", "--pairs",
+                   "2", "--plot", svg, "--json", json});
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
     EXPECT_NE(r.out.find("worst ratio ours/fio over the grid"), std::string::npos) << r.out;
@@ -448,7 +484,8 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
                     // its job figure.
                     EXPECT_GT(pair[side]["process_cpu_seconds"].get<double>(), 0) << pair.dump();
                     EXPECT_GE(pair[side]["cpu_seconds_per_gb"].get<double>(),
-                              pair[side]["job_cpu_seconds_per_gb"].get<double>()) << pair.dump();
+                              pair[side]["job_cpu_seconds_per_gb"].get<double>())
+                        << pair.dump();
                 }
                 // Bracketed: fio, ours, fio, ours, fio. Our pass is divided by the geometric mean
                 // of the two fio passes around it, and the pass after one of ours is the pass
@@ -456,16 +493,20 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
                 const double before = pair["fio_before"]["gb_per_s"].get<double>();
                 const double after = pair["fio_after"]["gb_per_s"].get<double>();
                 EXPECT_NEAR(pair["ratio"].get<double>(),
-                            pair["ours"]["gb_per_s"].get<double>() / std::sqrt(before * after), 1e-9)
+                            pair["ours"]["gb_per_s"].get<double>() / std::sqrt(before * after),
+                            1e-9)
                     << pair.dump();
                 if (i > 0) {
-                    EXPECT_EQ(pair["fio_before"], v["pairs"][i - 1]["fio_after"]) << v["pairs"].dump();
+                    EXPECT_EQ(pair["fio_before"], v["pairs"][i - 1]["fio_after"])
+                        << v["pairs"].dump();
                 }
                 // The CPU ratio is bracketed too: our pass's CPU over the mean of the two fio
                 // passes' around it.
                 const double fio_cpu = (pair["fio_before"]["cpu_seconds_per_gb"].get<double>() +
-                                        pair["fio_after"]["cpu_seconds_per_gb"].get<double>()) / 2;
-                EXPECT_NEAR(pair["fio_cpu_seconds_per_gb"].get<double>(), fio_cpu, 1e-12) << pair.dump();
+                                        pair["fio_after"]["cpu_seconds_per_gb"].get<double>()) /
+                                       2;
+                EXPECT_NEAR(pair["fio_cpu_seconds_per_gb"].get<double>(), fio_cpu, 1e-12)
+                    << pair.dump();
                 EXPECT_NEAR(pair["cpu_ratio"].get<double>(),
                             pair["ours"]["cpu_seconds_per_gb"].get<double>() / fio_cpu, 1e-9)
                     << pair.dump();
@@ -486,11 +527,14 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
                     const double expected =
                         std::max(0.0, f["process_context_switches"].get<double>() - startup) /
                         (f["bytes"].get<double>() / 1e9);
-                    EXPECT_NEAR(f["context_switches_per_gb"].get<double>(), expected, 1e-6) << pair.dump();
+                    EXPECT_NEAR(f["context_switches_per_gb"].get<double>(), expected, 1e-6)
+                        << pair.dump();
                     fio_switches += expected / 2;
                 }
-                EXPECT_NEAR(pair["fio_context_switches_per_gb"].get<double>(), fio_switches, 1e-6) << pair.dump();
-                ours_switches_per_gb.push_back(pair["ours"]["context_switches_per_gb"].get<double>());
+                EXPECT_NEAR(pair["fio_context_switches_per_gb"].get<double>(), fio_switches, 1e-6)
+                    << pair.dump();
+                ours_switches_per_gb.push_back(
+                    pair["ours"]["context_switches_per_gb"].get<double>());
             }
             // fio's start-up (parsing, buffers, its job process) switches too: a start-up of 0
             // would mean the median of its five small runs was never taken.
@@ -501,7 +545,8 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
             worst = std::min(worst, v["ratio"]["median"].get<double>());
             // Two pairs: the median is the mean of the two passes' ratios.
             ASSERT_EQ(cpu_ratios.size(), 2u);
-            EXPECT_NEAR(v["cpu_ratio"]["median"].get<double>(), (cpu_ratios[0] + cpu_ratios[1]) / 2, 1e-9);
+            EXPECT_NEAR(v["cpu_ratio"]["median"].get<double>(), (cpu_ratios[0] + cpu_ratios[1]) / 2,
+                        1e-9);
             // The CPU ratio counts only where fio's I/O costs well over its start-up's spread;
             // elsewhere it would measure fio's start-up, and the summary leaves it out.
             const bool resolved = v["fio_io_cpu_seconds"].get<double>() >=
@@ -539,21 +584,23 @@ TEST(BenchIoTest, SweepVsFioMeasuresEveryPointAndPlotsIt) {
     EXPECT_EQ(std::count(depths.begin(), depths.end(), "2"), 4);
     EXPECT_EQ(std::count(depths.begin(), depths.end(), "4"), 4);
     for (const auto& points : polyline_attribute(plot, "points")) {
-        EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2) << "two block sizes per line: " << points;
+        EXPECT_EQ(std::count(points.begin(), points.end(), ','), 2)
+            << "two block sizes per line: " << points;
     }
 }
 
 TEST(BenchIoTest, SweepVsFioRefusesWhatFioCannotMatch) {
     test::TempDir dir("bench-sweep-bad");
-    const RunResult posix = run_bench({"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends",
-                                       "posix"});
+    const RunResult posix = run_bench(
+        {"sweep", "--vs-fio", "--path", dir.path(), "--size", "8MiB", "--backends", "posix"});
     EXPECT_EQ(posix.exit_code, 2) << describe(posix);
     EXPECT_NE(posix.err.find("posix"), std::string::npos) << posix.err;
-    const RunResult pairs = run_bench({"sweep", "--path", dir.path(), "--size", "8MiB", "--pairs", "3"});
+    const RunResult pairs =
+        run_bench({"sweep", "--path", dir.path(), "--size", "8MiB", "--pairs", "3"});
     EXPECT_EQ(pairs.exit_code, 2) << describe(pairs);
     EXPECT_NE(pairs.err.find("--pairs"), std::string::npos) << pairs.err;
-    const RunResult plot = run_bench({"sweep", "--path", dir.path(), "--size", "8MiB", "--plot",
-                                      dir.file("missing/plot.svg")});
+    const RunResult plot = run_bench(
+        {"sweep", "--path", dir.path(), "--size", "8MiB", "--plot", dir.file("missing/plot.svg")});
     EXPECT_EQ(plot.exit_code, 2) << describe(plot);
     EXPECT_NE(plot.err.find("--plot"), std::string::npos) << plot.err;
     EXPECT_TRUE(bench_files_in(dir.path()).empty());
@@ -574,10 +621,11 @@ TEST(BenchIoTest, SweepTmpfsMeasuresOnItsOwnMountAndRemovesIt) {
     test::TempDir dir("bench-sweep-tmpfs");
     const auto before = bench_tmpfs_mounts();
     const std::string json = dir.file("sweep.json");
-    const RunResult r = run_bench({"sweep", "--tmpfs", "--path", dir.path(), "--size", "8MiB", "--backends",
-                                   "posix", "--block-sizes", "1MiB", "--queue-depths", "4", "--threads", "1",
-                                   "--op", "write", "--json", json});
-    if (r.exit_code != 0 && r.err.find("mount") != std::string::npos && r.err.find("EPERM") != std::string::npos) {
+    const RunResult r = run_bench({"sweep", "--tmpfs", "--path", dir.path(), "--size", "8MiB",
+                                   "--backends", "posix", "--block-sizes", "1MiB", "--queue-depths",
+                                   "4", "--threads", "1", "--op", "write", "--json", json});
+    if (r.exit_code != 0 && r.err.find("mount") != std::string::npos &&
+        r.err.find("EPERM") != std::string::npos) {
         GTEST_SKIP() << "mount refused here: " << r.err;
     }
     ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -593,7 +641,8 @@ TEST(BenchIoTest, SweepTmpfsMeasuresOnItsOwnMountAndRemovesIt) {
     bool leftover = false;
     for (const auto& entry : fs::directory_iterator("/tmp")) {
         const std::string name = entry.path().filename().string();
-        if (name.rfind("zinf-bench-tmpfs-", 0) == 0 && r.out.find(name) != std::string::npos) leftover = true;
+        if (name.rfind("zinf-bench-tmpfs-", 0) == 0 && r.out.find(name) != std::string::npos)
+            leftover = true;
     }
     EXPECT_FALSE(leftover) << "the tmpfs mount point was not removed";
 }

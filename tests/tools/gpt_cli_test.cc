@@ -69,7 +69,8 @@ std::string tiny_gpt(const test::TempDir& dir, const std::string& text_path,
   "gradient_clipping": 1.0,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.0}},
   "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32},
-  "data": {"dataset": "text", "path": ")" + text_path + R"(", "epochs": 20}
+  "data": {"dataset": "text", "path": ")" +
+                           text_path + R"(", "epochs": 20}
   )" + extra_json + "}");
     return "--config " + config;
 }
@@ -86,8 +87,10 @@ TEST(GptCliTest, LearnsATextBelowItsBigramEntropyAndContinuesAPrompt) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");
     write_file(text, corpus());
-    const RunResult r = train(dir, tiny_gpt(dir, text) + " --max-steps 300 --eval-every 100 "
-                                   "--save-dir " + dir.file("ckpt"));
+    const RunResult r = train(dir, tiny_gpt(dir, text) +
+                                       " --max-steps 300 --eval-every 100 "
+                                       "--save-dir " +
+                                       dir.file("ckpt"));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     // The data line, the periodic evaluation and the one at the end, with the entropies.
     EXPECT_NE(r.out.find("training text entropy: unigram"), std::string::npos) << r.out;
@@ -135,7 +138,8 @@ TEST(GptCliTest, EvalSamplesEvaluatesTheFirstBatchesOnly) {
     ASSERT_EQ(all.exit_code, 0) << all.out;
     EXPECT_NE(all.out.find("validation loss"), std::string::npos) << all.out;
     EXPECT_EQ(all.out.find(", on the first "), std::string::npos) << all.out;
-    EXPECT_NE(number_after(part.out, "validation loss "), number_after(all.out, "validation loss "));
+    EXPECT_NE(number_after(part.out, "validation loss "),
+              number_after(all.out, "validation loss "));
     const RunResult two = train(dir, args + " --eval-samples 9");
     EXPECT_NE(two.out.find(", on the first 16 of "), std::string::npos) << two.out;
     const RunResult bad = train(dir, args + " --eval-samples many");
@@ -159,7 +163,8 @@ TEST(GptCliTest, CheckpointingOnDeviceInHostMemoryOrOnNvmeLeavesEveryLossBitwise
         const std::string log = dir.file("losses" + std::to_string(v));
         std::string args = tiny_gpt(dir, text, variants[v]) +
                            " --max-steps 6 --no-eval --set model.dropout=0.1 --set "
-                           "steps_per_print=3 --loss-log " + log;
+                           "steps_per_print=3 --loss-log " +
+                           log;
         if (v > 0) args += " --set model.checkpoint_activations=true";
         const RunResult r = train(dir, args);
         ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -189,8 +194,10 @@ TEST(GptCliTest, EverythingOnNvmeTrainsAndMeasuresOverlap) {
     const std::string swap = dir.file("swap");
     const std::string extra = R"(, "bf16": {"enabled": true},
   "zero_optimization": {"stage": 3, "sub_group_size": 4096,
-    "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("},
-    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"(",
+    "offload_param": {"device": "nvme", "nvme_path": ")" +
+                              swap + R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                              swap + R"(",
                           "stream_gradients": true}},
   "activation_checkpointing": {"nvme_checkpointing": true, "nvme_path": ")" +
                               dir.file("activations") + R"("})";
@@ -208,13 +215,18 @@ TEST(GptCliTest, CheckpointingKeysWithoutEffectWarn) {
     test::TempDir dir("gpt");
     const std::string text = dir.file("corpus.txt");
     write_file(text, corpus());
-    RunResult r = train(dir, tiny_gpt(dir, text, R"(, "activation_checkpointing": {"cpu_checkpointing": true})") +
-                                 " --max-steps 1 --no-eval");
+    RunResult r = train(
+        dir, tiny_gpt(dir, text, R"(, "activation_checkpointing": {"cpu_checkpointing": true})") +
+                 " --max-steps 1 --no-eval");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("activation_checkpointing: has no effect unless"), std::string::npos)
         << r.out;
-    r = train(dir, tiny_gpt(dir, text, R"(, "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 5})") +
-                       " --max-steps 1 --no-eval --set model.checkpoint_activations=true");
+    r = train(
+        dir,
+        tiny_gpt(
+            dir, text,
+            R"(, "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 5})") +
+            " --max-steps 1 --no-eval --set model.checkpoint_activations=true");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("partition_activations"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("number_checkpoints: 5 ignored"), std::string::npos) << r.out;

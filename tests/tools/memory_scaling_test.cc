@@ -4,20 +4,18 @@
 // streamed (the default), while with zero_optimization.offload_optimizer.stream_gradients false
 // (the gradient partition in host memory) it grows by at least most of the gradients' bytes:
 // the control that shows the check can fail.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>  // environ
 
-#include <fcntl.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "tests/support/test_seed.h"
-
 
 namespace zinf {
 namespace {
@@ -88,17 +86,16 @@ TEST(MemoryScaling, PeakRssIsFlatOverModelSizeWithStreamedGradients) {
         for (int copies : {1, 2, 4}) {
             const std::string log =
                 dir.file("log-" + std::to_string(copies) + (stream ? "-s" : "-h"));
-            const Child c = run_train(
-                {"--config", config, "--no-eval", "--set", layers(copies), "--set",
-                 "zero_optimization.offload_param.nvme_path=" + swap, "--set",
-                 "zero_optimization.offload_optimizer.nvme_path=" + swap, "--set",
-                 std::string("zero_optimization.offload_optimizer.stream_gradients=") +
-                     (stream ? "true" : "false")},
-                log);
+            const Child c =
+                run_train({"--config", config, "--no-eval", "--set", layers(copies), "--set",
+                           "zero_optimization.offload_param.nvme_path=" + swap, "--set",
+                           "zero_optimization.offload_optimizer.nvme_path=" + swap, "--set",
+                           std::string("zero_optimization.offload_optimizer.stream_gradients=") +
+                               (stream ? "true" : "false")},
+                          log);
             ASSERT_EQ(c.exit_code, 0) << test::read_text(log);
-            std::printf("%dx (%d hidden layers of 1024), gradients %s: peak RSS %.1f MiB\n",
-                        copies, 8 * copies, stream ? "streamed" : "in host memory",
-                        c.peak_rss_mib);
+            std::printf("%dx (%d hidden layers of 1024), gradients %s: peak RSS %.1f MiB\n", copies,
+                        8 * copies, stream ? "streamed" : "in host memory", c.peak_rss_mib);
             (stream ? streamed : held).push_back(c.peak_rss_mib);
         }
     }
@@ -144,11 +141,11 @@ TEST(MemoryScaling, MeasureOverlapStaysWithinTheBudgets) {
         std::fclose(f);
     }
     const std::string log = dir.file("log");
-    const Child c = run_train({"--config", config, "--no-eval", "--measure-overlap",
-                               "--overlap-steps", "1", "--set",
-                               "zero_optimization.offload_param.nvme_path=" + swap, "--set",
-                               "zero_optimization.offload_optimizer.nvme_path=" + swap},
-                              log);
+    const Child c =
+        run_train({"--config", config, "--no-eval", "--measure-overlap", "--overlap-steps", "1",
+                   "--set", "zero_optimization.offload_param.nvme_path=" + swap, "--set",
+                   "zero_optimization.offload_optimizer.nvme_path=" + swap},
+                  log);
     const std::string out = test::read_text(log);
     ASSERT_EQ(c.exit_code, 0) << out;
     std::printf("--measure-overlap, 540 MiB of optimizer states: peak RSS %.1f MiB\n",

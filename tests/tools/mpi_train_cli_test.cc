@@ -113,8 +113,9 @@ TEST(MpiTrainCli, ARankThatFailsStopsEveryRankWithItsError) {
     std::filesystem::create_directories(dir.file("swap"));
     std::ofstream(dir.file("swap/rank1")) << "not a directory";
     const std::string config = write_config(
-        dir, R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                 dir.file("swap") + R"("}},)");
+        dir,
+        R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+            dir.file("swap") + R"("}},)");
     const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --max-steps 50");
     EXPECT_NE(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("zinfinity-train: rank 1: engine:"), std::string::npos) << r.out;
@@ -128,15 +129,20 @@ TEST(MpiTrainCli, AKilledRankStopsTheJobAndLatestStillResumes) {
     test::TempDir dir("mpi-cli");
     const std::string config = write_config(dir);
     const std::string ck = dir.file("ck");
-    const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --no-eval --save-dir " +
-                                       ck + " --save-every 5 --max-steps 100000 &\n"
-                                       "job=$!\n"
-                                       "for i in $(seq 600); do [ -e " + ck + "/latest ] && break; sleep 0.1; done\n"
-                                       "sleep 0.5\n"
-                                       "victim=$(pgrep -n -f \"$TRAIN --config " + config + "\")\n"
-                                       "echo killing $victim\n"
-                                       "kill -9 $victim\n"
-                                       "wait $job; echo job-exit=$?");
+    const RunResult r =
+        shell(dir, "$MPIRUN 2 $TRAIN --config " + config + " --no-eval --save-dir " + ck +
+                       " --save-every 5 --max-steps 100000 &\n"
+                       "job=$!\n"
+                       "for i in $(seq 600); do [ -e " +
+                       ck +
+                       "/latest ] && break; sleep 0.1; done\n"
+                       "sleep 0.5\n"
+                       "victim=$(pgrep -n -f \"$TRAIN --config " +
+                       config +
+                       "\")\n"
+                       "echo killing $victim\n"
+                       "kill -9 $victim\n"
+                       "wait $job; echo job-exit=$?");
     EXPECT_NE(r.out.find("killing "), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("job-exit=0"), std::string::npos) << r.out;
     EXPECT_LT(r.seconds, 120) << r.out;
@@ -156,7 +162,9 @@ TEST(MpiTrainCli, ACollectiveThatNeverCompletesEndsAtTheTimeout) {
                                        " --no-eval --max-steps 10000000 --set comm.timeout_s=3 &\n"
                                        "job=$!\n"
                                        "sleep 2\n"
-                                       "victim=$(pgrep -n -f \"$TRAIN --config " + config + "\")\n"
+                                       "victim=$(pgrep -n -f \"$TRAIN --config " +
+                                       config +
+                                       "\")\n"
                                        "kill -STOP $victim\n"
                                        "wait $job; echo job-exit=$?\n"
                                        "kill -9 $victim 2>/dev/null; true");
@@ -176,7 +184,8 @@ TEST(MpiTrainCli, ALaunchWithoutMpiOrWithBadVariablesIsRefused) {
     EXPECT_NE(no_mpi.out.find("WORLD_SIZE=2 without an MPI launcher"), std::string::npos)
         << no_mpi.out;
     EXPECT_NE(no_mpi.out.find("mpirun -np 2"), std::string::npos) << no_mpi.out;
-    const RunResult bad = shell(dir, "RANK=x WORLD_SIZE=1 $TRAIN --config " + config + " --max-steps 1");
+    const RunResult bad =
+        shell(dir, "RANK=x WORLD_SIZE=1 $TRAIN --config " + config + " --max-steps 1");
     EXPECT_EQ(bad.exit_code, 1) << bad.out;
     EXPECT_NE(bad.out.find("RANK='x'"), std::string::npos) << bad.out;
     const RunResult outside = shell(dir, "RANK=3 WORLD_SIZE=2 $TRAIN --config " + config);
@@ -192,8 +201,9 @@ TEST(MpiTrainCli, ALaunchWithoutMpiOrWithBadVariablesIsRefused) {
 // zinfinity-bench comm: every collective and size, ours beside plain MPI, on 3 ranks.
 TEST(MpiBenchComm, PrintsEveryCollectiveBesideMpi) {
     test::TempDir dir("mpi-cli");
-    const RunResult r = shell(dir, "$MPIRUN 3 $BENCH comm --sizes 3KiB,1MiB --iters 3 --rounds 2 "
-                                   "--warmup 1 --dtype bf16");
+    const RunResult r = shell(dir,
+                              "$MPIRUN 3 $BENCH comm --sizes 3KiB,1MiB --iters 3 --rounds 2 "
+                              "--warmup 1 --dtype bf16");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("3 rank(s), bf16, communicator mpi"), std::string::npos) << r.out;
     for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {

@@ -58,17 +58,16 @@ TEST(TrainCliTest, OffloadDoesNotChangeTheLoss) {
     test::TempDir dir("train");
     std::vector<std::vector<std::string>> logs;
     // The NVMe config's swap files go to this test's directory (one run per nvme_path).
-    const std::string nvme = " --set zero_optimization.offload_param.nvme_path=" +
-                             dir.file("swap") +
-                             " --set zero_optimization.offload_optimizer.nvme_path=" +
-                             dir.file("swap");
+    const std::string nvme =
+        " --set zero_optimization.offload_param.nvme_path=" + dir.file("swap") +
+        " --set zero_optimization.offload_optimizer.nvme_path=" + dir.file("swap");
     for (const char* config :
          {"fashion-mnist.json", "fashion-mnist-cpu.json", "fashion-mnist-nvme.json"}) {
         const std::string log = dir.file(std::string(config) + ".losses");
         const bool on_nvme = std::string(config).find("nvme") != std::string::npos;
-        const RunResult r = train(dir, std::string("--config ") + ZINF_CONFIG_DIR + "/" + config +
-                                           " --max-steps 6 --no-eval --loss-log " + log +
-                                           (on_nvme ? nvme : ""));
+        const RunResult r =
+            train(dir, std::string("--config ") + ZINF_CONFIG_DIR + "/" + config +
+                           " --max-steps 6 --no-eval --loss-log " + log + (on_nvme ? nvme : ""));
         ASSERT_EQ(r.exit_code, 0) << r.out;
         logs.push_back(lines(log));
         ASSERT_EQ(logs.back().size(), 6u) << r.out;
@@ -93,9 +92,11 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
   "optimizer": {"type": "AdamW", "params": {"lr": 0.005}},
   "zero_optimization": {"stage": 3, "sub_group_size": 300,
     "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 600,
-    "offload_param": {"device": "nvme", "nvme_path": ")" + dir.file("swap") + R"(",
+    "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                 dir.file("swap") + R"(",
                       "buffer_count": 2, "buffer_size": 640, "max_in_cpu": 1400},
-    "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.file("swap") + R"(",
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                 dir.file("swap") + R"(",
                           "pipeline_read": true, "pipeline_write": true}},
   "bf16": {"enabled": true},
   "model": {"type": "mlp", "layers": [16, 40, 16, 5]},
@@ -103,9 +104,9 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
   "device": {"type": "cpu", "memory_budget": 16777216},
   "cpu_optimizer": {"threads": 1}
 })";
-    const RunResult r = train(dir, "--config " + config +
-                                       " --measure-overlap --overlap-steps 2 --trace " +
-                                       dir.file("trace.json"));
+    const RunResult r =
+        train(dir, "--config " + config + " --measure-overlap --overlap-steps 2 --trace " +
+                       dir.file("trace.json"));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("parameters: nvme ("), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("I/O read "), std::string::npos) << r.out;
@@ -205,7 +206,8 @@ TEST(TrainCliTest, EvalOnlyAndPredictFromACheckpoint) {
                                        dir.file("ckpt") + " --predict 12 --predict-png " + png);
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("evaluation only (no training) of the checkpoint at step 30: test "
-                         "accuracy " + accuracy),
+                         "accuracy " +
+                         accuracy),
               std::string::npos)
         << r.out;
     EXPECT_EQ(r.out.find("\nstep "), std::string::npos) << r.out;
@@ -243,7 +245,8 @@ TEST(TrainCliTest, UntrustedSaveAndSwapDirectoriesAreRefusedBeforeTraining) {
     r = train(dir, "--config " + config +
                        " --max-steps 2 --set zero_optimization.stage=3"
                        " --set zero_optimization.offload_optimizer.device=nvme"
-                       " --set zero_optimization.offload_optimizer.nvme_path=" + open);
+                       " --set zero_optimization.offload_optimizer.nvme_path=" +
+                       open);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos)
         << r.out;

@@ -53,7 +53,9 @@ std::vector<Implementation> implementations() {
 }
 
 // A value of rank r at index i: a small integer, exact in every dtype.
-float input(int rank, std::size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
+float input(int rank, std::size_t i) {
+    return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+}
 
 std::uint16_t to16(float v, DType dt) {
     return dt == DType::kBFloat16 ? kernels::float_to_bf16(v) : kernels::float_to_fp16(v);
@@ -83,7 +85,8 @@ protected:
     // A device buffer holding `values` in dtype dt.
     void* buffer(const std::vector<float>& values, DType dt) {
         const std::size_t eb = dtype_size_bytes(dt);
-        auto b = DeviceBuffer::allocate(*device_, std::max<std::size_t>(values.size() * eb, 64), "test");
+        auto b =
+            DeviceBuffer::allocate(*device_, std::max<std::size_t>(values.size() * eb, 64), "test");
         EXPECT_TRUE(b.has_value());
         std::vector<std::byte> host(values.size() * eb);
         for (std::size_t i = 0; i < values.size(); ++i) {
@@ -150,9 +153,9 @@ TEST_P(CommunicatorConformance, AllGatherInPlaceFromOwnSlot) {
     std::vector<float> full(n * ws_, -1.0f);
     for (std::size_t i = 0; i < n; ++i) full[rank_ * n + i] = input(rank_, i);
     void* recv = buffer(full, DType::kFloat32);
-    ASSERT_TRUE(comm_->all_gather(static_cast<float*>(recv) + rank_ * n, recv, n,
-                                  DType::kFloat32, 0)
-                    .is_ok());
+    ASSERT_TRUE(
+        comm_->all_gather(static_cast<float*>(recv) + rank_ * n, recv, n, DType::kFloat32, 0)
+            .is_ok());
     const auto got = read(recv, n * ws_, DType::kFloat32);
     for (int r = 0; r < ws_; ++r) {
         for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(got[r * n + i], input(r, i));
@@ -173,7 +176,8 @@ TEST_P(CommunicatorConformance, ReduceScatterGivesRankRTheReductionOfSliceR) {
                     const std::size_t j = rank_ * n + i;
                     float want = 0;
                     for (int r = 0; r < ws_; ++r) {
-                        want = op == ReduceOp::kMax ? std::max(want, input(r, j)) : want + input(r, j);
+                        want =
+                            op == ReduceOp::kMax ? std::max(want, input(r, j)) : want + input(r, j);
                     }
                     if (op == ReduceOp::kAvg) want /= static_cast<float>(ws_);
                     if (dt != DType::kFloat32) want = from16(to16(want, dt), dt);

@@ -87,8 +87,8 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     o.bf16_copy = args.get_switch("bf16-copy");
     o.torch_rounding = args.get_switch("torch-rounding");
     if (o.torch_rounding && !optimizer_descriptor(o.kind).has_torch_rounding) {
-        return Status::invalid_argument(str_cat("--torch-rounding: only with ",
-                                                optimizer_names_where(has_torch_rounding)));
+        return Status::invalid_argument(
+            str_cat("--torch-rounding: only with ", optimizer_names_where(has_torch_rounding)));
     }
     o.with_scalar = !args.get_switch("no-scalar");
     ZINF_ASSIGN_OR_RETURN(o.min_ratio, args.get_double("min-ratio", 0.0, 10.0));
@@ -151,12 +151,14 @@ Result<AdamKernels> make_kernels(const AdamOptions& o) {
                           kernels::OptimizerKernel::create(Isa::kScalar, o.threads));
     ZINF_ASSIGN_OR_RETURN(kernels::ChunkLoop loop, kernels::ChunkLoop::create(o.threads));
     if (kernels::isa_supported(Isa::kAvx512)) {
-        return AdamKernels{isa, std::move(kernel), std::move(scalar), with_scalar,
-                           std::move(loop), bound_chunk_avx512(), "avx512"};
+        return AdamKernels{isa,         std::move(kernel), std::move(scalar),
+                           with_scalar, std::move(loop),   bound_chunk_avx512(),
+                           "avx512"};
     }
     if (kernels::isa_supported(Isa::kAvx2)) {
-        return AdamKernels{isa, std::move(kernel), std::move(scalar), with_scalar,
-                           std::move(loop), bound_chunk_avx2(), "avx2"};
+        return AdamKernels{isa,         std::move(kernel), std::move(scalar),
+                           with_scalar, std::move(loop),   bound_chunk_avx2(),
+                           "avx2"};
     }
     return Status::not_supported("the bound kernel needs AVX2 or AVX-512; this CPU has neither");
 }

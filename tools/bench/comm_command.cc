@@ -30,9 +30,12 @@ enum class Op { kAllReduce, kReduceScatter, kAllGather };
 
 const char* op_name(Op op) {
     switch (op) {
-        case Op::kAllReduce: return "all_reduce";
-        case Op::kReduceScatter: return "reduce_scatter";
-        case Op::kAllGather: return "all_gather";
+        case Op::kAllReduce:
+            return "all_reduce";
+        case Op::kReduceScatter:
+            return "reduce_scatter";
+        case Op::kAllGather:
+            return "all_gather";
     }
     return "?";
 }
@@ -58,8 +61,9 @@ void declare_flags(cli::Args& args) {
     args.add("op", "all", "all_reduce, reduce_scatter, all_gather, or all");
     args.add("sizes", "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB",
              "message sizes (the collective's whole buffer, nccl-tests' convention)");
-    args.add("dtype", "fp32", "fp32, bf16 or fp16 (16-bit sums: a user-defined MPI operation on\n"
-                              "both sides)");
+    args.add("dtype", "fp32",
+             "fp32, bf16 or fp16 (16-bit sums: a user-defined MPI operation on\n"
+             "both sides)");
     args.add("iters", "20", "collectives per timed batch");
     args.add("warmup", "3", "untimed collectives before each batch");
     args.add("rounds", "5", "alternated (ours, MPI) batches per size; medians reported");
@@ -276,8 +280,8 @@ Status run(const CommOptions& o) {
             "alternated rounds, medians; busbw by nccl-tests' convention\n",
             rig.n, dtype_name(o.dtype).data(), std::string(rig.ours->name()).c_str(), o.iters,
             o.rounds);
-        std::printf("%-15s %10s %12s %12s %12s %12s %9s\n", "op", "size", "ours time",
-                    "ours busbw", "MPI time", "MPI busbw", "ours/MPI");
+        std::printf("%-15s %10s %12s %12s %12s %12s %9s\n", "op", "size", "ours time", "ours busbw",
+                    "MPI time", "MPI busbw", "ours/MPI");
     }
     double worst = 1e9;
     std::string worst_at;

@@ -32,8 +32,8 @@ Json fio_to_json(const FioFigures& f, double cpu_s_per_gb, double context_switch
 
 }  // namespace
 
-FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const io::AioOptions& aio,
-                   bool direct, IoOp op) {
+FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files,
+                   const io::AioOptions& aio, bool direct, IoOp op) {
     FioJob job;
     job.fio_binary = fio_binary;
     job.file_path = files.paths().front();
@@ -57,7 +57,8 @@ double fio_cpu_seconds_per_gb(const FioFigures& f, double startup_cpu_seconds) {
 
 double fio_context_switches_per_gb(const FioFigures& f, double startup_context_switches) {
     if (f.bytes == 0) return 0;
-    const double switches = std::max(0.0, static_cast<double>(f.process_context_switches) - startup_context_switches);
+    const double switches =
+        std::max(0.0, static_cast<double>(f.process_context_switches) - startup_context_switches);
     return switches / (static_cast<double>(f.bytes) / kBytesPerGb);
 }
 
@@ -120,7 +121,8 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
         const double cpu_after = fio_cpu[static_cast<std::size_t>(i)];
         pair.fio_cpu_s_per_gb = (cpu_before + cpu_after) / 2;
         pair.fio_job_cpu_s_per_gb = (before.cpu_seconds_per_gb + after.cpu_seconds_per_gb) / 2;
-        pair.cpu_ratio = pair.fio_cpu_s_per_gb > 0 ? pair.ours.cpu_seconds_per_gb / pair.fio_cpu_s_per_gb : 0;
+        pair.cpu_ratio =
+            pair.fio_cpu_s_per_gb > 0 ? pair.ours.cpu_seconds_per_gb / pair.fio_cpu_s_per_gb : 0;
         const double switches_before = fio_switches[static_cast<std::size_t>(i) - 1];
         const double switches_after = fio_switches[static_cast<std::size_t>(i)];
         pair.fio_context_switches_per_gb = (switches_before + switches_after) / 2;
@@ -129,15 +131,16 @@ Result<FioComparison> compare_with_fio(IoSession& session, const FioJob& job, in
         cpu_ratios.push_back(pair.cpu_ratio);
         ours_gbps.push_back(pair.ours.gb_per_s);
         ours_cpu.push_back(pair.ours.cpu_seconds_per_gb);
-        c.pairs_json.push_back(Json{{"pair", i},
-                                    {"ours", pass_to_json(pair.ours)},
-                                    {"fio_before", fio_to_json(before, cpu_before, switches_before)},
-                                    {"fio_after", fio_to_json(after, cpu_after, switches_after)},
-                                    {"fio_gb_per_s", pair.fio_gb_per_s},
-                                    {"ratio", pair.ratio},
-                                    {"fio_cpu_seconds_per_gb", pair.fio_cpu_s_per_gb},
-                                    {"cpu_ratio", pair.cpu_ratio},
-                                    {"fio_context_switches_per_gb", pair.fio_context_switches_per_gb}});
+        c.pairs_json.push_back(
+            Json{{"pair", i},
+                 {"ours", pass_to_json(pair.ours)},
+                 {"fio_before", fio_to_json(before, cpu_before, switches_before)},
+                 {"fio_after", fio_to_json(after, cpu_after, switches_after)},
+                 {"fio_gb_per_s", pair.fio_gb_per_s},
+                 {"ratio", pair.ratio},
+                 {"fio_cpu_seconds_per_gb", pair.fio_cpu_s_per_gb},
+                 {"cpu_ratio", pair.cpu_ratio},
+                 {"fio_context_switches_per_gb", pair.fio_context_switches_per_gb}});
         if (on_pair) on_pair(pair);
         before = after;
     }

@@ -39,12 +39,14 @@ struct FioPair {
     PassFigures ours;
     FioFigures fio_before;
     FioFigures fio_after;
-    double fio_gb_per_s = 0;         // geometric mean of fio_before's and fio_after's GB/s
-    double ratio = 0;                // ours GB/s / fio_gb_per_s (the bracketed ratio)
-    double fio_cpu_s_per_gb = 0;     // mean of the two passes' whole-process figures (fio_cpu_seconds_per_gb)
-    double fio_job_cpu_s_per_gb = 0; // mean of the two passes' own job figures
-    double cpu_ratio = 0;            // ours CPU s/GB / fio_cpu_s_per_gb (bracketed, as ratio)
-    double fio_context_switches_per_gb = 0;  // mean of the two passes' (fio_context_switches_per_gb)
+    double fio_gb_per_s = 0;  // geometric mean of fio_before's and fio_after's GB/s
+    double ratio = 0;         // ours GB/s / fio_gb_per_s (the bracketed ratio)
+    double fio_cpu_s_per_gb =
+        0;  // mean of the two passes' whole-process figures (fio_cpu_seconds_per_gb)
+    double fio_job_cpu_s_per_gb = 0;  // mean of the two passes' own job figures
+    double cpu_ratio = 0;             // ours CPU s/GB / fio_cpu_s_per_gb (bracketed, as ratio)
+    double fio_context_switches_per_gb =
+        0;  // mean of the two passes' (fio_context_switches_per_gb)
 };
 
 struct FioComparison {
@@ -61,7 +63,7 @@ struct FioComparison {
     bool cpu_resolved = false;
     Spread ratio;
     Spread ours_gb_per_s;
-    Spread fio_gb_per_s;          // over all pairs + 1 fio passes
+    Spread fio_gb_per_s;  // over all pairs + 1 fio passes
     Spread ours_cpu_s_per_gb;
     Spread fio_cpu_s_per_gb;      // whole process (every thread, kernel io_uring workers too)
     Spread fio_job_cpu_s_per_gb;  // fio's own figure: its job threads only
@@ -85,8 +87,8 @@ nlohmann::json comparison_to_json(const FioComparison& c);
 // The fio job matching one of our configurations on `files` (one path): same engine
 // (aio.backend: io_uring or libaio), block size, queue depth, threads as jobs, O_DIRECT, and
 // registered buffers and files or SQPOLL for io_uring.
-FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files, const io::AioOptions& aio,
-                   bool direct, IoOp op);
+FioJob fio_job_for(const std::string& fio_binary, const BenchFiles& files,
+                   const io::AioOptions& aio, bool direct, IoOp op);
 
 // fio's CPU seconds per GB for one run, counted as our passes are counted (the whole process,
 // all threads, so the kernel workers io_uring hands work to on some file systems are included),

@@ -33,7 +33,8 @@ std::string fio_escape_filename(const std::string& path) {
 
 std::string shell_quote(const std::string& arg) {
     const bool plain = std::all_of(arg.begin(), arg.end(), [](char ch) {
-        return std::isalnum(static_cast<unsigned char>(ch)) != 0 || std::string_view("-_=./:,+").find(ch) != std::string_view::npos;
+        return std::isalnum(static_cast<unsigned char>(ch)) != 0 ||
+               std::string_view("-_=./:,+").find(ch) != std::string_view::npos;
     });
     if (plain && !arg.empty()) return arg;
     std::string out = "'";
@@ -99,7 +100,8 @@ std::string fio_command_line(const FioJob& job) {
 
 Result<FioFigures> parse_fio_json(std::string_view text, IoOp op) {
     const std::size_t brace = text.find('{');
-    if (brace == std::string_view::npos) return Status::invalid_argument("fio printed no JSON report");
+    if (brace == std::string_view::npos)
+        return Status::invalid_argument("fio printed no JSON report");
     try {
         const Json root = Json::parse(text.substr(brace));
         if (!root.contains("jobs") || !root["jobs"].is_array() || root["jobs"].empty()) {
@@ -112,7 +114,8 @@ Result<FioFigures> parse_fio_json(std::string_view text, IoOp op) {
             const int error = job.value("error", 0);
             if (error != 0) {
                 return Status::io_error(str_cat("fio job ", job.value("jobname", std::string("?")),
-                                                " failed with error ", error), error);
+                                                " failed with error ", error),
+                                        error);
             }
             const Json& d = job.at(dir);
             const auto io_bytes = d.at("io_bytes").get<std::uint64_t>();
@@ -122,7 +125,8 @@ Result<FioFigures> parse_fio_json(std::string_view text, IoOp op) {
             f.iops += d.at("iops").get<double>();
             // usr_cpu and sys_cpu are percentages of the job's runtime (job_runtime, ms).
             const double job_runtime_s = job.at("job_runtime").get<double>() / 1000.0;
-            f.cpu_seconds += (job.at("usr_cpu").get<double>() + job.at("sys_cpu").get<double>()) / 100.0 * job_runtime_s;
+            f.cpu_seconds += (job.at("usr_cpu").get<double>() + job.at("sys_cpu").get<double>()) /
+                             100.0 * job_runtime_s;
             if (first && d.contains("clat_ns") && d["clat_ns"].contains("percentile")) {
                 const Json& p = d["clat_ns"]["percentile"];
                 f.clat_us_p50 = p.value("50.000000", 0.0) / 1000.0;
@@ -131,7 +135,8 @@ Result<FioFigures> parse_fio_json(std::string_view text, IoOp op) {
             first = false;
         }
         if (f.bytes == 0 || f.seconds <= 0) {
-            return Status::invalid_argument(str_cat("fio moved no ", dir, " bytes (see its report)"));
+            return Status::invalid_argument(
+                str_cat("fio moved no ", dir, " bytes (see its report)"));
         }
         f.gb_per_s = static_cast<double>(f.bytes) / kBytesPerGb / f.seconds;
         f.cpu_seconds_per_gb = f.cpu_seconds / (static_cast<double>(f.bytes) / kBytesPerGb);
@@ -224,9 +229,10 @@ Result<ProcessOutput> run_process(const std::vector<std::string>& argv) {
 Status check_fio(const std::string& binary) {
     auto out = run_process({binary, "--version"});
     if (!out.has_value() || out->exit_code != 0) {
-        return Status::not_supported(str_cat(
-            "fio ('", binary, "') does not run", out.has_value() ? str_cat(": ", out->err) : std::string(),
-            "; install it (apt-get install fio) or name it with --fio-binary"));
+        return Status::not_supported(
+            str_cat("fio ('", binary, "') does not run",
+                    out.has_value() ? str_cat(": ", out->err) : std::string(),
+                    "; install it (apt-get install fio) or name it with --fio-binary"));
     }
     return Status::ok();
 }
@@ -238,7 +244,8 @@ Result<FioFigures> run_fio(const FioJob& job) {
         std::string err = out.err.empty() ? out.out : out.err;
         if (err.size() > 2000) err = err.substr(0, 2000) + "...";
         return Status::io_error(str_cat("fio exited with status ", out.exit_code, ": ", err,
-                                        "\n  command: ", fio_command_line(job)), EIO);
+                                        "\n  command: ", fio_command_line(job)),
+                                EIO);
     }
     auto figures = parse_fio_json(out.out, job.op);
     if (!figures.has_value()) {

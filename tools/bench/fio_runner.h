@@ -14,7 +14,7 @@ namespace zinf::bench {
 
 struct FioJob {
     std::string fio_binary = "fio";
-    std::string file_path;           // an existing file; fio is told never to create one
+    std::string file_path;  // an existing file; fio is told never to create one
     IoOp op = IoOp::kRead;
     std::uint64_t size_bytes = 0;
     std::uint64_t block_size_bytes = 1ULL << 20;
@@ -23,20 +23,20 @@ struct FioJob {
     int jobs = 1;
     std::string ioengine = "io_uring";  // io_uring | libaio
     bool direct = true;
-    bool register_buffers = true;     // io_uring: --fixedbufs --registerfiles
-    bool sqpoll = false;              // io_uring: --sqthread_poll
+    bool register_buffers = true;  // io_uring: --fixedbufs --registerfiles
+    bool sqpoll = false;           // io_uring: --sqthread_poll
     // > 0: run for this long, wrapping around the file (the grid's short runs); 0: one pass.
     double runtime_seconds = 0;
 };
 
 struct FioFigures {
     std::uint64_t bytes = 0;
-    double seconds = 0;               // the longest job's runtime
-    double gb_per_s = 0;              // bytes / seconds / 1e9
+    double seconds = 0;   // the longest job's runtime
+    double gb_per_s = 0;  // bytes / seconds / 1e9
     double iops = 0;
-    double clat_us_p50 = 0;           // fio's completion latency (of the first job)
+    double clat_us_p50 = 0;  // fio's completion latency (of the first job)
     double clat_us_p99 = 0;
-    double cpu_seconds = 0;           // (usr_cpu + sys_cpu) / 100 x job_runtime, summed over jobs
+    double cpu_seconds = 0;  // (usr_cpu + sys_cpu) / 100 x job_runtime, summed over jobs
     double cpu_seconds_per_gb = 0;
     // User + system CPU of the whole fio process from wait4: every thread, including the
     // kernel's io_uring workers that run the copies fio's job figure leaves out (tmpfs), and
@@ -63,7 +63,7 @@ struct ProcessOutput {
     int exit_code = -1;  // 128 + signal when killed by a signal
     std::string out;
     std::string err;
-    double cpu_seconds = 0;  // user + system of the child and all its threads (wait4)
+    double cpu_seconds = 0;              // user + system of the child and all its threads (wait4)
     std::uint64_t context_switches = 0;  // voluntary + involuntary, likewise
 };
 // Runs argv[0] (looked up in PATH) with argv, capturing stdout and stderr. Blocks until it exits.

@@ -59,8 +59,7 @@ public:
                     StreamId s) override {
         return inner_.bias_add(y, bias, r, c, s);
     }
-    Status bias_grad(const float* dy, std::size_t r, std::size_t c, float* g,
-                     StreamId s) override {
+    Status bias_grad(const float* dy, std::size_t r, std::size_t c, float* g, StreamId s) override {
         return inner_.bias_grad(dy, r, c, g, s);
     }
     Status relu_forward(const float* x, float* y, std::size_t n, StreamId s) override {
@@ -82,9 +81,9 @@ public:
                               StreamId s) override {
         return inner_.layer_norm_forward(x, g, b, eps, r, c, y, mean, rstd, s);
     }
-    Status layer_norm_backward(const float* x, const float* g, const float* mean,
-                               const float* rstd, const float* dy, std::size_t r, std::size_t c,
-                               float* dx, float* gg, float* gb, StreamId s) override {
+    Status layer_norm_backward(const float* x, const float* g, const float* mean, const float* rstd,
+                               const float* dy, std::size_t r, std::size_t c, float* dx, float* gg,
+                               float* gb, StreamId s) override {
         return inner_.layer_norm_backward(x, g, mean, rstd, dy, r, c, dx, gg, gb, s);
     }
     Status dropout_forward(const float* x, float* y, std::uint8_t* mask, std::size_t n, float p,
@@ -244,10 +243,10 @@ public:
         const auto t0 = Clock::now();
         for (const GemmCall& g : calls_) {
             cblas_sgemm(CblasRowMajor, g.ta == Transpose::kYes ? CblasTrans : CblasNoTrans,
-                        g.tb == Transpose::kYes ? CblasTrans : CblasNoTrans,
-                        static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
-                        g.alpha, a_.data(), static_cast<int>(g.lda), b_.data(),
-                        static_cast<int>(g.ldb), g.beta, c_.data(), static_cast<int>(g.ldc));
+                        g.tb == Transpose::kYes ? CblasTrans : CblasNoTrans, static_cast<int>(g.m),
+                        static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a_.data(),
+                        static_cast<int>(g.lda), b_.data(), static_cast<int>(g.ldb), g.beta,
+                        c_.data(), static_cast<int>(g.ldc));
         }
         const double s = seconds_since(t0);
         openblas_set_num_threads(1);  // CpuCompute's setting: one BLAS thread per tile
@@ -316,7 +315,8 @@ Result<double> record_step(GptRig& r) {
     r.compute->recording = false;
     ZINF_ASSIGN_OR_RETURN(const float loss_ckpt, r.run_step(r.ckpt, 1));
     // Bitwise: the checkpointed pass must reproduce the plain one exactly.
-    if (std::memcmp(&loss_plain, &loss_ckpt, sizeof(float)) != 0) {  // NOLINT(bugprone-suspicious-memory-comparison)
+    if (std::memcmp(&loss_plain, &loss_ckpt, sizeof(float)) !=
+        0) {  // NOLINT(bugprone-suspicious-memory-comparison)
         return Status::internal(
             str_cat("checkpointed loss ", loss_ckpt, " differs from ", loss_plain));
     }
@@ -356,10 +356,10 @@ Result<RoundFigures> measure_rounds(const GptBenchOptions& o, GptRig& r, Replay&
         f.blas_s.push_back(tb);
         f.gemm_ratio.push_back(tb / tp);
         f.ckpt_ratio.push_back(tc / tp);
-        std::printf("  round %d: step %.1f ms (%.1f GFLOP/s of GEMM), checkpointed %.1f ms "
-                    "(x%.3f), OpenBLAS on the same GEMMs %.1f ms (%.1f GFLOP/s)\n",
-                    p + 1, 1e3 * tp, flops / tp / 1e9, 1e3 * tc, tc / tp, 1e3 * tb,
-                    flops / tb / 1e9);
+        std::printf(
+            "  round %d: step %.1f ms (%.1f GFLOP/s of GEMM), checkpointed %.1f ms "
+            "(x%.3f), OpenBLAS on the same GEMMs %.1f ms (%.1f GFLOP/s)\n",
+            p + 1, 1e3 * tp, flops / tp / 1e9, 1e3 * tc, tc / tp, 1e3 * tb, flops / tb / 1e9);
     }
     return f;
 }
@@ -369,18 +369,20 @@ Result<RoundFigures> measure_rounds(const GptBenchOptions& o, GptRig& r, Replay&
 Status report(const GptBenchOptions& o, const GptRig& r, const RoundFigures& f, double flops) {
     const double gr = median(f.gemm_ratio);
     const double cr = median(f.ckpt_ratio);
-    std::printf("summary: step %.1f ms = %.1f GFLOP/s of its GEMMs; OpenBLAS alone on the same "
-                "GEMMs %.1f GFLOP/s; ratio %.3f (target >= 0.7: %s)\n",
-                1e3 * median(f.plain_s), flops / median(f.plain_s) / 1e9,
-                flops / median(f.blas_s) / 1e9, gr, gr >= 0.7 ? "met" : "NOT met");
-    std::printf("summary: checkpointed step %.1f ms, x%.3f the plain step (target <= 1.4: %s); "
-                "activations kept %.1f MiB -> %.1f MiB\n",
-                1e3 * median(f.ckpt_s), cr, cr <= 1.4 ? "met" : "NOT met",
-                static_cast<double>(r.plain.gpt->kept_activation_bytes()) / (1 << 20),
-                static_cast<double>(r.ckpt.gpt->kept_activation_bytes()) / (1 << 20));
+    std::printf(
+        "summary: step %.1f ms = %.1f GFLOP/s of its GEMMs; OpenBLAS alone on the same "
+        "GEMMs %.1f GFLOP/s; ratio %.3f (target >= 0.7: %s)\n",
+        1e3 * median(f.plain_s), flops / median(f.plain_s) / 1e9, flops / median(f.blas_s) / 1e9,
+        gr, gr >= 0.7 ? "met" : "NOT met");
+    std::printf(
+        "summary: checkpointed step %.1f ms, x%.3f the plain step (target <= 1.4: %s); "
+        "activations kept %.1f MiB -> %.1f MiB\n",
+        1e3 * median(f.ckpt_s), cr, cr <= 1.4 ? "met" : "NOT met",
+        static_cast<double>(r.plain.gpt->kept_activation_bytes()) / (1 << 20),
+        static_cast<double>(r.ckpt.gpt->kept_activation_bytes()) / (1 << 20));
     if (o.min_gemm_ratio > 0 && gr < o.min_gemm_ratio) {
-        return Status::internal(str_cat("GEMM ratio ", gr, " below --min-gemm-ratio ",
-                                        o.min_gemm_ratio));
+        return Status::internal(
+            str_cat("GEMM ratio ", gr, " below --min-gemm-ratio ", o.min_gemm_ratio));
     }
     if (o.max_checkpoint_ratio > 0 && cr > o.max_checkpoint_ratio) {
         return Status::internal(str_cat("checkpoint ratio ", cr, " above --max-checkpoint-ratio ",
@@ -394,10 +396,11 @@ Status run(const GptBenchOptions& o) {
     ZINF_ASSIGN_OR_RETURN(const double flops, record_step(rig));
     Replay replay(rig.compute->calls);
     replay.run(o.threads);
-    std::printf("gpt %zu layers x d_model %zu (%zu heads), %zu x %zu tokens per step, %d "
-                "threads; %s\n",
-                o.model.n_layer, o.model.d_model, o.model.n_head, rig.rows, o.model.seq_len,
-                o.threads, rig.cpu->name().data());
+    std::printf(
+        "gpt %zu layers x d_model %zu (%zu heads), %zu x %zu tokens per step, %d "
+        "threads; %s\n",
+        o.model.n_layer, o.model.d_model, o.model.n_head, rig.rows, o.model.seq_len, o.threads,
+        rig.cpu->name().data());
     std::printf("  %zu GEMMs per step, %.2f GFLOP\n", rig.compute->calls.size(), flops / 1e9);
     ZINF_ASSIGN_OR_RETURN(const RoundFigures figures, measure_rounds(o, rig, replay, flops));
     return report(o, rig, figures, flops);

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "src/base/aio_backends.h"
 #include "io/fault.h"
+#include "src/base/aio_backends.h"
+#include "src/base/config.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
-#include "src/base/config.h"
 #include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/fio_compare.h"
@@ -64,7 +64,8 @@ void declare_flags(cli::Args& args) {
                     "also alternate io_uring and libaio passes at the same\n"
                     "settings (--pairs pairs per op); prints the median\n"
                     "io_uring/libaio ratio with min/max");
-    args.add("pairs", "7", "our passes bracketed by fio's (--vs-fio), alternated pairs (--vs-libaio)");
+    args.add("pairs", "7",
+             "our passes bracketed by fio's (--vs-fio), alternated pairs (--vs-libaio)");
     args.add("fio-binary", "fio", "the fio that --vs-fio runs");
 }
 
@@ -85,25 +86,30 @@ Result<IoCommandOptions> parse_options(const cli::Args& args) {
     ZINF_ASSIGN_OR_RETURN(o.fio_grid_seconds, args.get_double("fio-grid-seconds", 0.2, 600));
     for (const auto bs : o.fio_grid_block_sizes) {
         if (bs == 0 || bs % 512 != 0) {
-            return Status::invalid_argument(str_cat("--fio-grid-block-sizes: ", bs, " is not a positive multiple of 512"));
+            return Status::invalid_argument(
+                str_cat("--fio-grid-block-sizes: ", bs, " is not a positive multiple of 512"));
         }
     }
     for (const auto qd : o.fio_grid_queue_depths) {
         if (qd == 0 || qd > 4096) {
-            return Status::invalid_argument(str_cat("--fio-grid-queue-depths: ", qd, " is outside [1, 4096]"));
+            return Status::invalid_argument(
+                str_cat("--fio-grid-queue-depths: ", qd, " is outside [1, 4096]"));
         }
     }
     if (o.fio_grid && !o.vs_fio) return Status::invalid_argument("--fio-grid needs --vs-fio");
     if (o.vs_fio) {
         if (o.common.dirs.size() != 1) {
-            return Status::invalid_argument("--vs-fio: give exactly one --path (fio and our striping differ)");
+            return Status::invalid_argument(
+                "--vs-fio: give exactly one --path (fio and our striping differ)");
         }
         if (o.common.aio.backend == "posix") {
-            return Status::invalid_argument("--vs-fio: compare io_uring or libaio (fio has no engine like our posix backend)");
+            return Status::invalid_argument(
+                "--vs-fio: compare io_uring or libaio (fio has no engine like our posix backend)");
         }
         if (o.common.faults.has_value()) return Status::invalid_argument("--vs-fio: drop --fault");
     }
-    if (o.vs_libaio && o.common.faults.has_value()) return Status::invalid_argument("--vs-libaio: drop --fault");
+    if (o.vs_libaio && o.common.faults.has_value())
+        return Status::invalid_argument("--vs-libaio: drop --fault");
     return o;
 }
 
@@ -178,13 +184,16 @@ Status run_passes(const IoCommandOptions& o, IoSession& session, Json& report) {
 // --- fio comparison ----------------------------------------------------------------------------
 
 // Runs fio briefly over the grid and returns the (block size, queue depth) with fio's best GB/s.
-Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o, const BenchFiles& files,
-                                                   const io::AioOptions& aio, std::string_view backend,
-                                                   bool direct, IoOp op, Json& grid_report) {
+Result<std::pair<std::uint64_t, int>> run_fio_grid(const IoCommandOptions& o,
+                                                   const BenchFiles& files,
+                                                   const io::AioOptions& aio,
+                                                   std::string_view backend, bool direct, IoOp op,
+                                                   Json& grid_report) {
     std::printf("\nfio grid, %s (%s, %.1f s each):\n", std::string(io_op_name(op)).c_str(),
                 std::string(backend).c_str(), o.fio_grid_seconds);
     std::printf("%10s", "bs \\ qd");
-    for (const auto qd : o.fio_grid_queue_depths) std::printf(" %8llu", static_cast<unsigned long long>(qd));
+    for (const auto qd : o.fio_grid_queue_depths)
+        std::printf(" %8llu", static_cast<unsigned long long>(qd));
     std::printf("   (GB/s)\n");
     double best = -1;
     std::pair<std::uint64_t, int> best_setting{0, 0};
@@ -229,58 +238,79 @@ Status run_vs_fio(const IoCommandOptions& o, BenchFiles& files, Json& report) {
         std::string backend;
         bool direct = true;
         {
-            ZINF_ASSIGN_OR_RETURN(auto probe, IoSession::create(files, session_options(o.common, aio)));
+            ZINF_ASSIGN_OR_RETURN(auto probe,
+                                  IoSession::create(files, session_options(o.common, aio)));
             ZINF_TRY(probe->prepare_for_read());
             backend = std::string(probe->backend_name());
             direct = probe->is_direct();
         }
         if (fio_engine_of(backend).empty()) {
-            return Status::invalid_argument(str_cat("--vs-fio: backend ", backend, " has no fio counterpart"));
+            return Status::invalid_argument(
+                str_cat("--vs-fio: backend ", backend, " has no fio counterpart"));
         }
         aio.backend = backend;
         if (o.fio_grid) {
-            ZINF_ASSIGN_OR_RETURN(auto best, run_fio_grid(o, files, aio, backend, direct, op, grid));
+            ZINF_ASSIGN_OR_RETURN(auto best,
+                                  run_fio_grid(o, files, aio, backend, direct, op, grid));
             aio.block_size_bytes = best.first;
             aio.queue_depth = best.second;
         }
-        ZINF_ASSIGN_OR_RETURN(auto session, IoSession::create(files, session_options(o.common, aio)));
+        ZINF_ASSIGN_OR_RETURN(auto session,
+                              IoSession::create(files, session_options(o.common, aio)));
         const FioJob job = fio_job_for(o.fio_binary, files, aio, direct, op);
         std::printf("\n%s: ours vs fio, %d of our passes, each between two of fio's; %s\n",
-                    std::string(io_op_name(op)).c_str(), o.pairs, describe_session(*session, files).c_str());
+                    std::string(io_op_name(op)).c_str(), o.pairs,
+                    describe_session(*session, files).c_str());
         std::printf("fio: %s\n", fio_command_line(job).c_str());
-        std::printf("CPU/GB: user + system seconds of the whole process per GB, every thread (for fio also the\n"
-                    "kernel's io_uring workers, less its start-up); fio's own job figure in the last column\n");
-        std::printf("fio GB/s: the geometric mean of the fio passes before and after ours; fio CPU: their mean\n");
-        std::printf("%5s %10s %11s %10s %10s %8s %12s %12s %10s %12s\n", "pass", "ours GB/s", "fio before",
-                    "fio after", "fio GB/s", "ratio", "ours CPU/GB", "fio CPU/GB", "CPU ratio", "fio job CPU");
+        std::printf(
+            "CPU/GB: user + system seconds of the whole process per GB, every thread (for fio also "
+            "the\n"
+            "kernel's io_uring workers, less its start-up); fio's own job figure in the last "
+            "column\n");
+        std::printf(
+            "fio GB/s: the geometric mean of the fio passes before and after ours; fio CPU: their "
+            "mean\n");
+        std::printf("%5s %10s %11s %10s %10s %8s %12s %12s %10s %12s\n", "pass", "ours GB/s",
+                    "fio before", "fio after", "fio GB/s", "ratio", "ours CPU/GB", "fio CPU/GB",
+                    "CPU ratio", "fio job CPU");
         ZINF_ASSIGN_OR_RETURN(
             const FioComparison c, compare_with_fio(*session, job, o.pairs, [](const FioPair& p) {
-                std::printf("%5d %10.3f %11.3f %10.3f %10.3f %8.3f %12.4f %12.4f %10.3f %12.4f\n", p.index,
-                            p.ours.gb_per_s, p.fio_before.gb_per_s, p.fio_after.gb_per_s, p.fio_gb_per_s, p.ratio,
-                            p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb, p.cpu_ratio, p.fio_job_cpu_s_per_gb);
+                std::printf("%5d %10.3f %11.3f %10.3f %10.3f %8.3f %12.4f %12.4f %10.3f %12.4f\n",
+                            p.index, p.ours.gb_per_s, p.fio_before.gb_per_s, p.fio_after.gb_per_s,
+                            p.fio_gb_per_s, p.ratio, p.ours.cpu_seconds_per_gb, p.fio_cpu_s_per_gb,
+                            p.cpu_ratio, p.fio_job_cpu_s_per_gb);
                 std::fflush(stdout);
             }));
-        std::printf("%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d passes); median GB/s ours %.3f, "
-                    "fio %.3f\n",
-                    std::string(io_op_name(op)).c_str(), c.ratio.median, c.ratio.min, c.ratio.max, o.pairs,
-                    c.ours_gb_per_s.median, c.fio_gb_per_s.median);
-        std::printf("%s: median CPU ratio ours/fio %.3f (min %.3f, max %.3f; each pass against the fio passes\n"
-                    "  around it); median CPU s/GB ours %.4f, fio %.4f (fio start-up %.3f s removed)\n",
-                    std::string(io_op_name(op)).c_str(), c.cpu_ratio.median, c.cpu_ratio.min, c.cpu_ratio.max,
-                    c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median, c.fio_startup.cpu_seconds);
+        std::printf(
+            "%s: median ratio ours/fio %.3f (min %.3f, max %.3f over %d passes); median GB/s ours "
+            "%.3f, "
+            "fio %.3f\n",
+            std::string(io_op_name(op)).c_str(), c.ratio.median, c.ratio.min, c.ratio.max, o.pairs,
+            c.ours_gb_per_s.median, c.fio_gb_per_s.median);
+        std::printf(
+            "%s: median CPU ratio ours/fio %.3f (min %.3f, max %.3f; each pass against the fio "
+            "passes\n"
+            "  around it); median CPU s/GB ours %.4f, fio %.4f (fio start-up %.3f s removed)\n",
+            std::string(io_op_name(op)).c_str(), c.cpu_ratio.median, c.cpu_ratio.min,
+            c.cpu_ratio.max, c.ours_cpu_s_per_gb.median, c.fio_cpu_s_per_gb.median,
+            c.fio_startup.cpu_seconds);
         if (!c.cpu_resolved) {
-            std::printf("%s: CPU ratio not resolved: fio's start-up CPU varied by %.3f s over five runs, beside\n"
-                        "  %.3f s for its I/O (needs %.0fx); a larger --size resolves it\n",
-                        std::string(io_op_name(op)).c_str(), c.fio_startup.cpu_spread_seconds, c.fio_io_cpu_seconds,
-                        kStartupSpreadsPerIo);
+            std::printf(
+                "%s: CPU ratio not resolved: fio's start-up CPU varied by %.3f s over five runs, "
+                "beside\n"
+                "  %.3f s for its I/O (needs %.0fx); a larger --size resolves it\n",
+                std::string(io_op_name(op)).c_str(), c.fio_startup.cpu_spread_seconds,
+                c.fio_io_cpu_seconds, kStartupSpreadsPerIo);
         }
         const double pieces_per_gb = kBytesPerGb / static_cast<double>(aio.block_size_bytes);
-        std::printf("%s: context switches, whole process: per GB ours %.0f, fio %.0f (medians; fio's start-up's\n"
-                    "  %.0f removed); per block-size piece ours %.2f, fio %.2f\n",
-                    std::string(io_op_name(op)).c_str(), c.ours_context_switches_per_gb.median,
-                    c.fio_context_switches_per_gb.median, c.fio_startup.context_switches,
-                    c.ours_context_switches_per_gb.median / pieces_per_gb,
-                    c.fio_context_switches_per_gb.median / pieces_per_gb);
+        std::printf(
+            "%s: context switches, whole process: per GB ours %.0f, fio %.0f (medians; fio's "
+            "start-up's\n"
+            "  %.0f removed); per block-size piece ours %.2f, fio %.2f\n",
+            std::string(io_op_name(op)).c_str(), c.ours_context_switches_per_gb.median,
+            c.fio_context_switches_per_gb.median, c.fio_startup.context_switches,
+            c.ours_context_switches_per_gb.median / pieces_per_gb,
+            c.fio_context_switches_per_gb.median / pieces_per_gb);
         Json figures = comparison_to_json(c);
         figures["aio"] = Json::parse(config::aio_to_json(engine::aio_config(aio)));
         figures["fio_command"] = fio_command_line(job);
@@ -298,15 +328,18 @@ Status run_vs_libaio(const IoCommandOptions& o, BenchFiles& files, Json& report)
     uring_aio.backend = "io_uring";
     io::AioOptions libaio_aio = o.common.aio;
     libaio_aio.backend = "libaio";
-    ZINF_ASSIGN_OR_RETURN(auto uring, IoSession::create(files, session_options(o.common, uring_aio)));
-    ZINF_ASSIGN_OR_RETURN(auto libaio, IoSession::create(files, session_options(o.common, libaio_aio)));
+    ZINF_ASSIGN_OR_RETURN(auto uring,
+                          IoSession::create(files, session_options(o.common, uring_aio)));
+    ZINF_ASSIGN_OR_RETURN(auto libaio,
+                          IoSession::create(files, session_options(o.common, libaio_aio)));
     ZINF_TRY(uring->prepare_for_read());
     Json out = Json::object();
     for (const IoOp op : o.ops) {
-        std::printf("\n%s: io_uring vs libaio, %d alternating pairs; %s\n", std::string(io_op_name(op)).c_str(),
-                    o.pairs, describe_session(*uring, files).c_str());
-        std::printf("%5s %-16s %14s %12s %8s %14s %12s\n", "pair", "order", "io_uring GB/s", "libaio GB/s",
-                    "ratio", "io_uring CPU/GB", "libaio CPU/GB");
+        std::printf("\n%s: io_uring vs libaio, %d alternating pairs; %s\n",
+                    std::string(io_op_name(op)).c_str(), o.pairs,
+                    describe_session(*uring, files).c_str());
+        std::printf("%5s %-16s %14s %12s %8s %14s %12s\n", "pair", "order", "io_uring GB/s",
+                    "libaio GB/s", "ratio", "io_uring CPU/GB", "libaio CPU/GB");
         std::vector<double> ratios, ucpu, lcpu;
         Json pairs = Json::array();
         for (int i = 1; i <= o.pairs; ++i) {
@@ -316,28 +349,34 @@ Status run_vs_libaio(const IoCommandOptions& o, BenchFiles& files, Json& report)
             for (int side = 0; side < 2; ++side) {
                 if ((side == 0) == uring_first) {
                     u = uring->run_pass(op);
-                    if (!u.has_value()) return u.error().with_context(str_cat("pair ", i, ", io_uring"));
+                    if (!u.has_value())
+                        return u.error().with_context(str_cat("pair ", i, ", io_uring"));
                 } else {
                     l = libaio->run_pass(op);
-                    if (!l.has_value()) return l.error().with_context(str_cat("pair ", i, ", libaio"));
+                    if (!l.has_value())
+                        return l.error().with_context(str_cat("pair ", i, ", libaio"));
                 }
             }
             const double ratio = u->gb_per_s / l->gb_per_s;
             std::printf("%5d %-16s %14.3f %12.3f %8.3f %14.4f %12.4f\n", i,
-                        uring_first ? "io_uring,libaio" : "libaio,io_uring", u->gb_per_s, l->gb_per_s, ratio,
-                        u->cpu_seconds_per_gb, l->cpu_seconds_per_gb);
+                        uring_first ? "io_uring,libaio" : "libaio,io_uring", u->gb_per_s,
+                        l->gb_per_s, ratio, u->cpu_seconds_per_gb, l->cpu_seconds_per_gb);
             std::fflush(stdout);
             ratios.push_back(ratio);
             ucpu.push_back(u->cpu_seconds_per_gb);
             lcpu.push_back(l->cpu_seconds_per_gb);
-            pairs.push_back(Json{{"pair", i}, {"io_uring", pass_to_json(*u)}, {"libaio", pass_to_json(*l)},
+            pairs.push_back(Json{{"pair", i},
+                                 {"io_uring", pass_to_json(*u)},
+                                 {"libaio", pass_to_json(*l)},
                                  {"ratio", ratio}});
         }
         const Spread r = spread_of(ratios);
-        std::printf("%s: median ratio io_uring/libaio %.3f (min %.3f, max %.3f over %d pairs); median CPU s/GB "
-                    "io_uring %.4f, libaio %.4f\n",
-                    std::string(io_op_name(op)).c_str(), r.median, r.min, r.max, o.pairs, spread_of(ucpu).median,
-                    spread_of(lcpu).median);
+        std::printf(
+            "%s: median ratio io_uring/libaio %.3f (min %.3f, max %.3f over %d pairs); median CPU "
+            "s/GB "
+            "io_uring %.4f, libaio %.4f\n",
+            std::string(io_op_name(op)).c_str(), r.median, r.min, r.max, o.pairs,
+            spread_of(ucpu).median, spread_of(lcpu).median);
         out[std::string(io_op_name(op))] = Json{{"pairs", pairs}, {"ratio", spread_to_json(r)}};
     }
     report["vs_libaio"] = out;
@@ -351,9 +390,11 @@ Status run(const IoCommandOptions& o) {
     report["size_bytes"] = o.common.size_bytes;
     report["paths"] = o.common.dirs;
     {
-        ZINF_ASSIGN_OR_RETURN(auto session, IoSession::create(*files, session_options(o.common, o.common.aio)));
+        ZINF_ASSIGN_OR_RETURN(auto session,
+                              IoSession::create(*files, session_options(o.common, o.common.aio)));
         print_session_banner(*session, *files, o.common);
-        report["aio"] = Json::parse(config::aio_to_json(engine::aio_config(effective_aio(*session))));
+        report["aio"] =
+            Json::parse(config::aio_to_json(engine::aio_config(effective_aio(*session))));
         report["backend"] = std::string(session->backend_name());
         report["direct"] = session->is_direct();
         report["op_size_bytes"] = session->plan().op_size_bytes;

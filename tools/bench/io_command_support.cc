@@ -28,14 +28,16 @@ void declare_target_flags(cli::Args& args) {
 void declare_engine_flags(cli::Args& args, CommonFlagSet set) {
     if (set == CommonFlagSet::kSingle) {
         args.add("backend", "io_uring",
-                 str_cat(aio_backend_list(/*with_auto=*/true), " (auto: the first of\nthe others this build and kernel support)"));
+                 str_cat(aio_backend_list(/*with_auto=*/true),
+                         " (auto: the first of\nthe others this build and kernel support)"));
         args.add("block-size", "1MiB",
                  "aio.block_size: bytes per piece the engine submits; a\n"
                  "multiple of 512 and of the file system's logical block size");
         args.add("queue-depth", "32", "aio.queue_depth: pieces in flight per worker, 1..4096");
         args.add("threads", "1", "aio.intra_op_parallelism: engine worker threads, 1..256");
     }
-    args.add("direct", "on", "O_DIRECT: on or off (off: buffered I/O; page-cache effects\nmay apply)");
+    args.add("direct", "on",
+             "O_DIRECT: on or off (off: buffered I/O; page-cache effects\nmay apply)");
     args.add("register-buffers", "on", "io_uring registered (fixed) buffers and files: on or off");
     args.add("sqpoll", "off", "io_uring kernel submission thread: on or off (spins a core)");
     args.add("op-size", "auto",
@@ -61,24 +63,29 @@ Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagS
     CommonIoOptions o;
     o.dirs = args.get_list("path");
     if (o.dirs.empty()) {
-        return Status::invalid_argument("--path: missing; name a directory for the test file (e.g. --path /mnt/nvme0)");
+        return Status::invalid_argument(
+            "--path: missing; name a directory for the test file (e.g. --path /mnt/nvme0)");
     }
     for (const auto& dir : o.dirs) {
         if (dir.empty()) return Status::invalid_argument("--path: empty directory name");
     }
     ZINF_ASSIGN_OR_RETURN(o.size_bytes, args.get_size_bytes("size"));
-    if (o.size_bytes == 0) return Status::invalid_argument("--size: must be greater than zero, got " + args.get("size"));
+    if (o.size_bytes == 0)
+        return Status::invalid_argument("--size: must be greater than zero, got " +
+                                        args.get("size"));
     if (o.size_bytes % 512 != 0) {
         return Status::invalid_argument(str_cat("--size: ", args.get("size"), " (", o.size_bytes,
                                                 " bytes) is not a multiple of 512 bytes"));
     }
     if (set == CommonFlagSet::kSingle) {
-        ZINF_ASSIGN_OR_RETURN(o.aio.backend, args.get_choice("backend", aio_backend_names(/*with_auto=*/true)));
+        ZINF_ASSIGN_OR_RETURN(o.aio.backend,
+                              args.get_choice("backend", aio_backend_names(/*with_auto=*/true)));
         ZINF_ASSIGN_OR_RETURN(o.aio.block_size_bytes, args.get_size_bytes("block-size"));
         if (o.aio.block_size_bytes == 0 || o.aio.block_size_bytes % 512 != 0 ||
             o.aio.block_size_bytes > (1ULL << 30)) {
-            return Status::invalid_argument(str_cat("--block-size: expected a multiple of 512 bytes up to 1 GiB, got ",
-                                                    args.get("block-size"), " (", o.aio.block_size_bytes, " bytes)"));
+            return Status::invalid_argument(
+                str_cat("--block-size: expected a multiple of 512 bytes up to 1 GiB, got ",
+                        args.get("block-size"), " (", o.aio.block_size_bytes, " bytes)"));
         }
         ZINF_ASSIGN_OR_RETURN(const std::int64_t qd, args.get_int("queue-depth", 1, 4096));
         o.aio.queue_depth = static_cast<int>(qd);
@@ -97,13 +104,14 @@ Result<CommonIoOptions> parse_common_io_flags(const cli::Args& args, CommonFlagS
     if (args.get("op-size") != "auto") {
         ZINF_ASSIGN_OR_RETURN(o.op_size_bytes, args.get_size_bytes("op-size"));
         if (o.op_size_bytes == 0 || o.op_size_bytes % 512 != 0) {
-            return Status::invalid_argument(str_cat("--op-size: expected auto or a multiple of 512 bytes, got ",
-                                                    args.get("op-size")));
+            return Status::invalid_argument(str_cat(
+                "--op-size: expected auto or a multiple of 512 bytes, got ", args.get("op-size")));
         }
     }
     ZINF_ASSIGN_OR_RETURN(o.buffer_limit_bytes, args.get_size_bytes("buffer-limit"));
     if (o.buffer_limit_bytes < (1ULL << 20)) {
-        return Status::invalid_argument(str_cat("--buffer-limit: expected at least 1 MiB, got ", args.get("buffer-limit")));
+        return Status::invalid_argument(
+            str_cat("--buffer-limit: expected at least 1 MiB, got ", args.get("buffer-limit")));
     }
     o.json_path = args.get("json");
     if (args.get("progress") == "auto") {
@@ -134,15 +142,17 @@ std::string describe_session(const IoSession& session, const BenchFiles& files) 
     const io::AioOptions& aio = session.aio();
     const PassPlan& plan = session.plan();
     (void)files;
-    return str_cat("backend ", session.backend_name(), ", block ", format_bytes(aio.block_size_bytes),
-                   ", queue depth ", aio.queue_depth, ", ", aio.intra_op_parallelism,
-                   aio.intra_op_parallelism == 1 ? " thread" : " threads", ", O_DIRECT ",
-                   session.is_direct() ? "on" : "off", ", registered buffers ",
-                   aio.register_buffers ? "on" : "off", aio.sqpoll ? ", sqpoll on" : "", ", ops of ",
-                   format_bytes(plan.op_size_bytes), " x ", plan.ops_outstanding, " outstanding");
+    return str_cat("backend ", session.backend_name(), ", block ",
+                   format_bytes(aio.block_size_bytes), ", queue depth ", aio.queue_depth, ", ",
+                   aio.intra_op_parallelism, aio.intra_op_parallelism == 1 ? " thread" : " threads",
+                   ", O_DIRECT ", session.is_direct() ? "on" : "off", ", registered buffers ",
+                   aio.register_buffers ? "on" : "off", aio.sqpoll ? ", sqpoll on" : "",
+                   ", ops of ", format_bytes(plan.op_size_bytes), " x ", plan.ops_outstanding,
+                   " outstanding");
 }
 
-void print_session_banner(const IoSession& session, const BenchFiles& files, const CommonIoOptions& common) {
+void print_session_banner(const IoSession& session, const BenchFiles& files,
+                          const CommonIoOptions& common) {
     std::printf("test file: %.3f GB (%s)", static_cast<double>(files.size_bytes()) / kBytesPerGb,
                 format_bytes(files.size_bytes()).c_str());
     if (files.paths().size() == 1) {
@@ -154,13 +164,16 @@ void print_session_banner(const IoSession& session, const BenchFiles& files, con
     }
     std::printf("config: %s\n", describe_session(session, files).c_str());
     if (!session.is_direct()) {
-        std::printf("note: buffered I/O (--direct off): the page cache may absorb or serve part of the traffic; "
-                    "reads start after the file's pages are dropped, writes include the final fdatasync\n");
+        std::printf(
+            "note: buffered I/O (--direct off): the page cache may absorb or serve part of the "
+            "traffic; "
+            "reads start after the file's pages are dropped, writes include the final fdatasync\n");
     }
     if (session.plan().limited_by_buffer) {
-        std::printf("note: --buffer-limit %s holds fewer operations than queue depth x threads pieces plus "
-                    "one; the engine's queues may run dry\n",
-                    format_bytes(common.buffer_limit_bytes).c_str());
+        std::printf(
+            "note: --buffer-limit %s holds fewer operations than queue depth x threads pieces plus "
+            "one; the engine's queues may run dry\n",
+            format_bytes(common.buffer_limit_bytes).c_str());
     }
     if (common.faults.has_value()) std::printf("note: fault injection on (--fault)\n");
     std::fflush(stdout);
@@ -209,11 +222,14 @@ Json pass_to_json(const PassFigures& f) {
                 {"buffer_huge_page_bytes", f.buffer_huge_page_bytes}};
 }
 
-Json spread_to_json(const Spread& s) { return Json{{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
+Json spread_to_json(const Spread& s) {
+    return Json{{"median", s.median}, {"min", s.min}, {"max", s.max}};
+}
 
 Status write_json_report(const std::string& path, const Json& report) {
     std::ofstream out(path, std::ios::trunc);
-    if (!out) return Status::from_errno(errno, str_cat("--json: cannot open ", path, " for writing"));
+    if (!out)
+        return Status::from_errno(errno, str_cat("--json: cannot open ", path, " for writing"));
     out << report.dump(2) << "\n";
     out.close();
     if (!out) return Status::io_error(str_cat("--json: writing ", path, " failed"), EIO);

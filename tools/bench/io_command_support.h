@@ -22,7 +22,7 @@ enum class CommonFlagSet : std::uint8_t { kSingle, kGrid };
 struct CommonIoOptions {
     std::vector<std::string> dirs;
     std::uint64_t size_bytes = 0;
-    io::AioOptions aio;  // backend, block size, queue depth, threads only with kSingle
+    io::AioOptions aio;               // backend, block size, queue depth, threads only with kSingle
     std::uint64_t op_size_bytes = 0;  // 0: auto
     std::uint64_t buffer_limit_bytes = 1ULL << 30;
     std::optional<io::FaultPlan> faults;
@@ -42,7 +42,8 @@ SessionOptions session_options(const CommonIoOptions& common, const io::AioOptio
 io::AioOptions effective_aio(const IoSession& session);
 // "backend io_uring, block 1 MiB, queue depth 32, 1 thread, O_DIRECT on, ..."
 std::string describe_session(const IoSession& session, const BenchFiles& files);
-void print_session_banner(const IoSession& session, const BenchFiles& files, const CommonIoOptions& common);
+void print_session_banner(const IoSession& session, const BenchFiles& files,
+                          const CommonIoOptions& common);
 
 // The per-figure median of several passes of one op (bytes from the first).
 PassFigures median_figures(const std::vector<PassFigures>& passes);

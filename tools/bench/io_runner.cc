@@ -57,13 +57,17 @@ void install_interrupt_handler() {
     sigaction(SIGTERM, &sa, nullptr);
 }
 
-bool interrupted() noexcept { return g_interrupted != 0; }
+bool interrupted() noexcept {
+    return g_interrupted != 0;
+}
 
 Status interrupted_status() {
     return Status(StatusCode::kInternal, "interrupted by a signal", EINTR);
 }
 
-std::string_view io_op_name(IoOp op) noexcept { return op == IoOp::kRead ? "read" : "write"; }
+std::string_view io_op_name(IoOp op) noexcept {
+    return op == IoOp::kRead ? "read" : "write";
+}
 
 Result<std::vector<IoOp>> parse_io_ops(const std::string& text) {
     if (text == "both") return std::vector<IoOp>{IoOp::kWrite, IoOp::kRead};
@@ -77,16 +81,16 @@ Result<std::vector<IoOp>> parse_io_ops(const std::string& text) {
         } else if (item == "write") {
             ops.push_back(IoOp::kWrite);
         } else {
-            return Status::invalid_argument(str_cat(
-                "--op: expected read, write, write,read or both, got '", text, "'"));
+            return Status::invalid_argument(
+                str_cat("--op: expected read, write, write,read or both, got '", text, "'"));
         }
         start = comma + 1;
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
         for (std::size_t j = i + 1; j < ops.size(); ++j) {
             if (ops[i] == ops[j]) {
-                return Status::invalid_argument(str_cat("--op: '", text, "' names ",
-                                                        io_op_name(ops[i]), " twice"));
+                return Status::invalid_argument(
+                    str_cat("--op: '", text, "' names ", io_op_name(ops[i]), " twice"));
             }
         }
     }
@@ -173,7 +177,9 @@ Result<std::unique_ptr<BenchFiles>> BenchFiles::create(const std::vector<std::st
     return files;
 }
 
-BenchFiles::~BenchFiles() { remove(); }
+BenchFiles::~BenchFiles() {
+    remove();
+}
 
 void BenchFiles::remove() noexcept {
     for (const auto& c : created_) {
@@ -280,9 +286,9 @@ Result<std::unique_ptr<IoSession>> IoSession::create(BenchFiles& files,
 
     const std::size_t alignment = session->engine_->alignment_bytes(session->file_);
     if (aio.block_size_bytes % alignment != 0) {
-        return Status::invalid_argument(str_cat(
-            "--block-size ", aio.block_size_bytes, " is not a multiple of the logical block size (",
-            alignment, " bytes) of ", files.paths().front()));
+        return Status::invalid_argument(str_cat("--block-size ", aio.block_size_bytes,
+                                                " is not a multiple of the logical block size (",
+                                                alignment, " bytes) of ", files.paths().front()));
     }
     if (files.size_bytes() % alignment != 0) {
         return Status::invalid_argument(str_cat("--size ", files.size_bytes(),

@@ -79,13 +79,13 @@ struct PassFigures {
     IoOp op = IoOp::kRead;
     std::uint64_t bytes = 0;
     double seconds = 0;
-    double gb_per_s = 0;          // decimal GB (1e9 bytes) per second
-    double iops = 0;              // block-size pieces completed per second
+    double gb_per_s = 0;  // decimal GB (1e9 bytes) per second
+    double iops = 0;      // block-size pieces completed per second
     std::uint64_t pieces = 0;
-    std::uint64_t ops = 0;        // caller-level operations (of op_size_bytes each)
-    double latency_us_p50 = 0;    // per caller-level operation, submit to completion
+    std::uint64_t ops = 0;      // caller-level operations (of op_size_bytes each)
+    double latency_us_p50 = 0;  // per caller-level operation, submit to completion
     double latency_us_p99 = 0;
-    double cpu_seconds = 0;       // whole process, user + system (getrusage RUSAGE_SELF)
+    double cpu_seconds = 0;  // whole process, user + system (getrusage RUSAGE_SELF)
     double cpu_seconds_per_gb = 0;
     // Voluntary + involuntary context switches of the whole process (every thread, the kernel's
     // io_uring workers too): each hand-off between the caller, the engine's workers and the
@@ -134,7 +134,8 @@ public:
     // Errors: the engine's (backend unavailable: kNotSupported; O_DIRECT refused with
     // use_direct on), allocation, and a block size that is not a multiple of the file's logical
     // block size (kInvalidArgument naming both).
-    static Result<std::unique_ptr<IoSession>> create(BenchFiles& files, const SessionOptions& options);
+    static Result<std::unique_ptr<IoSession>> create(BenchFiles& files,
+                                                     const SessionOptions& options);
     ~IoSession();
     IoSession(const IoSession&) = delete;
     IoSession& operator=(const IoSession&) = delete;
@@ -156,7 +157,8 @@ public:
     Result<PassFigures> run_pass(IoOp op, std::string_view progress_label = {});
 
 private:
-    IoSession(BenchFiles& files, const SessionOptions& options) : files_(files), options_(options) {}
+    IoSession(BenchFiles& files, const SessionOptions& options)
+        : files_(files), options_(options) {}
     Status drop_page_cache();
     void fill_for_writes();
 
@@ -181,8 +183,8 @@ Spread spread_of(std::vector<double> values);
 
 // What this process has used so far, all threads (getrusage RUSAGE_SELF).
 struct ProcessUsage {
-    double cpu_seconds = 0;                // user + system
-    std::uint64_t context_switches = 0;    // voluntary + involuntary
+    double cpu_seconds = 0;              // user + system
+    std::uint64_t context_switches = 0;  // voluntary + involuntary
 };
 ProcessUsage process_usage();
 

@@ -16,38 +16,51 @@ int run_version(int, char**) {
 const Command kCommands[] = {
     {"version", "print the version", run_version},
 #ifdef ZINF_BENCH_HAVE_IO
-    {"io", "measure read or write GB/s of one configuration (optionally against fio)", zinf::bench::run_io},
-    {"sweep", "grid over backends x block sizes x queue depths x threads; prints a table", zinf::bench::run_sweep},
-    {"tune", "find the best aio settings and write them as a config snippet", zinf::bench::run_tune},
+    {"io", "measure read or write GB/s of one configuration (optionally against fio)",
+     zinf::bench::run_io},
+    {"sweep", "grid over backends x block sizes x queue depths x threads; prints a table",
+     zinf::bench::run_sweep},
+    {"tune", "find the best aio settings and write them as a config snippet",
+     zinf::bench::run_tune},
 #endif
 #ifdef ZINF_BENCH_HAVE_SWAP
-    {"swap", "stream a partitioned model NVMe -> pinned -> device through the residency manager", zinf::bench::run_swap},
+    {"swap", "stream a partitioned model NVMe -> pinned -> device through the residency manager",
+     zinf::bench::run_swap},
 #endif
 #ifdef ZINF_BENCH_HAVE_OPTIMIZER
-    {"optimizer", "NVMe-offloaded optimizer step against its I/O-bound limit", zinf::bench::run_optimizer},
+    {"optimizer", "NVMe-offloaded optimizer step against its I/O-bound limit",
+     zinf::bench::run_optimizer},
 #endif
 #ifdef ZINF_BENCH_HAVE_CUDA
-    {"h2d", "host<->device GB/s from the pinned pool against cudaMemcpy from cudaHostAlloc", zinf::bench::run_h2d},
+    {"h2d", "host<->device GB/s from the pinned pool against cudaMemcpy from cudaHostAlloc",
+     zinf::bench::run_h2d},
 #endif
 #ifdef ZINF_BENCH_HAVE_COMM
-    {"comm", "collectives' bus bandwidth over the MPI communicator against plain MPI (mpirun -np N)", zinf::bench::run_comm},
+    {"comm",
+     "collectives' bus bandwidth over the MPI communicator against plain MPI (mpirun -np N)",
+     zinf::bench::run_comm},
 #endif
 #ifdef ZINF_BENCH_HAVE_GPT
-    {"gpt", "GPT training step's GEMM FLOP/s against OpenBLAS on the same shapes; checkpointing cost", zinf::bench::run_gpt},
+    {"gpt",
+     "GPT training step's GEMM FLOP/s against OpenBLAS on the same shapes; checkpointing cost",
+     zinf::bench::run_gpt},
 #endif
 #ifdef ZINF_BENCH_HAVE_ADAM
-    {"adam", "CPU optimizer step throughput against the memory-bandwidth bound", zinf::bench::run_adam},
+    {"adam", "CPU optimizer step throughput against the memory-bandwidth bound",
+     zinf::bench::run_adam},
 #endif
 };
 
 void usage(std::FILE* out) {
-    std::fprintf(out,
-                 "usage: zinfinity-bench <command> [flags]\n\n"
-                 "Measures what the storage, the swap pipeline and the CPU optimizer deliver on this\n"
-                 "machine. Each command prints its figures beside a baseline measured in the same run.\n\n"
-                 "commands:\n");
+    std::fprintf(
+        out,
+        "usage: zinfinity-bench <command> [flags]\n\n"
+        "Measures what the storage, the swap pipeline and the CPU optimizer deliver on this\n"
+        "machine. Each command prints its figures beside a baseline measured in the same run.\n\n"
+        "commands:\n");
     for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
-    std::fprintf(out, "\n`zinfinity-bench <command> --help` lists each command's flags and defaults.\n");
+    std::fprintf(out,
+                 "\n`zinfinity-bench <command> --help` lists each command's flags and defaults.\n");
 }
 
 }  // namespace

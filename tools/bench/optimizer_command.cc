@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "src/base/aio_backends.h"
 #include "io/engine.h"
 #include "kernels/cpu_features.h"
 #include "kernels/optimizer.h"
+#include "src/base/aio_backends.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "swap/optimizer_stack.h"
@@ -238,8 +238,7 @@ Result<Stack> set_up_stack(const Options& o) {
     ZINF_ASSIGN_OR_RETURN(swap::OptimizerStackLayout layout, swap::layout_optimizer_stack(so));
     ZINF_ASSIGN_OR_RETURN(auto pool, swap::create_optimizer_pool(layout, *engine, nullptr,
                                                                  /*register_with_device=*/false));
-    return Stack{o.paths, std::move(kernel), std::move(engine), std::move(layout),
-                 std::move(pool)};
+    return Stack{o.paths, std::move(kernel), std::move(engine), std::move(layout), std::move(pool)};
 }
 
 Status run(const Options& o) {
@@ -274,8 +273,7 @@ Status run(const Options& o) {
         std::string(kernels::isa_name(kernel.isa())).c_str(), kernel.threads());
     std::fflush(stdout);
 
-    ZINF_ASSIGN_OR_RETURN(const PhaseResult on,
-                          run_phase(o, true, o.pairs, stack, grads));
+    ZINF_ASSIGN_OR_RETURN(const PhaseResult on, run_phase(o, true, o.pairs, stack, grads));
     if (o.pairs_unverified > 0) {
         ZINF_ASSIGN_OR_RETURN(const PhaseResult off,
                               run_phase(o, false, o.pairs_unverified, stack, grads));

@@ -47,7 +47,8 @@ std::pair<double, double> nice_axis(double max) {
     return {std::ceil(max / step) * step, step};
 }
 
-void render_panel(std::string& out, const PlotOptions& options, const PlotPanel& panel, double ox, double oy) {
+void render_panel(std::string& out, const PlotOptions& options, const PlotPanel& panel, double ox,
+                  double oy) {
     const double left = ox + kMarginLeft;
     const double top = oy + kMarginTop;
     const double width = kPanelWidth - kMarginLeft - kMarginRight;
@@ -72,21 +73,24 @@ void render_panel(std::string& out, const PlotOptions& options, const PlotPanel&
 
     out += "<g class=\"panel\" data-title=\"" + xml_escape(panel.title) + "\">\n";
     out += "<text x=\"" + fmt(left + width / 2) + "\" y=\"" + fmt(oy + 20) +
-           "\" text-anchor=\"middle\" font-weight=\"bold\">" + xml_escape(panel.title) + "</text>\n";
-    out += "<rect x=\"" + fmt(left) + "\" y=\"" + fmt(top) + "\" width=\"" + fmt(width) + "\" height=\"" +
-           fmt(height) + "\" fill=\"none\" stroke=\"#444\"/>\n";
+           "\" text-anchor=\"middle\" font-weight=\"bold\">" + xml_escape(panel.title) +
+           "</text>\n";
+    out += "<rect x=\"" + fmt(left) + "\" y=\"" + fmt(top) + "\" width=\"" + fmt(width) +
+           "\" height=\"" + fmt(height) + "\" fill=\"none\" stroke=\"#444\"/>\n";
     for (double y = 0; y <= y_top + y_step / 2; y += y_step) {
-        out += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(py(y)) + "\" x2=\"" + fmt(left + width) + "\" y2=\"" +
-               fmt(py(y)) + "\" stroke=\"#ddd\"/>\n";
-        out += "<text x=\"" + fmt(left - 6) + "\" y=\"" + fmt(py(y) + 4) + "\" text-anchor=\"end\">" +
-               xml_escape(default_format(std::round(y * 1000) / 1000)) + "</text>\n";
+        out += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(py(y)) + "\" x2=\"" +
+               fmt(left + width) + "\" y2=\"" + fmt(py(y)) + "\" stroke=\"#ddd\"/>\n";
+        out += "<text x=\"" + fmt(left - 6) + "\" y=\"" + fmt(py(y) + 4) +
+               "\" text-anchor=\"end\">" + xml_escape(default_format(std::round(y * 1000) / 1000)) +
+               "</text>\n";
     }
     for (const double x : xs) {
-        const std::string label = options.format_x != nullptr ? options.format_x(x) : default_format(x);
-        out += "<line x1=\"" + fmt(px(x)) + "\" y1=\"" + fmt(top + height) + "\" x2=\"" + fmt(px(x)) + "\" y2=\"" +
-               fmt(top + height + 4) + "\" stroke=\"#444\"/>\n";
-        out += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(top + height + 18) + "\" text-anchor=\"middle\">" +
-               xml_escape(label) + "</text>\n";
+        const std::string label =
+            options.format_x != nullptr ? options.format_x(x) : default_format(x);
+        out += "<line x1=\"" + fmt(px(x)) + "\" y1=\"" + fmt(top + height) + "\" x2=\"" +
+               fmt(px(x)) + "\" y2=\"" + fmt(top + height + 4) + "\" stroke=\"#444\"/>\n";
+        out += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(top + height + 18) +
+               "\" text-anchor=\"middle\">" + xml_escape(label) + "</text>\n";
     }
     out += "<text x=\"" + fmt(left + width / 2) + "\" y=\"" + fmt(oy + kPanelHeight - 8) +
            "\" text-anchor=\"middle\">" + xml_escape(options.x_label) + "</text>\n";
@@ -94,7 +98,8 @@ void render_panel(std::string& out, const PlotOptions& options, const PlotPanel&
            ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(options.y_label) + "</text>\n";
     double legend_y = top + 4;
     for (const auto& s : panel.series) {
-        const std::string_view colour = kPalette[static_cast<std::size_t>(s.color) % std::size(kPalette)];
+        const std::string_view colour =
+            kPalette[static_cast<std::size_t>(s.color) % std::size(kPalette)];
         std::string points;
         for (const auto& [x, y] : s.points) {
             if (x <= 0) continue;
@@ -102,16 +107,17 @@ void render_panel(std::string& out, const PlotOptions& options, const PlotPanel&
             points += fmt(px(x)) + "," + fmt(py(y));
         }
         out += "<polyline class=\"series\"";
-        for (const auto& [key, value] : s.attributes) out += " data-" + key + "=\"" + xml_escape(value) + "\"";
+        for (const auto& [key, value] : s.attributes)
+            out += " data-" + key + "=\"" + xml_escape(value) + "\"";
         out += " fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"2\"";
         if (s.dashed) out += " stroke-dasharray=\"6 4\"";
         out += " points=\"" + points + "\"><title>" + xml_escape(s.label) + "</title></polyline>\n";
         const double lx = left + width + 10;
-        out += "<line x1=\"" + fmt(lx) + "\" y1=\"" + fmt(legend_y) + "\" x2=\"" + fmt(lx + 24) + "\" y2=\"" +
-               fmt(legend_y) + "\" stroke=\"" + std::string(colour) + "\" stroke-width=\"2\"" +
-               (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
-        out += "<text x=\"" + fmt(lx + 30) + "\" y=\"" + fmt(legend_y + 4) + "\">" + xml_escape(s.label) +
-               "</text>\n";
+        out += "<line x1=\"" + fmt(lx) + "\" y1=\"" + fmt(legend_y) + "\" x2=\"" + fmt(lx + 24) +
+               "\" y2=\"" + fmt(legend_y) + "\" stroke=\"" + std::string(colour) +
+               "\" stroke-width=\"2\"" + (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
+        out += "<text x=\"" + fmt(lx + 30) + "\" y=\"" + fmt(legend_y + 4) + "\">" +
+               xml_escape(s.label) + "</text>\n";
         legend_y += 16;
     }
     out += "</g>\n";
@@ -124,12 +130,23 @@ std::string xml_escape(const std::string& text) {
     out.reserve(text.size());
     for (const char ch : text) {
         switch (ch) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&quot;"; break;
-            case '\'': out += "&apos;"; break;
-            default: out += ch;
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&quot;";
+                break;
+            case '\'':
+                out += "&apos;";
+                break;
+            default:
+                out += ch;
         }
     }
     return out;
@@ -141,8 +158,8 @@ std::string render_svg_plot(const PlotOptions& options, const std::vector<PlotPa
     const double width = kPanelWidth * columns;
     const double height = kTitleHeight + kPanelHeight * rows;
     std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-    out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt(width) + "\" height=\"" + fmt(height) +
-           "\" viewBox=\"0 0 " + fmt(width) + " " + fmt(height) +
+    out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt(width) + "\" height=\"" +
+           fmt(height) + "\" viewBox=\"0 0 " + fmt(width) + " " + fmt(height) +
            "\" font-family=\"sans-serif\" font-size=\"12\">\n";
     out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
     out += "<text x=\"" + fmt(width / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" +

@@ -8,9 +8,9 @@
 namespace zinf::bench {
 
 struct PlotSeries {
-    std::string label;   // legend text, e.g. "ours qd 8"
-    int color = 0;       // index into the palette (one colour per queue depth)
-    bool dashed = false; // the reference (fio) is dashed, ours solid
+    std::string label;    // legend text, e.g. "ours qd 8"
+    int color = 0;        // index into the palette (one colour per queue depth)
+    bool dashed = false;  // the reference (fio) is dashed, ours solid
     // Written as data-* attributes of the <polyline>, so a reader (or a test) can find a series.
     std::vector<std::pair<std::string, std::string>> attributes;
     std::vector<std::pair<double, double>> points;  // (x, y); x > 0 (log2 axis)

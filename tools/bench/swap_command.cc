@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "src/base/aio_backends.h"
 #include "io/engine.h"
+#include "src/base/aio_backends.h"
 #include "src/base/aligned.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -547,8 +547,9 @@ int report(const SwapOptions& o, const SwapRig& r, const SwapFigures& f) {
         format_bytes(s.tiers[0].peak_bytes).c_str(), format_bytes(s.tiers[0].budget_bytes).c_str());
     std::printf("  residency: %s\n", r.rm->stats_summary().c_str());
     if (o.cuda) {
-        std::printf("  data: not checked (the device tier is GPU memory; the store's checksums "
-                    "verified every read from NVMe)\n");
+        std::printf(
+            "  data: not checked (the device tier is GPU memory; the store's checksums "
+            "verified every read from NVMe)\n");
     }
     if (wall.bad_words != 0) {
         std::fprintf(stderr, "zinfinity-bench swap: %" PRIu64 " sampled words read back wrong\n",

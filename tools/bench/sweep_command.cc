@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "src/base/aio_backends.h"
+#include "src/base/config.h"
 #include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
-#include "src/base/config.h"
 #include "src/engine/offload_plan.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/fio_compare.h"
@@ -63,7 +63,7 @@ struct GridPoint {
     io::AioOptions aio;
     bool available = true;
     std::string skipped_reason;
-    double read_gb_per_s = 0;   // median over loops; 0 when not measured
+    double read_gb_per_s = 0;  // median over loops; 0 when not measured
     double write_gb_per_s = 0;
     double read_cpu_s_per_gb = 0;
     double write_cpu_s_per_gb = 0;
@@ -136,9 +136,8 @@ Status parse_grid(const cli::Args& args, SweepOptions& o) {
     for (const auto& b : o.backends) {
         const std::vector<std::string_view> known = aio_backend_names(/*with_auto=*/false);
         if (std::find(known.begin(), known.end(), b) == known.end()) {
-            return Status::invalid_argument(str_cat("--backends: expected ",
-                                                    aio_backend_list(/*with_auto=*/false),
-                                                    ", got '", b, "'"));
+            return Status::invalid_argument(str_cat(
+                "--backends: expected ", aio_backend_list(/*with_auto=*/false), ", got '", b, "'"));
         }
     }
     ZINF_ASSIGN_OR_RETURN(o.block_sizes, args.get_size_list("block-sizes"));
@@ -218,8 +217,8 @@ Status parse_sweep_flags(const cli::Args& args, SweepOptions& o) {
             for (const std::string_view name : aio_backends_with_fio()) {
                 with_fio += str_cat(with_fio.empty() ? "" : " or ", name);
             }
-            return Status::invalid_argument(str_cat("--vs-fio: backend ", b,
-                                                    " has no fio counterpart; compare ", with_fio));
+            return Status::invalid_argument(
+                str_cat("--vs-fio: backend ", b, " has no fio counterpart; compare ", with_fio));
         }
     }
     return Status::ok();
@@ -372,7 +371,6 @@ Json point_to_json(const GridPoint& p) {
 
 // --- sweep --vs-fio -----------------------------------------------------------------------------
 
-
 void print_vs_fio_header() {
     std::printf("%-9s %9s %5s %7s %-5s %10s %10s %7s %15s %10s %10s %9s %13s\n", "backend", "block",
                 "qd", "threads", "op", "ours GB/s", "fio GB/s", "ratio", "(min - max)", "ours CPU",
@@ -473,8 +471,10 @@ void print_worst(const std::string& where, const WorstOf& w) {
 }
 
 Json worst_to_json(const WorstOf& w) {
-    return Json{{"ratio", w.ratio.value},       {"ratio_at", w.ratio.where},
-                {"cpu_ratio", w.cpu.value},     {"cpu_ratio_at", w.cpu.where},
+    return Json{{"ratio", w.ratio.value},
+                {"ratio_at", w.ratio.where},
+                {"cpu_ratio", w.cpu.value},
+                {"cpu_ratio_at", w.cpu.where},
                 {"cpu_unresolved", w.cpu_unresolved}};
 }
 
@@ -541,7 +541,9 @@ private:
 
 // --- --plot --------------------------------------------------------------------------------------
 
-std::string format_block(double bytes) { return format_bytes(static_cast<std::uint64_t>(bytes)); }
+std::string format_block(double bytes) {
+    return format_bytes(static_cast<std::uint64_t>(bytes));
+}
 
 std::string render_plot(const SweepOptions& o, const std::vector<GridPoint>& points) {
     // A panel per (storage, backend, op); in it a line per (queue depth, threads) for ours and,
@@ -878,7 +880,11 @@ int run_command(int argc, char** argv, bool tune) {
 
 }  // namespace
 
-int run_sweep(int argc, char** argv) { return run_command(argc, argv, false); }
-int run_tune(int argc, char** argv) { return run_command(argc, argv, true); }
+int run_sweep(int argc, char** argv) {
+    return run_command(argc, argv, false);
+}
+int run_tune(int argc, char** argv) {
+    return run_command(argc, argv, true);
+}
 
 }  // namespace zinf::bench

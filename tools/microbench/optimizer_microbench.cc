@@ -48,15 +48,14 @@ void bm_adamw_step(benchmark::State& state, Isa isa, DType grad_dtype, int threa
     zinf::kernels::OptimizerParams params;
     params.weight_decay = 0.01;
     const auto grads = grad_dtype == DType::kFloat32 ? zinf::kernels::GradView::fp32(a.grads)
-                                                  : zinf::kernels::GradView::bf16(a.grads_bf16);
+                                                     : zinf::kernels::GradView::bf16(a.grads_bf16);
     for (auto _ : state) {
         const zinf::Status s = kernel->step(params, {a.params, a.exp_avg, a.exp_avg_sq}, grads);
         if (!s.is_ok()) state.SkipWithError(s.to_string().c_str());
         ++params.step;
         benchmark::ClobberMemory();
     }
-    const auto bytes_per_param =
-        static_cast<std::int64_t>(24 + zinf::dtype_size_bytes(grad_dtype));
+    const auto bytes_per_param = static_cast<std::int64_t>(24 + zinf::dtype_size_bytes(grad_dtype));
     state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(numel));
     state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(numel) *
                             bytes_per_param);

@@ -6,10 +6,10 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
-#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +22,8 @@
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/generate.h"
 #include "src/engine/launch_stack.h"
-#include "src/engine/trainer.h"
 #include "src/engine/trace.h"
+#include "src/engine/trainer.h"
 #include "src/model/gpt.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
@@ -132,8 +132,8 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
         char* end = nullptr;
         errno = 0;
         f.temperature = std::strtod(t.c_str(), &end);
-        if (t.empty() || end == nullptr || *end != '\0' || errno != 0 ||
-            !(f.temperature >= 0.0) || !std::isfinite(f.temperature)) {
+        if (t.empty() || end == nullptr || *end != '\0' || errno != 0 || !(f.temperature >= 0.0) ||
+            !std::isfinite(f.temperature)) {
             return Status::invalid_argument(
                 "--temperature: expected a number >= 0 (0: greedy), got '" + t + "'");
         }
@@ -230,33 +230,33 @@ public:
             "%s (%.2f GB/s), written %s (%.2f GB/s), stalled on I/O %.2f s, on data %.2f s\n",
             f.step, f.loss, f.mean_loss, f.lr, f.grad_norm,
             fp16_ ? (", loss scale " + std::to_string(f.loss_scale)).c_str() : "",
-            f.samples_per_second, zinf::format_bytes(f.io.bytes_read).c_str(),
-            f.read_gb_per_second, zinf::format_bytes(f.io.bytes_written).c_str(),
-            f.write_gb_per_second, f.io.stall_seconds, f.data_seconds);
+            f.samples_per_second, zinf::format_bytes(f.io.bytes_read).c_str(), f.read_gb_per_second,
+            zinf::format_bytes(f.io.bytes_written).c_str(), f.write_gb_per_second,
+            f.io.stall_seconds, f.data_seconds);
         const auto* gpt = dynamic_cast<const zinf::model::Gpt*>(&engine_.model());
         if (profile_ && gpt != nullptr) {
             const zinf::model::CheckpointProfile& p = gpt->checkpoint_profile();
-            std::printf("  checkpointed blocks (activation_checkpointing.profile): forward %.3f s "
-                        "over %" PRIu64 " blocks, recompute %.3f s over %" PRIu64
-                        ", backward %.3f s\n",
-                        p.forward_seconds, p.blocks_forward, p.recompute_seconds,
-                        p.blocks_recomputed, p.backward_seconds);
+            std::printf(
+                "  checkpointed blocks (activation_checkpointing.profile): forward %.3f s "
+                "over %" PRIu64 " blocks, recompute %.3f s over %" PRIu64 ", backward %.3f s\n",
+                p.forward_seconds, p.blocks_forward, p.recompute_seconds, p.blocks_recomputed,
+                p.backward_seconds);
         }
         std::fflush(stdout);
     }
     void on_evaluation_figures(const zinf::EvaluationFigures& f) override {
         progress_.clear_line();
-        const std::string when =
-            f.epoch_end ? "epoch " + std::to_string(f.epoch + 1)
-                        : "step " + std::to_string(f.step) + " (epoch " +
-                              std::to_string(f.epoch + 1) + ")";
+        const std::string when = f.epoch_end ? "epoch " + std::to_string(f.epoch + 1)
+                                             : "step " + std::to_string(f.step) + " (epoch " +
+                                                   std::to_string(f.epoch + 1) + ")";
         if (entropy_.has_value()) {
             // A byte-level language model: the loss is in nats per byte.
-            std::printf("%s: %s loss %.4f nats/byte, perplexity %.3f, next-byte accuracy %.2f %%"
-                        " (training text: unigram entropy %.4f, bigram %.4f nats/byte)%s\n",
-                        when.c_str(), f.test ? "validation" : "train", f.loss, std::exp(f.loss),
-                        100.0 * f.accuracy, entropy_->unigram_nats, entropy_->bigram_nats,
-                        subset(f).c_str());
+            std::printf(
+                "%s: %s loss %.4f nats/byte, perplexity %.3f, next-byte accuracy %.2f %%"
+                " (training text: unigram entropy %.4f, bigram %.4f nats/byte)%s\n",
+                when.c_str(), f.test ? "validation" : "train", f.loss, std::exp(f.loss),
+                100.0 * f.accuracy, entropy_->unigram_nats, entropy_->bigram_nats,
+                subset(f).c_str());
         } else {
             std::printf("%s: %s accuracy %.2f %%%s\n", when.c_str(), f.test ? "test" : "train",
                         100.0 * f.accuracy, subset(f).c_str());
@@ -340,8 +340,8 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
     std::size_t right = 0;
     std::vector<zinf::train::PredictedImage> images;
     for (const auto& p : predictions) {
-        std::printf("predict: sample %u: predicted %d, true %d%s\n", p.index, p.predicted,
-                    p.label, p.predicted == p.label ? "" : "  (wrong)");
+        std::printf("predict: sample %u: predicted %d, true %d%s\n", p.index, p.predicted, p.label,
+                    p.predicted == p.label ? "" : "  (wrong)");
         right += p.predicted == p.label ? 1 : 0;
         images.push_back({p.inputs, 28, 28, p.predicted, p.label});
     }
@@ -587,10 +587,10 @@ int main(int argc, char** argv) {
         // MPI is authoritative; the launcher's variables must agree with it.
         if (launch->source != "PMIx" &&
             (session->rank() != launch->rank || session->world_size() != launch->world_size)) {
-            return fail("launch", Status::invalid_argument(zinf::str_cat(
-                                      launch->source, " says rank ", launch->rank, " of ",
-                                      launch->world_size, ", MPI says rank ", session->rank(),
-                                      " of ", session->world_size())));
+            return fail("launch",
+                        Status::invalid_argument(zinf::str_cat(
+                            launch->source, " says rank ", launch->rank, " of ", launch->world_size,
+                            ", MPI says rank ", session->rank(), " of ", session->world_size())));
         }
         g_launch = {session->rank(), session->world_size(), session->local_rank(), launch->source};
     }

@@ -1,6 +1,7 @@
 // The CUDA kernels that CudaCompute does not cover (casts of every pair, flatten/unflatten, the
 // Adam step, 16-bit GEMM) against the CPU kernels (bitwise: casts with NaN bits included, Adam
-// with any NaN matching any NaN) or double-precision references. Label gpu: each test skips itself when no CUDA device is present.
+// with any NaN matching any NaN) or double-precision references. Label gpu: each test skips itself
+// when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -295,9 +296,8 @@ TEST(CudaAdamTest, BitwiseTheCpuOptimizer) {
     ZINF_SKIP_WITHOUT_CUDA();
     std::mt19937_64 rng(test::seed());
     const kernels::Isa isa = kernels::isa_supported(kernels::Isa::kAvx512) ? kernels::Isa::kAvx512
-                             : kernels::isa_supported(kernels::Isa::kAvx2)
-                                 ? kernels::Isa::kAvx2
-                                 : kernels::Isa::kScalar;
+                             : kernels::isa_supported(kernels::Isa::kAvx2) ? kernels::Isa::kAvx2
+                                                                           : kernels::Isa::kScalar;
     if (isa == kernels::Isa::kScalar) GTEST_SKIP() << "this CPU has no FMA variant (AVX2)";
     auto cpu = kernels::OptimizerKernel::create(isa, 1);
     ASSERT_TRUE(cpu.has_value()) << cpu.error().to_string();
