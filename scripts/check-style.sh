@@ -52,10 +52,11 @@ import json, os, sys
 root = os.path.realpath(sys.argv[1])
 for e in json.load(open(sys.argv[2])):
     f = os.path.realpath(os.path.join(e['directory'], e['file']))
-    # tests/kernels/cuda: their host code uses _Float16, which clang 14 lacks on x86-64.
+    # The GPU tests' shared helper (tests/kernels/cuda/cuda_test_util.h) uses GCC's _Float16,
+    # which clang 14 lacks on x86-64: the files that include it are left to the compiler.
     rel = f[len(root):]
     if f.endswith('.cc') and f.startswith(root + '/') and '/build' not in rel \
-            and not rel.startswith('/tests/kernels/cuda/'):
+            and 'cuda_test_util.h' not in open(f, errors='replace').read():
         print(os.path.relpath(f, root))
 " "$root" "$db" | sort -u)
   files=$all

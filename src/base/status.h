@@ -116,11 +116,15 @@ public:
     Result(Status status) : v_(std::in_place_index<1>, std::move(status)) {  // NOLINT
         ZINF_ASSERT(!std::get<1>(v_).is_ok());
     }
+    // Not a hidden copy or move constructor: the constraint excludes Result itself (clang-tidy 14
+    // does not read requires-clauses).
+    // NOLINTBEGIN(bugprone-forwarding-reference-overload)
     template <typename U>
     requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
              !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result>)
         Result(U&& value)
         : v_(std::in_place_index<0>, std::forward<U>(value)) {}  // NOLINT
+    // NOLINTEND(bugprone-forwarding-reference-overload)
 
     bool has_value() const noexcept { return v_.index() == 0; }
     explicit operator bool() const noexcept { return has_value(); }

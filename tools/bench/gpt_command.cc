@@ -315,8 +315,8 @@ Result<double> record_step(GptRig& r) {
     r.compute->recording = false;
     ZINF_ASSIGN_OR_RETURN(const float loss_ckpt, r.run_step(r.ckpt, 1));
     // Bitwise: the checkpointed pass must reproduce the plain one exactly.
-    if (std::memcmp(&loss_plain, &loss_ckpt, sizeof(float)) !=
-        0) {  // NOLINT(bugprone-suspicious-memory-comparison)
+    // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
+    if (std::memcmp(&loss_plain, &loss_ckpt, sizeof(float)) != 0) {
         return Status::internal(
             str_cat("checkpointed loss ", loss_ckpt, " differs from ", loss_plain));
     }
