@@ -64,7 +64,7 @@ for e in json.load(open(sys.argv[2])):
     if git cat-file -e "$since^{commit}" 2>/dev/null; then
       changed=$( (git diff --name-only "$since" -- '*.cc' '*.h'; git ls-files --others --exclude-standard '*.cc') | sort -u)
       # A header's change is tidied through the .cc files of its folder.
-      dirs=$(echo "$changed" | grep '\.h$' | xargs -r -n1 dirname | sort -u)
+      dirs=$(echo "$changed" | { grep '\.h$' || true; } | xargs -r -n1 dirname | sort -u)
       files=$(echo "$all" | grep -Fx -f <(echo "$changed") || true)
       for d in $dirs; do files=$(printf '%s\n%s\n' "$files" "$(echo "$all" | grep "^$d/[^/]*\.cc$" || true)"); done
       files=$(echo "$files" | sed '/^$/d' | sort -u)
