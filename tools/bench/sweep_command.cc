@@ -29,13 +29,17 @@
 #include "tools/bench/fio_runner.h"
 #include "tools/bench/io_command_support.h"
 #include "tools/bench/io_runner.h"
-#include "tools/bench/svg_plot.h"
 #include "tools/cli/args.h"
+#include "tools/cli/svg_plot.h"
 
 namespace zinf::bench {
 namespace {
 
 using Json = nlohmann::json;
+using cli::PlotOptions;
+using cli::PlotPanel;
+using cli::PlotSeries;
+using cli::render_svg_plot;
 
 // Within this fraction of the best score, the cheaper configuration wins (tune's tie rule).
 constexpr double kTieFraction = 0.01;

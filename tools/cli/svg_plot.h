@@ -1,11 +1,12 @@
-// A small SVG line-chart writer for the bench's grids: panels of lines over a log2 x axis.
+// A small SVG line-chart writer shared by zinfinity-bench (its grids, over a log2 x axis) and
+// zinfinity-train (--plot): panels of lines, one standalone document.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace zinf::bench {
+namespace zinf::cli {
 
 struct PlotSeries {
     std::string label;    // legend text, e.g. "ours qd 8"
@@ -36,4 +37,4 @@ std::string render_svg_plot(const PlotOptions& options, const std::vector<PlotPa
 // `text` with &, <, >, " and ' escaped for XML.
 std::string xml_escape(const std::string& text);
 
-}  // namespace zinf::bench
+}  // namespace zinf::cli

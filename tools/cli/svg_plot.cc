@@ -1,5 +1,5 @@
 // The SVG writer of svg_plot.h: fixed-size panels laid out in a grid, a shared legend per panel.
-#include "tools/bench/svg_plot.h"
+#include "tools/cli/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <set>
 #include <string_view>
 
-namespace zinf::bench {
+namespace zinf::cli {
 namespace {
 
 constexpr double kPanelWidth = 460;
@@ -174,4 +174,4 @@ std::string render_svg_plot(const PlotOptions& options, const std::vector<PlotPa
     return out;
 }
 
-}  // namespace zinf::bench
+}  // namespace zinf::cli
