@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 #include <string_view>
+#include <tuple>
 
 namespace zinf::cli {
 namespace {
@@ -32,6 +33,12 @@ std::string default_format(double v) {
     return buf;
 }
 
+// A tick value without the rounding noise of repeated addition (0.30000000000000004).
+double round_tick(double v, double step) {
+    if (step <= 0) return v;
+    return std::round(v / step * 1000) / 1000 * step;
+}
+
 // A "nice" upper bound and tick step for [0, max].
 std::pair<double, double> nice_axis(double max) {
     if (max <= 0) return {1, 0.2};
@@ -47,77 +54,136 @@ std::pair<double, double> nice_axis(double max) {
     return {std::ceil(max / step) * step, step};
 }
 
-void render_panel(std::string& out, const PlotOptions& options, const PlotPanel& panel, double ox,
-                  double oy) {
-    const double left = ox + kMarginLeft;
-    const double top = oy + kMarginTop;
-    const double width = kPanelWidth - kMarginLeft - kMarginRight;
-    const double height = kPanelHeight - kMarginTop - kMarginBottom;
+// Where a panel's data lands: the plot area and the mapping of data to pixels.
+struct Frame {
+    double left = 0;
+    double top = 0;
+    double width = 0;
+    double height = 0;
+    XScale x_scale = XScale::kLog2;
+    double x_min = 0;  // log2(x) on a log2 axis
+    double x_max = 1;
+    double y_top = 1;
+    double y_step = 0.2;
+
+    double px(double x) const {
+        const double v = x_scale == XScale::kLog2 ? std::log2(x) : x;
+        if (x_max <= x_min) return left + width / 2;
+        return left + (v - x_min) / (x_max - x_min) * width;
+    }
+    double py(double y) const { return top + height - y / y_top * height; }
+    // A point that can be drawn: finite, and positive on a log2 axis.
+    bool drawable(double x, double y) const {
+        return std::isfinite(x) && std::isfinite(y) && (x_scale == XScale::kLinear || x > 0);
+    }
+};
+
+// The frame of a panel at (ox, oy), and its x ticks: on a log2 axis the x values of the data,
+// on a linear one evenly spaced "nice" values within the data's range.
+Frame frame_of(const PlotOptions& options, const PlotPanel& panel, double ox, double oy,
+               std::vector<double>& x_ticks) {
+    Frame f;
+    f.left = ox + kMarginLeft;
+    f.top = oy + kMarginTop;
+    f.width = kPanelWidth - kMarginLeft - kMarginRight;
+    f.height = kPanelHeight - kMarginTop - kMarginBottom;
+    f.x_scale = options.x_scale;
     std::set<double> xs;
     double y_max = 0;
     for (const auto& s : panel.series) {
         for (const auto& [x, y] : s.points) {
-            if (x > 0) xs.insert(x);
+            if (!f.drawable(x, y)) continue;
+            xs.insert(x);
             y_max = std::max(y_max, y);
         }
     }
-    const auto [axis_top, y_step] = nice_axis(y_max);
-    const double y_top = axis_top;  // a variable, not a binding: the lambdas below capture it
-    const double lx_min = xs.empty() ? 0 : std::log2(*xs.begin());
-    const double lx_max = xs.empty() ? 1 : std::log2(*xs.rbegin());
-    const auto px = [&](double x) {
-        if (lx_max <= lx_min) return left + width / 2;
-        return left + (std::log2(x) - lx_min) / (lx_max - lx_min) * width;
-    };
-    const auto py = [&](double y) { return top + height - y / y_top * height; };
+    std::tie(f.y_top, f.y_step) = nice_axis(y_max);
+    x_ticks.clear();
+    if (xs.empty()) return f;
+    if (f.x_scale == XScale::kLog2) {
+        f.x_min = std::log2(*xs.begin());
+        f.x_max = std::log2(*xs.rbegin());
+        x_ticks.assign(xs.begin(), xs.end());
+        return f;
+    }
+    f.x_min = *xs.begin();
+    f.x_max = *xs.rbegin();
+    const double step = nice_axis(f.x_max - f.x_min).second;
+    if (f.x_max <= f.x_min) {
+        x_ticks.push_back(f.x_min);
+        return f;
+    }
+    // At most a handful of ticks: nice_axis gives about five steps over the range.
+    for (double x = std::ceil(f.x_min / step) * step; x <= f.x_max + step * 1e-9; x += step) {
+        x_ticks.push_back(x);
+    }
+    return f;
+}
 
-    out += "<g class=\"panel\" data-title=\"" + xml_escape(panel.title) + "\">\n";
-    out += "<text x=\"" + fmt(left + width / 2) + "\" y=\"" + fmt(oy + 20) +
+// The panel's title, box, grid lines, tick labels and axis labels.
+void render_axes(std::string& out, const PlotOptions& options, const PlotPanel& panel,
+                 const Frame& f, const std::vector<double>& x_ticks, double ox, double oy) {
+    out += "<text x=\"" + fmt(f.left + f.width / 2) + "\" y=\"" + fmt(oy + 20) +
            "\" text-anchor=\"middle\" font-weight=\"bold\">" + xml_escape(panel.title) +
            "</text>\n";
-    out += "<rect x=\"" + fmt(left) + "\" y=\"" + fmt(top) + "\" width=\"" + fmt(width) +
-           "\" height=\"" + fmt(height) + "\" fill=\"none\" stroke=\"#444\"/>\n";
-    for (double y = 0; y <= y_top + y_step / 2; y += y_step) {
-        out += "<line x1=\"" + fmt(left) + "\" y1=\"" + fmt(py(y)) + "\" x2=\"" +
-               fmt(left + width) + "\" y2=\"" + fmt(py(y)) + "\" stroke=\"#ddd\"/>\n";
-        out += "<text x=\"" + fmt(left - 6) + "\" y=\"" + fmt(py(y) + 4) +
-               "\" text-anchor=\"end\">" + xml_escape(default_format(std::round(y * 1000) / 1000)) +
+    out += "<rect x=\"" + fmt(f.left) + "\" y=\"" + fmt(f.top) + "\" width=\"" + fmt(f.width) +
+           "\" height=\"" + fmt(f.height) + "\" fill=\"none\" stroke=\"#444\"/>\n";
+    for (double y = 0; y <= f.y_top + f.y_step / 2; y += f.y_step) {
+        out += "<line x1=\"" + fmt(f.left) + "\" y1=\"" + fmt(f.py(y)) + "\" x2=\"" +
+               fmt(f.left + f.width) + "\" y2=\"" + fmt(f.py(y)) + "\" stroke=\"#ddd\"/>\n";
+        out += "<text x=\"" + fmt(f.left - 6) + "\" y=\"" + fmt(f.py(y) + 4) +
+               "\" text-anchor=\"end\">" + xml_escape(default_format(round_tick(y, f.y_step))) +
                "</text>\n";
     }
-    for (const double x : xs) {
+    const double bottom = f.top + f.height;
+    for (const double x : x_ticks) {
         const std::string label =
             options.format_x != nullptr ? options.format_x(x) : default_format(x);
-        out += "<line x1=\"" + fmt(px(x)) + "\" y1=\"" + fmt(top + height) + "\" x2=\"" +
-               fmt(px(x)) + "\" y2=\"" + fmt(top + height + 4) + "\" stroke=\"#444\"/>\n";
-        out += "<text x=\"" + fmt(px(x)) + "\" y=\"" + fmt(top + height + 18) +
+        out += "<line x1=\"" + fmt(f.px(x)) + "\" y1=\"" + fmt(bottom) + "\" x2=\"" + fmt(f.px(x)) +
+               "\" y2=\"" + fmt(bottom + 4) + "\" stroke=\"#444\"/>\n";
+        out += "<text x=\"" + fmt(f.px(x)) + "\" y=\"" + fmt(bottom + 18) +
                "\" text-anchor=\"middle\">" + xml_escape(label) + "</text>\n";
     }
-    out += "<text x=\"" + fmt(left + width / 2) + "\" y=\"" + fmt(oy + kPanelHeight - 8) +
+    const std::string& y_label = panel.y_label.empty() ? options.y_label : panel.y_label;
+    out += "<text x=\"" + fmt(f.left + f.width / 2) + "\" y=\"" + fmt(oy + kPanelHeight - 8) +
            "\" text-anchor=\"middle\">" + xml_escape(options.x_label) + "</text>\n";
-    out += "<text transform=\"translate(" + fmt(ox + 14) + "," + fmt(top + height / 2) +
-           ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(options.y_label) + "</text>\n";
-    double legend_y = top + 4;
+    out += "<text transform=\"translate(" + fmt(ox + 14) + "," + fmt(f.top + f.height / 2) +
+           ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(y_label) + "</text>\n";
+}
+
+// One series: its polyline (with its data-* attributes) and its legend entry.
+void render_series(std::string& out, const PlotSeries& s, const Frame& f, double legend_y) {
+    const std::string colour(kPalette[static_cast<std::size_t>(s.color) % std::size(kPalette)]);
+    std::string points;
+    for (const auto& [x, y] : s.points) {
+        if (!f.drawable(x, y)) continue;
+        if (!points.empty()) points += ' ';
+        points += fmt(f.px(x)) + "," + fmt(f.py(y));
+    }
+    out += "<polyline class=\"series\"";
+    for (const auto& [key, value] : s.attributes) {
+        out += " data-" + key + "=\"" + xml_escape(value) + "\"";
+    }
+    out += " fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"2\"";
+    if (s.dashed) out += " stroke-dasharray=\"6 4\"";
+    out += " points=\"" + points + "\"><title>" + xml_escape(s.label) + "</title></polyline>\n";
+    const double lx = f.left + f.width + 10;
+    out += "<line x1=\"" + fmt(lx) + "\" y1=\"" + fmt(legend_y) + "\" x2=\"" + fmt(lx + 24) +
+           "\" y2=\"" + fmt(legend_y) + "\" stroke=\"" + colour + "\" stroke-width=\"2\"" +
+           (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
+    out += "<text x=\"" + fmt(lx + 30) + "\" y=\"" + fmt(legend_y + 4) + "\">" +
+           xml_escape(s.label) + "</text>\n";
+}
+
+void render_panel(std::string& out, const PlotOptions& options, const PlotPanel& panel, double ox,
+                  double oy) {
+    std::vector<double> x_ticks;
+    const Frame f = frame_of(options, panel, ox, oy, x_ticks);
+    out += "<g class=\"panel\" data-title=\"" + xml_escape(panel.title) + "\">\n";
+    render_axes(out, options, panel, f, x_ticks, ox, oy);
+    double legend_y = f.top + 4;
     for (const auto& s : panel.series) {
-        const std::string_view colour =
-            kPalette[static_cast<std::size_t>(s.color) % std::size(kPalette)];
-        std::string points;
-        for (const auto& [x, y] : s.points) {
-            if (x <= 0) continue;
-            if (!points.empty()) points += ' ';
-            points += fmt(px(x)) + "," + fmt(py(y));
-        }
-        out += "<polyline class=\"series\"";
-        for (const auto& [key, value] : s.attributes)
-            out += " data-" + key + "=\"" + xml_escape(value) + "\"";
-        out += " fill=\"none\" stroke=\"" + std::string(colour) + "\" stroke-width=\"2\"";
-        if (s.dashed) out += " stroke-dasharray=\"6 4\"";
-        out += " points=\"" + points + "\"><title>" + xml_escape(s.label) + "</title></polyline>\n";
-        const double lx = left + width + 10;
-        out += "<line x1=\"" + fmt(lx) + "\" y1=\"" + fmt(legend_y) + "\" x2=\"" + fmt(lx + 24) +
-               "\" y2=\"" + fmt(legend_y) + "\" stroke=\"" + std::string(colour) +
-               "\" stroke-width=\"2\"" + (s.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
-        out += "<text x=\"" + fmt(lx + 30) + "\" y=\"" + fmt(legend_y + 4) + "\">" +
-               xml_escape(s.label) + "</text>\n";
+        render_series(out, s, f, legend_y);
         legend_y += 16;
     }
     out += "</g>\n";

@@ -2,6 +2,7 @@
 // zinfinity-train (--plot): panels of lines, one standalone document.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,20 +15,27 @@ struct PlotSeries {
     bool dashed = false;  // the reference (fio) is dashed, ours solid
     // Written as data-* attributes of the <polyline>, so a reader (or a test) can find a series.
     std::vector<std::pair<std::string, std::string>> attributes;
-    std::vector<std::pair<double, double>> points;  // (x, y); x > 0 (log2 axis)
+    std::vector<std::pair<double, double>> points;  // (x, y); x > 0 on a log2 axis
 };
 
 struct PlotPanel {
     std::string title;
+    std::string y_label;  // empty: PlotOptions::y_label
     std::vector<PlotSeries> series;
+};
+
+enum class XScale : std::uint8_t {
+    kLog2,    // the x values present in the data are the ticks (sizes, queue depths)
+    kLinear,  // evenly spaced "nice" ticks over [min x, max x] (steps)
 };
 
 struct PlotOptions {
     std::string title;
     std::string x_label;
-    std::string y_label;
+    std::string y_label;  // each panel's own when it gives one
     int columns = 2;
-    // Formats an x tick value (the x values present in the data are the ticks).
+    XScale x_scale = XScale::kLog2;
+    // Formats an x tick value.
     std::string (*format_x)(double) = nullptr;
 };
 
