@@ -185,6 +185,16 @@ public:
             str_cat(path_of(key), ": expected one of ", choice_list, ", got \"", s, "\""));
     }
 
+    // A string (empty allowed).
+    Status get_string(std::string_view key, std::string& out) {
+        const Json* value = nullptr;
+        ZINF_TRY(lookup(key, value));
+        if (value == nullptr) return Status::ok();
+        if (!value->is_string()) return type_error(key, "string", *value);
+        out = value->get<std::string>();
+        return Status::ok();
+    }
+
     // A string or a list of non-empty strings.
     Status get_path_list(std::string_view key, std::vector<std::string>& out) {
         const Json* value = nullptr;
@@ -964,6 +974,25 @@ Status read_precision(ObjectReader& r, EngineConfig& c) {
     return Status::ok();
 }
 
+// DeepSpeed's `csv_monitor`: its keys and defaults (deepspeed/monitor/config.py, CSVConfig).
+Status read_csv_monitor(ObjectReader& r, EngineConfig& c) {
+    const Json* sub = nullptr;
+    ZINF_TRY(r.get_object("csv_monitor", sub));
+    if (sub == nullptr) return Status::ok();
+    ObjectReader m(*sub, "csv_monitor", c.warnings);
+    CsvMonitorConfig& o = c.csv_monitor;
+    ZINF_TRY(m.get_bool("enabled", o.enabled));
+    ZINF_TRY(m.get_string("output_path", o.output_path));
+    ZINF_TRY(m.get_string("job_name", o.job_name));
+    ZINF_TRY(m.finish());
+    if (o.enabled && o.output_path.empty() && o.job_name.empty()) {
+        // DeepSpeed would write its files into "/" (the join of two empty names, then "/").
+        return Status::invalid_argument(
+            "csv_monitor.output_path and csv_monitor.job_name: both empty; name a directory");
+    }
+    return Status::ok();
+}
+
 // zinfinity's own blocks.
 Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
     const Json* sub = nullptr;
@@ -1027,6 +1056,7 @@ Status read_root(const Json& root, const LoadOptions& options, EngineConfig& c) 
     if (sub != nullptr) ZINF_TRY(read_optimizer(*sub, "optimizer", c.warnings, c.optimizer));
     ZINF_TRY(r.get_object("scheduler", sub));
     if (sub != nullptr) ZINF_TRY(read_scheduler(*sub, "scheduler", c.warnings, c.scheduler));
+    ZINF_TRY(read_csv_monitor(r, c));
     ZINF_TRY(read_zinfinity_blocks(r, c));
     ZINF_TRY(r.finish());
     ZINF_TRY(check_activation_checkpointing(root, c));

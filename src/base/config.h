@@ -141,6 +141,14 @@ struct SchedulerConfig {
     bool lr_range_test_staircase = false;
 };
 
+// DeepSpeed's `csv_monitor` block (deepspeed/monitor/config.py, CSVConfig): rank 0 writes one
+// CSV file per event into <output_path>/<job_name>/ (src/engine/csv_monitor.h).
+struct CsvMonitorConfig {
+    bool enabled = false;
+    std::string output_path;  // "": relative to the working directory, as in DeepSpeed
+    std::string job_name = "DeepSpeedJobName";
+};
+
 // zinfinity's `swap` block.
 struct SwapConfig {
     bool verify_checksums = true;
@@ -235,6 +243,7 @@ struct EngineConfig {
     OptimizerConfig optimizer;
     SchedulerConfig scheduler;
     SwapConfig swap;
+    CsvMonitorConfig csv_monitor;
     CommConfig comm;
     CpuOptimizerConfig cpu_optimizer;
     BatchConfig batch;

@@ -42,7 +42,7 @@ constexpr KeyInfo kKeys[] = {
     {"flops_profiler", S::kWarned, "", "profiling only"},
     {"tensorboard", S::kWarned, "", "monitoring only"},
     {"wandb", S::kWarned, "", "monitoring only"},
-    {"csv_monitor", S::kWarned, "", "monitoring only"},
+    {"csv_monitor", S::kImplemented, "", "DeepSpeed's CSV monitor: on rank 0, one CSV file per event (train_loss, lr, loss_scale with fp16, eval_loss) in output_path/job_name/, DeepSpeed's names, header and x values (global samples); see its section in docs/CONFIG.md"},
     {"comet", S::kWarned, "", "monitoring only"},
     {"comms_logger", S::kWarned, "", "monitoring only"},
     {"timers", S::kWarned, "", "monitoring only"},
@@ -235,6 +235,11 @@ constexpr KeyInfo kKeys[] = {
     {"scheduler.params.lr_range_test_step_rate", S::kImplemented, "", "LRRangeTest (1.0)"},
     {"scheduler.params.lr_range_test_staircase", S::kImplemented, "", "LRRangeTest (false)"},
     {"scheduler.params.last_batch_iteration", S::kDefaultOnly, "-1", "a resumed run restores its step from the checkpoint"},
+
+    // ---- monitors ------------------------------------------------------------------------------
+    {"csv_monitor.enabled", S::kImplemented, "", "write the CSV files (false)"},
+    {"csv_monitor.output_path", S::kImplemented, "", "the directory job_name/ is created in (\"\": the working directory)"},
+    {"csv_monitor.job_name", S::kImplemented, "", "the directory the files go into, under output_path (\"DeepSpeedJobName\")"},
 
     // ---- zinfinity's blocks ---------------------------------------------------------------------
     {"swap.verify_checksums", S::kZinfinity, "", "verify every swap block read back (true)"},

@@ -153,6 +153,8 @@ struct Trainer::RunState {
     std::uint64_t start_step = 0;
     std::uint64_t start_samples = 0;
     IoFigures last_io;
+    Clock::time_point last_step = Clock::now();
+    IoFigures last_step_io;
     double loss_sum = 0;
     std::uint64_t loss_count = 0;
     float last_loss = 0;
@@ -199,6 +201,11 @@ Result<Trainer> Trainer::create(Engine& engine, const data::DataSource& train,
         options.max_steps != 0 ? options.max_steps : config.data.max_steps;
     if (max_steps != 0) t.total_steps_ = std::min(t.total_steps_, max_steps);
     size_for(train, bo.batch_rows, t.inputs_, t.tokens_, t.labels_);
+    if (config.csv_monitor.enabled && engine.rank() == 0) {
+        ZINF_ASSIGN_OR_RETURN(t.csv_monitor_,
+                              CsvMonitor::create(config.csv_monitor, config.batch.train_batch_size,
+                                                 gas, config.fp16.enabled));
+    }
     return t;
 }
 
@@ -228,39 +235,68 @@ Status Trainer::train_one(TrainerObserver& observer) {
     run_->last_loss = loss;
     run_->loss_sum += loss;
     ++run_->loss_count;
+    if (csv_monitor_) csv_monitor_->add_micro_loss(loss);
     return observer.on_micro_step(engine_.micro_steps(), loss);
 }
 
-// After an optimizer step: progress, the periodic print, the checkpoint and epoch cadences.
+// The figures of the step just taken; the per-step I/O rates since the previous step.
+StepFigures Trainer::step_figures(double samples_per_second) {
+    StepFigures f;
+    f.step = engine_.global_steps();
+    f.total_steps = total_steps_;
+    f.global_samples = engine_.global_samples();
+    f.loss = run_->last_loss;
+    f.lr = engine_.last_step().lr;
+    f.next_lr = engine_.current_lr();
+    f.loss_scale = engine_.loss_scale();
+    f.overflow = engine_.last_step().overflow;
+    f.samples_per_second = samples_per_second;
+    f.io = engine_.io_figures();
+    const double interval = std::max(1e-9, seconds_since(run_->last_step));
+    f.read_gb_per_second =
+        static_cast<double>(f.io.bytes_read - run_->last_step_io.bytes_read) / 1e9 / interval;
+    f.write_gb_per_second =
+        static_cast<double>(f.io.bytes_written - run_->last_step_io.bytes_written) / 1e9 / interval;
+    run_->last_step = Clock::now();
+    run_->last_step_io = f.io;
+    return f;
+}
+
+// Every steps_per_print steps: the figures since the last print.
+void Trainer::report_print(TrainerObserver& observer, const StepFigures& step) {
+    const double interval = std::max(1e-9, seconds_since(run_->last_print));
+    PrintFigures f;
+    f.step = step.step;
+    f.loss = step.loss;
+    f.mean_loss = run_->loss_sum / static_cast<double>(run_->loss_count);
+    f.lr = step.lr;
+    f.grad_norm = engine_.last_step().grad_norm;
+    f.loss_scale = step.loss_scale;
+    f.samples_per_second = step.samples_per_second;
+    f.io = step.io;
+    f.read_gb_per_second =
+        static_cast<double>(f.io.bytes_read - run_->last_io.bytes_read) / 1e9 / interval;
+    f.write_gb_per_second =
+        static_cast<double>(f.io.bytes_written - run_->last_io.bytes_written) / 1e9 / interval;
+    f.data_seconds = run_->data_seconds;
+    observer.on_print(f);
+    run_->last_io = f.io;
+    run_->last_print = Clock::now();
+    run_->loss_sum = 0;
+    run_->loss_count = 0;
+}
+
+// After an optimizer step: progress, the csv_monitor's rows, the periodic print, the checkpoint
+// and epoch cadences.
 Status Trainer::after_step(TrainerObserver& observer) {
     const std::uint64_t step = engine_.global_steps();
     const double elapsed = seconds_since(run_->start);
     const double samples_per_s =
         static_cast<double>(engine_.global_samples() - run_->start_samples) / elapsed;
-    observer.on_step(step, total_steps_, run_->last_loss, samples_per_s);
-    if (step % engine_.config().steps_per_print == 0) {
-        const IoFigures io = engine_.io_figures();
-        const double interval = std::max(1e-9, seconds_since(run_->last_print));
-        PrintFigures f;
-        f.step = step;
-        f.loss = run_->last_loss;
-        f.mean_loss = run_->loss_sum / static_cast<double>(run_->loss_count);
-        f.lr = engine_.last_step().lr;
-        f.grad_norm = engine_.last_step().grad_norm;
-        f.loss_scale = engine_.loss_scale();
-        f.samples_per_second = samples_per_s;
-        f.io = io;
-        f.read_gb_per_second =
-            static_cast<double>(io.bytes_read - run_->last_io.bytes_read) / 1e9 / interval;
-        f.write_gb_per_second =
-            static_cast<double>(io.bytes_written - run_->last_io.bytes_written) / 1e9 / interval;
-        f.data_seconds = run_->data_seconds;
-        observer.on_print(f);
-        run_->last_io = io;
-        run_->last_print = Clock::now();
-        run_->loss_sum = 0;
-        run_->loss_count = 0;
-    }
+    const StepFigures figures = step_figures(samples_per_s);
+    observer.on_step_figures(figures);
+    if (csv_monitor_) ZINF_TRY(csv_monitor_->write_step(figures));
+    if (step % engine_.config().steps_per_print == 0) report_print(observer, figures);
     if (!options_.save_dir.empty() && options_.save_every != 0 && step % options_.save_every == 0) {
         ZINF_TRY(save(observer));
     }
@@ -288,6 +324,7 @@ Status Trainer::evaluate_and_report(TrainerObserver& observer, std::uint64_t epo
     run_->eval_loss = f.loss;
     run_->eval_step = engine_.global_steps();
     observer.on_evaluation_figures(f);
+    if (csv_monitor_) ZINF_TRY(csv_monitor_->write_evaluation(f.loss, engine_.global_samples()));
     return Status::ok();
 }
 
@@ -296,6 +333,7 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
     run_->start_step = engine_.global_steps();
     run_->start_samples = engine_.global_samples();
     run_->last_io = engine_.io_figures();
+    run_->last_step_io = run_->last_io;
     while (engine_.global_steps() < total_steps_) {
         ZINF_TRY(train_one(observer));
         if (engine_.last_step().boundary) ZINF_TRY(after_step(observer));
@@ -324,6 +362,28 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
     s.accuracy_on_test = eval_is_test_;
     s.data_seconds = run_->data_seconds;
     return s;
+}
+
+Status ObserverPair::on_micro_step(std::uint64_t micro_step, float loss) {
+    const Status first = a_.on_micro_step(micro_step, loss);
+    const Status second = b_.on_micro_step(micro_step, loss);
+    return first.is_ok() ? second : first;
+}
+void ObserverPair::on_step_figures(const StepFigures& f) {
+    a_.on_step_figures(f);
+    b_.on_step_figures(f);
+}
+void ObserverPair::on_print(const PrintFigures& f) {
+    a_.on_print(f);
+    b_.on_print(f);
+}
+void ObserverPair::on_evaluation_figures(const EvaluationFigures& f) {
+    a_.on_evaluation_figures(f);
+    b_.on_evaluation_figures(f);
+}
+void ObserverPair::on_checkpoint(const std::string& dir, const std::string& tag) {
+    a_.on_checkpoint(dir, tag);
+    b_.on_checkpoint(dir, tag);
 }
 
 Result<double> Trainer::evaluate() {

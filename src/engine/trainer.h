@@ -18,6 +18,7 @@
 #include "src/data/batcher.h"
 #include "src/data/dataset.h"
 #include "src/data/text.h"
+#include "src/engine/csv_monitor.h"
 #include "src/engine/engine.h"
 #include "src/engine/stack.h"
 #include "src/engine/trace.h"
@@ -78,6 +79,23 @@ struct PrintFigures {
     double data_seconds = 0;  // cumulative time spent gathering batches
 };
 
+// Figures of one optimizer step, reported after it, every step: the progress line's figures
+// and what --plot and the csv_monitor draw from them.
+struct StepFigures {
+    std::uint64_t step = 0;  // optimizer steps taken, this one included
+    std::uint64_t total_steps = 0;
+    std::uint64_t global_samples = 0;  // samples of every rank, this step's included
+    float loss = 0;                    // of the last micro-step (over the ranks)
+    double lr = 0;                     // the learning rate this step used
+    double next_lr = 0;                // the schedule's rate for the next step
+    double loss_scale = 1;             // after this step (fp16 lowers it on overflow)
+    bool overflow = false;             // fp16: skipped
+    double samples_per_second = 0;     // since the run started
+    IoFigures io;                      // cumulative
+    double read_gb_per_second = 0;     // during this step
+    double write_gb_per_second = 0;
+};
+
 struct TrainSummary {
     std::uint64_t steps_run = 0;
     std::uint64_t skipped_steps = 0;
@@ -101,6 +119,10 @@ public:
     // Every optimizer step (boundary), for a progress line.
     virtual void on_step(std::uint64_t /*step*/, std::uint64_t /*total_steps*/, float /*loss*/,
                          double /*samples_per_second*/) {}
+    // Every optimizer step with all its figures; the default reports the ones above.
+    virtual void on_step_figures(const StepFigures& f) {
+        on_step(f.step, f.total_steps, f.loss, f.samples_per_second);
+    }
     // Every steps_per_print steps.
     virtual void on_print(const PrintFigures& /*figures*/) {}
     virtual void on_evaluation(std::uint64_t /*epoch*/, double /*accuracy*/, bool /*test*/) {}
@@ -109,6 +131,22 @@ public:
         on_evaluation(f.epoch, f.accuracy, f.test);
     }
     virtual void on_checkpoint(const std::string& /*dir*/, const std::string& /*tag*/) {}
+};
+
+// Reports to two observers in turn (e.g. zinfinity-train's printer and its --plot recorder);
+// on_micro_step returns the first's error, else the second's. Borrows both.
+class ObserverPair final : public TrainerObserver {
+public:
+    ObserverPair(TrainerObserver& first, TrainerObserver& second) : a_(first), b_(second) {}
+    Status on_micro_step(std::uint64_t micro_step, float loss) override;
+    void on_step_figures(const StepFigures& f) override;
+    void on_print(const PrintFigures& f) override;
+    void on_evaluation_figures(const EvaluationFigures& f) override;
+    void on_checkpoint(const std::string& dir, const std::string& tag) override;
+
+private:
+    TrainerObserver& a_;
+    TrainerObserver& b_;
 };
 
 // One evaluated sample: its index in the evaluation set, its label and the prediction, and its
@@ -138,8 +176,9 @@ struct OverlapFigures {
 class Trainer {
 public:
     // Borrows the engine and the sources (they outlive the trainer); `eval` null: evaluate on
-    // `train`. The config is the engine's. Errors: kInvalidArgument for an epoch shorter than one
-    // accumulation window or a source too small for one batch.
+    // `train`. The config is the engine's; with csv_monitor.enabled, rank 0 creates its directory
+    // here, before training. Errors: kInvalidArgument for an epoch shorter than one accumulation
+    // window or a source too small for one batch; the csv_monitor directory's.
     static Result<Trainer> create(Engine& engine, const data::DataSource& train,
                                   const data::DataSource* eval, const TrainerOptions& options);
     Trainer(Trainer&&) noexcept;
@@ -174,6 +213,8 @@ private:
     Status after_step(TrainerObserver& observer);
     Status save(TrainerObserver& observer);
     Status evaluate_and_report(TrainerObserver& observer, std::uint64_t epoch, bool epoch_end);
+    StepFigures step_figures(double samples_per_second);
+    void report_print(TrainerObserver& observer, const StepFigures& step);
 
     Engine& engine_;
     const data::DataSource& train_;
@@ -187,6 +228,8 @@ private:
     std::vector<std::int32_t> tokens_;
     std::vector<std::int32_t> labels_;
 
+    // DeepSpeed's csv_monitor (rank 0, when enabled); null otherwise.
+    std::unique_ptr<CsvMonitor> csv_monitor_;
     // Figures of the current run.
     struct RunState;
     std::unique_ptr<RunState> run_;

@@ -14,6 +14,7 @@
 
 #include "src/data/dataset.h"
 #include "tests/support/test_seed.h"
+#include "tests/tools/svg_check.h"
 
 namespace zinf {
 namespace {
@@ -252,6 +253,67 @@ TEST(TrainCliTest, UntrustedSaveAndSwapDirectoriesAreRefusedBeforeTraining) {
         << r.out;
     EXPECT_NE(r.out.find("mode 0777"), std::string::npos) << r.out;
     EXPECT_TRUE(std::filesystem::is_empty(open));
+}
+
+// --plot and the csv_monitor block on one run: the SVG parses, with one point per step in every
+// per-step series and one per evaluation; the CSV files hold the run's losses (--loss-log, one
+// micro-step per step) at DeepSpeed's x values, in DeepSpeed's file names and header.
+TEST(TrainCliTest, PlotAndCsvMonitorDrawTheRunsFigures) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const std::string svg = dir.file("curves.svg");
+    const RunResult r = train(
+        dir, "--config " + config + " --max-steps 12 --eval-every 4 --plot " + svg +
+                 " --loss-log " + dir.file("losses") +
+                 " --set csv_monitor.enabled=true --set csv_monitor.output_path=" + dir.path() +
+                 " --set csv_monitor.job_name=job");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const test::SvgDocument doc = test::check_svg(slurp(svg));
+    ASSERT_EQ(doc.error, "") << r.out;
+    ASSERT_EQ(doc.polylines.size(), 6u);
+    for (const auto& p : doc.polylines) {
+        const std::string& series = p.at("data-series");
+        // Evaluations at steps 4, 8, 10 (the end of the first epoch) and 12.
+        const std::size_t expected = series == "eval_loss" ? 4u : 12u;
+        EXPECT_EQ(test::SvgDocument::point_count(p), expected) << series;
+    }
+    const std::vector<std::string> losses = lines(dir.file("losses"));
+    ASSERT_EQ(losses.size(), 12u);
+    const std::string csv = slurp(dir.file("job/Train_Samples_train_loss.csv"));
+    std::istringstream rows(csv);
+    std::string row;
+    ASSERT_TRUE(std::getline(rows, row));
+    EXPECT_EQ(row, "step,train_loss\r");
+    for (std::size_t k = 0; k < losses.size(); ++k) {
+        ASSERT_TRUE(std::getline(rows, row)) << csv;
+        // "step loss bits" in the log; "samples before the step,loss" in the CSV, the same
+        // float (Python writes its shortest double, the log 9 digits).
+        std::istringstream log(losses[k]);
+        std::string step, logged;
+        log >> step >> logged;
+        const auto comma = row.find(',');
+        ASSERT_NE(comma, std::string::npos) << row;
+        EXPECT_EQ(row.substr(0, comma), std::to_string(32 * k));
+        EXPECT_EQ(std::stof(row.substr(comma + 1)), std::stof(logged)) << row;
+    }
+    EXPECT_FALSE(std::getline(rows, row)) << csv;
+    EXPECT_NE(slurp(dir.file("job/Train_Samples_lr.csv")).find("step,lr\r\n32,"),
+              std::string::npos);
+    EXPECT_NE(slurp(dir.file("job/Train_Samples_eval_loss.csv")).find("step,eval_loss\r\n128,"),
+              std::string::npos);
+}
+
+// A --plot path that cannot be written is refused before the data or the engine is touched.
+TEST(TrainCliTest, PlotToAMissingDirectoryFailsBeforeTraining) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const RunResult r = train(
+        dir, "--config " + config + " --max-steps 2 --plot " + dir.file("missing/curves.svg"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--plot " + dir.file("missing/curves.svg")), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
 }
 
 TEST(TrainCliTest, BadConfigNamesTheKey) {

@@ -27,6 +27,7 @@
 #include "src/model/gpt.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
+#include "tools/train/curves.h"
 #include "tools/train/prediction_png.h"
 #ifdef ZINF_TRAIN_HAVE_MPI
 #include "zero/mpi_communicator.h"
@@ -95,6 +96,10 @@ void declare_flags(zinf::cli::Args& args) {
              "--generate draws each byte from softmax(logits / T); 0: the most likely byte");
     args.add("loss-log", "",
              "write every micro-step's loss to FILE (step, loss, its fp32 bits in hex)");
+    args.add("plot", "",
+             "draw loss (and the evaluations' loss), learning rate, samples/s and I/O GB/s per\n"
+             "optimizer step into FILE.svg (rank 0), at the end of training, or when it stops on\n"
+             "an error");
     args.add("progress", "auto",
              "progress line on stderr for runs over two seconds: on, off,\n"
              "or auto (on when stderr is a terminal)");
@@ -160,6 +165,10 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
         f.show_progress = p == "on";
     } else if (p != "auto") {
         return Status::invalid_argument("--progress: expected auto, on or off, got '" + p + "'");
+    }
+    // Refused before training, not after it: an hour of figures must not be lost to a typo.
+    if (args.given("plot") && g_launch.rank == 0) {
+        ZINF_TRY(zinf::train::check_plot_path(args.get("plot")));
     }
     const std::string save_dir = args.get("save-dir");
     if (!save_dir.empty()) {
@@ -412,7 +421,19 @@ int generate_text(zinf::Engine& engine, const std::string& prompt, const Flags& 
     return 0;
 }
 
-// Training with the loss log and the printer; the summary after it.
+// --plot: the recorded figures as FILE.svg, on rank 0 (the figures are the global ones).
+// Written whether training ended or stopped on an error, as long as a step was recorded.
+Status write_plot(const zinf::cli::Args& args, const zinf::train::CurveRecorder& curves) {
+    if (!args.given("plot") || g_launch.rank != 0 || curves.steps() == 0) return Status::ok();
+    const std::string path = args.get("plot");
+    ZINF_TRY(zinf::train::write_text_file(
+        path, curves.render_svg("zinfinity-train " + args.get("config"))));
+    std::printf("plot: %s (%zu steps)\n", path.c_str(), curves.steps());
+    std::fflush(stdout);
+    return Status::ok();
+}
+
+// Training with the loss log, the printer and the --plot recorder; the summary after it.
 int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flags,
           const zinf::config::EngineConfig& config, const zinf::TrainingStack& stack,
           const std::optional<zinf::data::ByteEntropy>& entropy) {
@@ -425,12 +446,19 @@ int train(zinf::Trainer& trainer, const zinf::cli::Args& args, const Flags& flag
     }
     Printer printer(config, *stack.engine, entropy, flags.show_progress, loss_log,
                     trainer.total_steps());
-    auto summary = trainer.run(printer);
+    zinf::train::CurveRecorder curves;
+    zinf::ObserverPair observers(printer, curves);
+    auto summary = trainer.run(observers);
     printer.finish();
+    const Status plotted = write_plot(args, curves);
     if (loss_log != nullptr && std::fclose(loss_log) != 0 && summary.has_value()) {
         return fail("--loss-log", Status::io_error("close " + args.get("loss-log"), EIO));
     }
-    if (!summary.has_value()) return fail("train", summary.error());
+    if (!summary.has_value()) {
+        if (!plotted.is_ok()) (void)fail("--plot", plotted);
+        return fail("train", summary.error());
+    }
+    if (!plotted.is_ok()) return fail("--plot", plotted);
     print_summary(*summary, stack, entropy.has_value());
     return 0;
 }
