@@ -77,12 +77,16 @@ CommunicatorFactory communicator_factory(const config::EngineConfig& config, con
 }  // namespace
 
 Result<TrainingStack> create_training_stack(const config::EngineConfig& config,
-                                            const Launch& launch) {
+                                            const Launch& launch, const EngineOptions& options) {
     config::EngineConfig c = config;
     if (launch.world_size > 1 && c.device.type == "cuda") {
         c.device.local_rank = launch.local_rank;  // one GPU per rank of this node
     }
     if (c.device.type == "cuda") {
+        if (options.io_faults.has_value() || options.file_system != nullptr) {
+            return Status::not_supported(
+                "device.type: \"cuda\": injected I/O faults are for the CPU device's stack");
+        }
 #ifdef ZINF_ENGINE_HAVE_CUDA
         return create_cuda_training_stack(c, communicator_factory(c, launch));
 #else
@@ -91,7 +95,7 @@ Result<TrainingStack> create_training_stack(const config::EngineConfig& config,
             "found at build time)");
 #endif
     }
-    return TrainingStack::create(c, {}, communicator_factory(c, launch));
+    return TrainingStack::create(c, options, communicator_factory(c, launch));
 }
 
 }  // namespace zinf

@@ -30,7 +30,10 @@ struct Launch {
 // Errors: kNotSupported for device.type "cuda" in a build without CUDA, and for several ranks in
 // a build without their transport (MPI; NCCL and MPI for GPU ranks); those of
 // TrainingStack::create, create_cuda_training_stack and the communicators' create.
+// `options` reach the CPU stack's Engine (e.g. io_faults, a fault plan for the swap I/O); the
+// GPU stack takes none (kNotSupported when given).
 Result<TrainingStack> create_training_stack(const config::EngineConfig& config,
-                                            const Launch& launch);
+                                            const Launch& launch,
+                                            const EngineOptions& options = {});
 
 }  // namespace zinf

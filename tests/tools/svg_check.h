@@ -63,7 +63,8 @@ inline SvgDocument check_svg(const std::string& text) {
     std::size_t at = 0;
     while (doc.error.empty()) {
         const auto lt = text.find('<', at);
-        const std::string between = text.substr(at, lt == std::string::npos ? text.npos : lt - at);
+        const std::string between =
+            text.substr(at, lt == std::string::npos ? std::string::npos : lt - at);
         if (!entities_valid(between)) doc.error = "a bare '&' in text near " + between;
         if (lt == std::string::npos) break;
         if (text.compare(lt, 2, "<?") == 0) {

@@ -122,6 +122,39 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
     EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
 }
 
+// --io-faults: a failed read or write stops the run naming the injected fault, the swap
+// directory is left empty (its lock file aside), and a bad plan is refused before training.
+TEST(TrainCliTest, InjectedIoFaultStopsTheRunNamingItAndLeavesNoSwapFile) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("nvme.json");
+    std::ofstream(config) << R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "seed": 3,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.005}},
+  "zero_optimization": {"stage": 3, "sub_group_size": 300,
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                 dir.file("swap") + R"("}},
+  "model": {"type": "mlp", "layers": [16, 40, 16, 5]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 320, "epochs": 1},
+  "device": {"type": "cpu"},
+  "cpu_optimizer": {"threads": 1}
+})";
+    const RunResult clean = train(dir, "--config " + config);
+    ASSERT_EQ(clean.exit_code, 0) << clean.out;
+    const RunResult r = train(dir, "--config " + config + " --io-faults fail_nth=20,errno=EIO");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("(a fault --io-faults injected)"), std::string::npos) << r.out;
+    std::size_t files = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("swap"))) {
+        if (e.is_regular_file() && e.path().filename() != "zinfinity-swap.lock") ++files;
+    }
+    EXPECT_EQ(files, 0u);
+    const RunResult bad = train(dir, "--config " + config + " --io-faults fail_nth=x");
+    EXPECT_EQ(bad.exit_code, 1) << bad.out;
+    EXPECT_NE(bad.out.find("--io-faults: "), std::string::npos) << bad.out;
+    EXPECT_EQ(bad.out.find("step 1"), std::string::npos) << bad.out;
+}
+
 const char* kSmallConfig = R"({
   "train_micro_batch_size_per_gpu": 32,
   "steps_per_print": 2,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "io/fault.h"
 #include "io/file_system.h"
 #include "src/base/config.h"
 #include "src/base/config_keys.h"
@@ -50,8 +51,8 @@ zinf::Launch g_launch;
 int fail(const std::string& what, const Status& s) {
     const std::string rank =
         g_launch.world_size > 1 ? "rank " + std::to_string(g_launch.rank) + ": " : "";
-    std::fprintf(stderr, "zinfinity-train: %s%s: %s\n", rank.c_str(), what.c_str(),
-                 s.to_string().c_str());
+    std::fprintf(stderr, "zinfinity-train: %s%s: %s%s\n", rank.c_str(), what.c_str(),
+                 s.to_string().c_str(), s.is_injected() ? " (a fault --io-faults injected)" : "");
     return 1;
 }
 
@@ -100,6 +101,10 @@ void declare_flags(zinf::cli::Args& args) {
              "draw loss (and the evaluations' loss), learning rate, samples/s and I/O GB/s per\n"
              "optimizer step into FILE.svg (rank 0), at the end of training, or when it stops on\n"
              "an error");
+    args.add("io-faults", "",
+             "inject faults into the swap I/O (testing a deployment's error handling), e.g.\n"
+             "fail_nth=40,errno=EIO or enospc_after=64MiB or read_error=0.001,seed=7; the\n"
+             "run must then stop naming the injected fault (CPU device only)");
     args.add("progress", "auto",
              "progress line on stderr for runs over two seconds: on, off,\n"
              "or auto (on when stderr is a terminal)");
@@ -116,6 +121,7 @@ struct Flags {
     std::uint64_t generate_bytes = 0;
     double temperature = 0;
     bool show_progress = false;
+    std::optional<zinf::io::FaultPlan> io_faults;  // --io-faults
 };
 
 zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
@@ -154,6 +160,13 @@ zinf::Result<Flags> check_flags(const zinf::cli::Args& args) {
         if (f.generate_bytes == 0) {
             return Status::invalid_argument("--generate-bytes: must be at least 1");
         }
+    }
+    if (!args.get("io-faults").empty()) {
+        auto plan = zinf::io::parse_fault_plan(args.get("io-faults"));
+        if (!plan.has_value()) {
+            return Status::invalid_argument("--io-faults: " + plan.error().message());
+        }
+        f.io_faults = *plan;
     }
     if (args.get_switch("eval-only") && !args.given("resume")) {
         return Status::invalid_argument(
@@ -490,7 +503,9 @@ int set_up(const zinf::cli::Args& args, const Flags& flags,
     auto data = zinf::load_datasets(config);
     if (!data.has_value()) return fail("data", data.error());
     s.data = std::move(data).value();
-    auto stack = zinf::create_training_stack(config, g_launch);
+    zinf::EngineOptions engine_options;
+    engine_options.io_faults = flags.io_faults;
+    auto stack = zinf::create_training_stack(config, g_launch, engine_options);
     if (!stack.has_value()) return fail("engine", stack.error());
     s.stack = std::move(stack).value();
     if (Status st = zinf::check_datasets(s.data, s.stack.model->batch_shape()); !st.is_ok()) {
