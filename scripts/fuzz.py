@@ -116,8 +116,9 @@ def draw_case(seed, swap_dir, have_mpi):
     if dtype != "fp32":
         config[dtype] = {"enabled": True}
     if rng.random() < 0.6:
-        config["device"]["memory_budget"] = rng.choice([512 * KIB, MIB, 2 * MIB, 8 * MIB,
-                                                        64 * MIB])
+        # Now and then one under the key's 1 MiB minimum: the config must refuse it.
+        config["device"]["memory_budget"] = rng.choices(
+            [512 * KIB, MIB, 2 * MIB, 8 * MIB, 64 * MIB], weights=[1, 5, 5, 5, 5])[0]
     if rng.random() < 0.4:
         config["device"]["host_memory_budget"] = rng.choice([64 * KIB, MIB, 16 * MIB, 256 * MIB])
     fault = None
