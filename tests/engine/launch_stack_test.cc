@@ -45,8 +45,11 @@ TEST(LaunchStack, CudaDeviceTypeWithoutCudaIsNotSupported) {
 #ifdef ZINF_TEST_HAVE_CUDA
     GTEST_SKIP() << "CUDA is built here: tests/engine/cuda_engine_test.cc covers the GPU stack";
 #else
+    // A CPU optimizer: device.type cuda refuses offload_optimizer "none" in the config.
     const auto config =
-        test_support::load_config(test_support::small_config(), {"device.type=cuda"});
+        test_support::load_config(test_support::small_config(R"("zero_optimization": {"stage": 1,
+          "offload_optimizer": {"device": "cpu"}},)"),
+                                  {"device.type=cuda"});
     auto stack = create_training_stack(config, Launch{});
     ASSERT_FALSE(stack.has_value());
     EXPECT_EQ(stack.error().code(), StatusCode::kNotSupported) << stack.error().to_string();
