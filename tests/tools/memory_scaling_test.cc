@@ -55,13 +55,18 @@ std::string layers(int copies) {
     return s + ",10]";
 }
 
+// Writes `text` to `path`; false when it cannot.
+bool write_text(const std::string& path, const char* text) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return false;
+    const bool written = std::fputs(text, f) >= 0;
+    return std::fclose(f) == 0 && written;
+}
+
 TEST(MemoryScaling, PeakRssIsFlatOverModelSizeWithStreamedGradients) {
     test::TempDir dir("scaling");
     const std::string config = dir.file("mlp.json");
-    {
-        std::FILE* f = std::fopen(config.c_str(), "w");
-        ASSERT_NE(f, nullptr);
-        std::fputs(R"({
+    ASSERT_TRUE(write_text(config, R"({
   "train_micro_batch_size_per_gpu": 8,
   "steps_per_print": 100,
   "bf16": {"enabled": true},
@@ -76,10 +81,7 @@ TEST(MemoryScaling, PeakRssIsFlatOverModelSizeWithStreamedGradients) {
   "model": {"type": "mlp", "layers": [512, 1024, 10]},
   "data": {"dataset": "synthetic", "synthetic_samples": 64, "max_steps": 2},
   "device": {"type": "cpu", "memory_budget": 33554432, "host_memory_budget": 268435456}
-})",
-                   f);
-        std::fclose(f);
-    }
+})"));
     const std::string swap = dir.file("swap");
     std::vector<double> streamed, held;
     for (const bool stream : {true, false}) {
@@ -117,10 +119,7 @@ TEST(MemoryScaling, MeasureOverlapStaysWithinTheBudgets) {
     test::TempDir dir("overlap");
     const std::string config = dir.file("mlp.json");
     const std::string swap = dir.file("swap");
-    {
-        std::FILE* f = std::fopen(config.c_str(), "w");
-        ASSERT_NE(f, nullptr);
-        std::fputs(R"({
+    ASSERT_TRUE(write_text(config, R"({
   "train_micro_batch_size_per_gpu": 8,
   "steps_per_print": 100,
   "bf16": {"enabled": true},
@@ -136,10 +135,7 @@ TEST(MemoryScaling, MeasureOverlapStaysWithinTheBudgets) {
                                       2048, 2048, 2048, 2048, 10]},
   "data": {"dataset": "synthetic", "synthetic_samples": 64, "max_steps": 1},
   "device": {"type": "cpu", "memory_budget": 134217728, "host_memory_budget": 134217728}
-})",
-                   f);
-        std::fclose(f);
-    }
+})"));
     const std::string log = dir.file("log");
     const Child c =
         run_train({"--config", config, "--no-eval", "--measure-overlap", "--overlap-steps", "1",
