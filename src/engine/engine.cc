@@ -185,7 +185,7 @@ Status Engine::build(const zero::Partitioning& part) {
     const std::uint64_t seed = config_.seed;
     ZINF_TRY(coordinator_->initialize(
         [&](std::size_t index, std::size_t offset, std::span<float> out) {
-            model::initial_values(registry.info(static_cast<model::ParamId>(index)), seed, offset,
+            model_.initial_values(registry.info(static_cast<model::ParamId>(index)), seed, offset,
                                   out);
         },
         stream()));
@@ -221,7 +221,7 @@ void Engine::initial_master(std::size_t offset, std::span<float> out) const {
             coordinator_->plan().optimizer_partitioned
                 ? static_cast<std::size_t>(part.rank()) * part.slot(i).slice_numel
                 : 0;
-        model::initial_values(registry.info(static_cast<model::ParamId>(i)), config_.seed,
+        model_.initial_values(registry.info(static_cast<model::ParamId>(i)), config_.seed,
                               first + (lo - at), out.subspan(lo - offset, hi - lo));
     }
 }
@@ -241,6 +241,7 @@ Status Engine::init_states() {
 }
 
 double Engine::current_lr() const noexcept {
+    if (lr_override_.has_value()) return *lr_override_;
     return engine::learning_rate(config_.scheduler, config_.optimizer.lr, optimizer_updates_);
 }
 
@@ -404,18 +405,24 @@ Status Engine::stage_batch(const Batch& batch) {
     return Status::ok();
 }
 
-Result<float> Engine::forward(const Batch& batch) {
+Status Engine::open_training_forward() {
     ZINF_TRY(check_usable());
-    TraceScope span(trace_, "forward", "compute", 0);
     if (micro_steps_ % gradient_accumulation_steps() == 0 && !backward_done_ && !forward_done_) {
         coordinator_->begin_accumulation();
         window_scale_ = scaler_.scale();
     }
-    ZINF_TRY(stage_batch(batch));
     if (!in_iteration_) {
         coordinator_->begin_iteration();
         in_iteration_ = true;
     }
+    return Status::ok();
+}
+
+Result<float> Engine::forward(const Batch& batch) {
+    ZINF_TRY(check_usable());
+    TraceScope span(trace_, "forward", "compute", 0);
+    ZINF_TRY(stage_batch(batch));
+    ZINF_TRY(open_training_forward());
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     Status fwd =
         model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(), batch.rows);
@@ -429,25 +436,111 @@ Result<float> Engine::forward(const Batch& batch) {
     return *loss;
 }
 
-Status Engine::backward() {
-    ZINF_ASSERT(forward_done_);
-    TraceScope span(trace_, "backward", "compute", 0);
-    model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
-    const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
-    if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
-    Status bwd = model_.backward(ctx, static_cast<float>(scale));
-    if (bwd.is_ok()) bwd = device_.synchronize(stream());
-    if (!bwd.is_ok()) {
+// After the model's backward: the stream drained, the iteration closed at the boundary.
+Status Engine::close_backward() {
+    if (Status s = device_.synchronize(stream()); !s.is_ok()) {
         end_iteration_if_open();
-        return bwd;
+        return s;
     }
     // One residency iteration per accumulation window (persistent parameters are gathered in
     // its first micro-step only): it ends at the boundary.
     if (is_gradient_accumulation_boundary()) end_iteration_if_open();
     forward_done_ = false;
     backward_done_ = true;
+    return Status::ok();
+}
+
+Status Engine::backward() {
+    ZINF_ASSERT(forward_done_);
+    TraceScope span(trace_, "backward", "compute", 0);
+    model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
+    const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
+    if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
+    if (Status bwd = model_.backward(ctx, static_cast<float>(scale)); !bwd.is_ok()) {
+        end_iteration_if_open();
+        return bwd;
+    }
+    ZINF_TRY(close_backward());
     times_.backward_seconds += span.end();
     return Status::ok();
+}
+
+Status Engine::begin_forward(bool training) {
+    if (driven_open_) {
+        return Status::invalid_argument("begin_forward: the previous pass was not ended");
+    }
+    if (training) {
+        if (backward_done_) {
+            return Status::invalid_argument(
+                "forward: backward ran since the last step(); call step() after each backward");
+        }
+        ZINF_TRY(open_training_forward());
+    } else {
+        ZINF_TRY(check_usable());
+        if (forward_done_) {
+            return Status::invalid_argument(
+                "evaluation forward: a training forward awaits its backward");
+        }
+    }
+    driven_open_ = true;
+    driven_training_ = training;
+    driven_started_ = std::chrono::steady_clock::now();
+    return Status::ok();
+}
+
+Status Engine::end_forward(bool ok) {
+    if (!driven_open_) return Status::invalid_argument("end_forward: no forward begun");
+    driven_open_ = false;
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - driven_started_;
+    times_.forward_seconds += took.count();
+    if (!driven_training_) {
+        Status s = ok ? device_.synchronize(stream()) : Status::ok();
+        const Status ended = coordinator_->end_evaluation(stream());
+        return s.is_ok() ? ended : s;
+    }
+    if (ok) ok = device_.synchronize(stream()).is_ok();
+    if (!ok) {
+        end_iteration_if_open();
+        return Status::ok();
+    }
+    forward_done_ = true;
+    return Status::ok();
+}
+
+Result<double> Engine::begin_backward() {
+    if (driven_open_) {
+        return Status::invalid_argument("backward: a pass is still open (end_forward first)");
+    }
+    if (!forward_done_) {
+        return Status::invalid_argument(backward_done_
+                                            ? "backward: called twice without step() in between"
+                                            : "backward: no training forward before it");
+    }
+    if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
+    driven_open_ = true;
+    driven_training_ = true;
+    driven_started_ = std::chrono::steady_clock::now();
+    return window_scale_ / static_cast<double>(gradient_accumulation_steps());
+}
+
+Status Engine::end_backward(bool ok) {
+    if (!driven_open_) return Status::invalid_argument("end_backward: no backward begun");
+    driven_open_ = false;
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - driven_started_;
+    times_.backward_seconds += took.count();
+    if (!ok) {
+        end_iteration_if_open();
+        forward_done_ = false;
+        return Status::ok();
+    }
+    return close_backward();
+}
+
+model::ParameterSource& Engine::parameter_source() noexcept {
+    return *adapter_;
+}
+model::GradientSink& Engine::gradient_sink() noexcept {
+    return *adapter_;
 }
 
 // The global gradient norm, the same bits under every stage and placement at one world size:
@@ -577,7 +670,7 @@ Status Engine::run_optimizer(double unscale) {
 }
 
 Status Engine::step() {
-    ZINF_ASSERT(backward_done_);
+    if (!backward_done_) return Status::invalid_argument("step: no backward since the last step");
     backward_done_ = false;
     last_step_ = StepReport{};
     last_step_.loss_scale = window_scale_;

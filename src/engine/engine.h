@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/file_system.h"
@@ -141,6 +142,33 @@ public:
     // and communicator.
     Status step();
 
+    // ---- a model driven from outside (model::ExternalModel: the PyTorch front end) ----------
+    // The driver runs each pass itself between these calls, fetching and releasing parameters
+    // through parameter_source() and handing each parameter's gradient to gradient_sink():
+    //   begin_forward(true)  ... its forward ...  end_forward(ok)      (one or more per micro-step)
+    //   begin_backward()     ... its backward ... end_backward(ok)
+    //   step()
+    // An evaluation forward is begin_forward(false) ... end_forward(ok), without a backward.
+    // A pass that failed (ok false) ends the iteration as a failed forward or backward does.
+    // Errors: kInvalidArgument for a call out of order (naming it), those of check_usable.
+    Status begin_forward(bool training);
+    Status end_forward(bool ok);
+    // Returns the factor the driver multiplies its loss's gradient by: the loss scale of this
+    // accumulation window over gradient_accumulation_steps().
+    Result<double> begin_backward();
+    Status end_backward(bool ok);
+    model::ParameterSource& parameter_source() noexcept;
+    model::GradientSink& gradient_sink() noexcept;
+    // Files an embedding program adds to its checkpoints (the front end's client_state, module
+    // buffers, scheduler state): save_checkpoint writes each (rank 0, listed and checksummed in
+    // the checkpoint's manifest as "extra.<name>") until they are set again.
+    void set_checkpoint_extras(std::vector<std::pair<std::string, std::string>> extras) {
+        checkpoint_extras_ = std::move(extras);
+    }
+    // The extra file `name` of checkpoint <dir>/<tag>, verified. kNotFound when it has none.
+    Result<std::string> read_checkpoint_extra(const std::string& dir, const std::string& tag,
+                                              const std::string& name) const;
+
     // Evaluation: forward without training; returns the number of labels the prediction
     // matches.
     Result<std::uint64_t> evaluate(const Batch& batch);
@@ -184,6 +212,9 @@ public:
     }
     double loss_scale() const noexcept { return scaler_.scale(); }
     double current_lr() const noexcept;
+    // A learning rate set by the embedding program (a torch LR scheduler the PyTorch front end
+    // was given) in place of the config's schedule, from the next step on; nullopt: the config's.
+    void set_lr_override(std::optional<double> lr) noexcept { lr_override_ = lr; }
     const StepReport& last_step() const noexcept { return last_step_; }
     const EngineTimes& times() const noexcept { return times_; }
     const config::EngineConfig& config() const noexcept { return config_; }
@@ -278,6 +309,11 @@ private:
     Status check_loadable(const engine::CheckpointReader& r, bool same_layout) const;
     Status restore_counters(const engine::CheckpointReader& r);
     Status stage_batch(const Batch& batch);
+    // What every training forward does before the model's: the accumulation window and the
+    // residency iteration open; and what every backward does after it.
+    Status open_training_forward();
+    Status close_backward();
+    Status write_checkpoint_extras(engine::CheckpointWriter& w) const;
     Status inference_forward(const Batch& batch);
     Status run_optimizer(double norm_unscale);
     Result<kernels::GradStats> gradient_stats();
@@ -329,6 +365,12 @@ private:
     bool forward_done_ = false;
     bool backward_done_ = false;
     double window_scale_ = 1.0;  // the loss scale the current window's gradients carry
+    // Driven passes (begin_forward ... end_backward): whether the open one trains, and since when.
+    bool driven_training_ = false;
+    bool driven_open_ = false;
+    std::chrono::steady_clock::time_point driven_started_;
+    std::vector<std::pair<std::string, std::string>> checkpoint_extras_;
+    std::optional<double> lr_override_;
     StepReport last_step_;
     EngineTimes times_;
     std::string summary_;

@@ -358,6 +358,7 @@ Status Engine::commit_sharded_save(engine::CheckpointWriter& top, const std::str
     const int world = communicator_.world_size();
     Status status = find_shards(dir, tag, temp, nonce);
     describe_states(top);
+    if (status.is_ok()) status = write_checkpoint_extras(top);
     top.set("shards", std::to_string(world));
     top.set("checkpoint_nonce", nonce);
     if (status.is_ok()) status = top.commit();
@@ -402,11 +403,33 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(file_system(), dir, tag));
         ZINF_TRY(save_states(w));
         describe_states(w);
+        ZINF_TRY(write_checkpoint_extras(w));
         ZINF_TRY(w.commit());
     }
     times_.checkpoint_seconds += span.end();
     log::info("checkpoint saved: ", dir, "/", tag, " (step ", global_steps_, ")");
     return Status::ok();
+}
+
+Status Engine::write_checkpoint_extras(engine::CheckpointWriter& w) const {
+    for (const auto& [name, bytes] : checkpoint_extras_) {
+        ZINF_TRY(
+            w.write_file("extra." + name, std::as_bytes(std::span(bytes.data(), bytes.size()))));
+    }
+    return Status::ok();
+}
+
+Result<std::string> Engine::read_checkpoint_extra(const std::string& dir, const std::string& tag,
+                                                  const std::string& name) const {
+    ZINF_ASSIGN_OR_RETURN(auto r, engine::CheckpointReader::open(file_system(), dir, tag));
+    const std::string file = "extra." + name;
+    auto size = r.file_size(file);
+    if (!size.has_value()) {
+        return Status::not_found("checkpoint " + dir + "/" + tag + " has no " + file);
+    }
+    std::string bytes(*size, '\0');
+    ZINF_TRY(r.read_file(file, std::as_writable_bytes(std::span(bytes.data(), bytes.size()))));
+    return bytes;
 }
 
 // The checkpoint fits this engine: the same model, dtype and optimizer; with `same_layout`,

@@ -18,9 +18,24 @@ TrainingStack::~TrainingStack() {
     device.reset();
 }
 
+TrainingStack& TrainingStack::operator=(TrainingStack&& other) noexcept {
+    if (this == &other) return *this;
+    engine.reset();
+    model.reset();
+    communicator.reset();
+    compute.reset();
+    device = std::move(other.device);
+    compute = std::move(other.compute);
+    communicator = std::move(other.communicator);
+    model = std::move(other.model);
+    engine = std::move(other.engine);
+    return *this;
+}
+
 Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config,
                                             const EngineOptions& options,
-                                            const CommunicatorFactory& make_communicator) {
+                                            const CommunicatorFactory& make_communicator,
+                                            const ModelFactory& make_model) {
     if (config.device.type != "cpu") {
         return Status::not_supported(
             "device.type: \"" + config.device.type +
@@ -35,14 +50,15 @@ Result<TrainingStack> TrainingStack::create(const config::EngineConfig& config,
         auto compute, device::CpuCompute::create(
                           device.get(), device::CpuComputeOptions{config.cpu_optimizer.threads}));
     return assemble_training_stack(config, std::move(device), std::move(compute), options,
-                                   make_communicator);
+                                   make_communicator, make_model);
 }
 
 Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config,
                                               std::unique_ptr<Device> device,
                                               std::unique_ptr<Compute> compute,
                                               const EngineOptions& options,
-                                              const CommunicatorFactory& make_communicator) {
+                                              const CommunicatorFactory& make_communicator,
+                                              const ModelFactory& make_model) {
     TrainingStack s;
     s.device = std::move(device);
     s.compute = std::move(compute);
@@ -54,11 +70,10 @@ Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config
     // Each rank's activation checkpoints (nvme_checkpointing) in a directory of its own, as its
     // swap files are.
     const int world = s.communicator->world_size();
+    const config::EngineConfig& own =
+        world > 1 ? engine::with_rank_swap_paths(config, s.communicator->rank()) : config;
     ZINF_ASSIGN_OR_RETURN(
-        s.model,
-        engine::build_model(
-            world > 1 ? engine::with_rank_swap_paths(config, s.communicator->rank()) : config,
-            *s.device));
+        s.model, make_model ? make_model(own, *s.device) : engine::build_model(own, *s.device));
     ZINF_ASSIGN_OR_RETURN(s.engine, Engine::create(config, *s.model, *s.device, *s.compute,
                                                    *s.communicator, options));
     return s;

@@ -23,6 +23,11 @@ namespace zinf {
 using CommunicatorFactory =
     std::function<Result<std::unique_ptr<zero::Communicator>>(Device& device)>;
 
+// Makes the model of the stack (an embedding program's own, e.g. the PyTorch front end's
+// model::ExternalModel). Empty: the model the config's `model` block names (model registry).
+using ModelFactory = std::function<Result<std::unique_ptr<model::Model>>(
+    const config::EngineConfig& config, Device& device)>;
+
 struct TrainingStack {
     std::unique_ptr<Device> device;
     std::unique_ptr<Compute> compute;
@@ -34,11 +39,14 @@ struct TrainingStack {
     // those of each part's create (kInvalidArgument naming the key, kNoSpace).
     static Result<TrainingStack> create(const config::EngineConfig& config,
                                         const EngineOptions& options = {},
-                                        const CommunicatorFactory& make_communicator = {});
+                                        const CommunicatorFactory& make_communicator = {},
+                                        const ModelFactory& make_model = {});
 
     TrainingStack() = default;
     TrainingStack(TrainingStack&&) noexcept = default;
-    TrainingStack& operator=(TrainingStack&&) noexcept = default;
+    // Tears down what it held first (engine, model, communicator, compute, device: the order of
+    // the destructor; a member-wise move would free the device before the engine).
+    TrainingStack& operator=(TrainingStack&& other) noexcept;
     ~TrainingStack();
 };
 
@@ -49,6 +57,7 @@ Result<TrainingStack> assemble_training_stack(const config::EngineConfig& config
                                               std::unique_ptr<Device> device,
                                               std::unique_ptr<Compute> compute,
                                               const EngineOptions& options = {},
-                                              const CommunicatorFactory& make_communicator = {});
+                                              const CommunicatorFactory& make_communicator = {},
+                                              const ModelFactory& make_model = {});
 
 }  // namespace zinf

@@ -69,6 +69,14 @@ public:
     virtual Status read_logits(StreamId /*stream*/, std::span<float> /*out*/) const {
         return Status::not_supported(str_cat(name(), ": reading the logits is not supported"));
     }
+    // Initial values of elements [offset, offset + out.size()) of parameter `info` (host
+    // memory), for the engine's seed. Models built from code draw them by their InitRule
+    // (model::initial_values); a model whose weights come from elsewhere (ExternalModel: a torch
+    // module's) copies them.
+    virtual void initial_values(const ParameterInfo& info, std::uint64_t seed, std::size_t offset,
+                                std::span<float> out) const {
+        model::initial_values(info, seed, offset, out);
+    }
     // io::Engine::set_discard on the I/O the model does itself (kept activations on NVMe), for
     // Engine::set_io_discard. A model without I/O of its own has nothing to do.
     virtual void set_io_discard(bool /*on*/) noexcept {}
