@@ -530,20 +530,24 @@ Status read_optimizer_params(const Json& params, const std::string& ppath,
     // Keys the optimizer's descriptor says it has no use for are refused, not ignored.
     const OptimizerDescriptor& d = optimizer_descriptor(o.type);
     const std::pair<const char*, bool> owned[] = {{"bias_correction", d.has_bias_correction},
-                                                  {"amsgrad", d.has_amsgrad}};
+                                                  {"amsgrad", d.has_amsgrad},
+                                                  {"torch_rounding", d.has_torch_rounding}};
     for (const auto& [key, has] : owned) {
         if (p.find(key) != nullptr && !has) {
-            return Status::invalid_argument(str_cat(
-                ppath, ".", key, ": only ",
-                key == std::string_view("amsgrad") ? optimizer_names_where(&has_amsgrad)
-                                                   : optimizer_names_where(&has_bias_correction),
-                " have it, "
-                "and the optimizer is ",
-                d.display_name));
+            return Status::invalid_argument(
+                str_cat(ppath, ".", key, ": only ",
+                        key == std::string_view("amsgrad") ? optimizer_names_where(&has_amsgrad)
+                        : key == std::string_view("torch_rounding")
+                            ? optimizer_names_where(&has_torch_rounding)
+                            : optimizer_names_where(&has_bias_correction),
+                        " have it, "
+                        "and the optimizer is ",
+                        d.display_name));
         }
     }
     ZINF_TRY(p.get_bool("bias_correction", o.bias_correction));
     ZINF_TRY(p.get_bool("amsgrad", o.amsgrad));
+    ZINF_TRY(p.get_bool("torch_rounding", o.torch_rounding));
     return p.finish();
 }
 

@@ -95,6 +95,9 @@ struct OptimizerConfig {
     bool adam_w_mode = true;
     bool bias_correction = true;  // Adam, AdamW
     bool amsgrad = false;         // Adam, AdamW
+    // zinfinity: torch.optim's operation order (bitwise torch's results), where the optimizer's
+    // descriptor has it (Adam, AdamW).
+    bool torch_rounding = false;
 };
 
 enum class SchedulerType : std::uint8_t {

@@ -198,6 +198,7 @@ constexpr KeyInfo kKeys[] = {
     {"optimizer.params.adam_w_mode", S::kImplemented, "", "Adam: decoupled weight decay (true)"},
     {"optimizer.params.bias_correction", S::kImplemented, "", "Adam, AdamW: bias-corrected moments (true)"},
     {"optimizer.params.amsgrad", S::kImplemented, "", "Adam, AdamW: AMSGrad's running maximum of the second moment (false)"},
+    {"optimizer.params.torch_rounding", S::kZinfinity, "", "Adam, AdamW: torch.optim's operation order, bitwise torch's steps (false)"},
     {"optimizer.params.torch_adam", S::kWarned, "", "zinfinity's kernels compute torch's Adam arithmetic"},
     {"optimizer.params.foreach", S::kWarned, "", "performance only"},
     {"optimizer.params.fused", S::kWarned, "", "performance only"},

@@ -40,6 +40,7 @@ kernels::OptimizerParams optimizer_params(const config::OptimizerConfig& c) noex
     p.weight_decay = c.weight_decay;
     p.bias_correction = c.bias_correction;
     p.amsgrad = c.amsgrad;
+    p.torch_rounding = c.torch_rounding;
     return p;
 }
 
