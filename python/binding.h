@@ -61,5 +61,6 @@ kernels::OptimizerParams hyper_from(const std::string& kind, std::uint64_t step,
 void bind_kernels(py::module_& m);
 void bind_io(py::module_& m);
 void bind_offload(py::module_& m);
+void bind_engine(py::module_& m);
 
 }  // namespace zinf::python

@@ -26,4 +26,5 @@ PYBIND11_MODULE(_C, m) {
     zp::bind_kernels(m);
     zp::bind_io(m);
     zp::bind_offload(m);
+    zp::bind_engine(m);
 }

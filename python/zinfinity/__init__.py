@@ -31,5 +31,8 @@ def kernel_info() -> dict:
 
 
 from . import io, offload, optim  # noqa: E402  (after _C, which they use)
+from . import zero, checkpoint  # noqa: E402
+from .engine import initialize, add_config_arguments, ZinfinityEngine  # noqa: E402
 
-__all__ = ["CorruptionError", "set_num_threads", "kernel_info", "io", "offload", "optim"]
+__all__ = ["CorruptionError", "set_num_threads", "kernel_info", "io", "offload", "optim", "zero",
+           "checkpoint", "initialize", "add_config_arguments", "ZinfinityEngine"]

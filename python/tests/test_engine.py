@@ -1,0 +1,273 @@
+"""zinfinity.initialize: a torch model trained by the C++ engine with DeepSpeed's calls."""
+
+import copy
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import zinfinity
+
+
+def mlp(seed=7, hidden=48):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10))
+
+
+def batches(n, rows=16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(10, 64, generator=g)
+    out = []
+    for _ in range(n):
+        y = torch.randint(0, 10, (rows,), generator=g)
+        x = centers[y] + 0.5 * torch.randn(rows, 64, generator=g)
+        out.append((x, y))
+    return out
+
+
+def config(workdir, stage=0, optimizer=None, param=None, **extra):
+    zero = {"stage": stage}
+    if optimizer:
+        zero["offload_optimizer"] = {"device": optimizer, "nvme_path": workdir}
+    if param:
+        zero["offload_param"] = {"device": param, "nvme_path": workdir}
+    c = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1,
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01,
+                                                   "torch_rounding": True}},
+         "zero_optimization": zero, "steps_per_print": 1000}
+    c.update(extra)
+    return c
+
+
+# Every stage x placement the config accepts: offload_optimizer from stage 1, offload_param at 3.
+PLACEMENTS = [(0, None, None), (1, None, None), (1, "cpu", None), (1, "nvme", None),
+              (2, "cpu", None), (2, "nvme", None), (3, None, None), (3, "cpu", None),
+              (3, "nvme", "cpu"), (3, "nvme", "nvme")]
+
+
+def train(model, cfg, data, engine_out=None):
+    engine, _, _, _ = zinfinity.initialize(model=model, config=cfg)
+    losses = []
+    for x, y in data:
+        loss = nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    if engine_out is not None:
+        engine_out.append(engine)
+    else:
+        engine.close()
+    return losses
+
+
+def torch_losses(model, data, lr=1e-3, weight_decay=0.01):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    for x, y in data:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_every_placement_takes_torch_adamws_steps_bitwise(workdir):
+    data = batches(30)
+    reference = torch_losses(mlp(), data)
+    assert reference[-1] < 0.7 * reference[0]  # it learns
+    for stage, opt, param in PLACEMENTS:
+        engines = []
+        got = train(mlp(), config(workdir, stage, opt, param), data, engines)
+        figures = engines[0].figures()
+        engines[0].close()
+        assert got == reference, (stage, opt, param)
+        want_states = {None: "device", "cpu": "cpu", "nvme": "nvme"}[opt]
+        assert figures["optimizer_states"] == want_states, (stage, opt, figures)
+        if param is not None:
+            assert figures["parameters"] == param
+        if opt == "nvme" or param == "nvme":
+            assert figures["bytes_read"] > 0 and figures["bytes_written"] > 0
+        assert not [f for f in os.listdir(workdir) if f != "zinfinity-swap.lock"], "swap files left"
+
+
+def test_stage3_empties_released_parameters_and_fetches_per_module(workdir):
+    model = mlp()
+    engine, _, _, _ = zinfinity.initialize(model=model, config=config(workdir, 3, "nvme", "nvme"))
+    try:
+        assert all(p.numel() == 0 for p in model.parameters())  # partitioned, released
+        (x, y), = batches(1)
+        seen = []
+        hook = model[2].register_forward_pre_hook(
+            # dict.get: a look that does not fetch (attribute reads in a forward do)
+            lambda m, i: seen.append((m.weight.numel(), model[0]._parameters.get("weight").numel())))
+        loss = nn.functional.cross_entropy(engine(x), y)
+        hook.remove()
+        assert seen == [(48 * 48, 0)]  # the module's own, gathered; the one before, released
+        before = engine.figures()["fetch_count"]
+        engine.backward(loss)
+        engine.step()
+        assert engine.figures()["fetch_count"] - before == 6  # each parameter again in backward
+        assert all(p.numel() == 0 for p in model.parameters())
+        sd = model.state_dict()  # gathered, whole
+        assert sd["0.weight"].shape == (48, 64) and sd["0.weight"].abs().sum() > 0
+    finally:
+        engine.close()
+    assert model[0].weight.shape == (48, 64)  # the last values are torch's again
+
+
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight, a frozen layer, a module called
+    twice and a parameter read outside its module."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.emb = nn.Embedding(20, 16)
+        self.mid = nn.Linear(16, 16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.scale = nn.Linear(1, 16)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        h = torch.tanh(self.mid(h))
+        h = torch.tanh(self.mid(h))  # called twice
+        h = self.frozen(h) * self.scale.weight.view(16)  # read outside its module
+        return h @ self.emb.weight.t()  # tied output layer
+
+
+def tied_losses(train_step, model, steps=12):
+    g = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(steps):
+        t = torch.randint(0, 20, (8, 6), generator=g)
+        logits = model(t) if train_step is None else train_step[0](t)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 20), t.roll(1, 1).reshape(-1))
+        train_step[1](loss) if train_step is not None else None
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("stage,opt,param", [(0, None, None), (3, None, None),
+                                             (3, "nvme", "nvme")])
+def test_tied_frozen_reused_and_outside_parameters_match_torch(workdir, stage, opt, param):
+    ref = Tied()
+    frozen_before = ref.frozen.weight.detach().clone()
+    torch_opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-3,
+                                  weight_decay=0.01)
+
+    def torch_step(loss):
+        torch_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch_opt.step()
+
+    want = tied_losses((ref, torch_step), ref)
+    model = Tied()
+    cfg = config(workdir, stage, opt, param, train_micro_batch_size_per_gpu=8)
+    engine, _, _, _ = zinfinity.initialize(model=model, config=cfg)
+
+    def step(loss):
+        engine.backward(loss)
+        engine.step()
+
+    got = tied_losses((engine, step), model)
+    engine.close()
+    assert got == want
+    assert torch.equal(model.frozen.weight, frozen_before)  # never written
+    assert torch.equal(model.emb.weight, ref.emb.weight)
+
+
+def test_gradient_accumulation_and_counters(workdir):
+    data = batches(8, rows=8)
+    cfg = config(workdir, 2, "cpu", None, train_micro_batch_size_per_gpu=8,
+                 gradient_accumulation_steps=4)
+    engine, opt, loader, sched = zinfinity.initialize(model=mlp(), config=cfg)
+    assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (32, 4)
+    assert loader is None and sched is None
+    applied = []
+    for i, (x, y) in enumerate(data):
+        assert engine.is_gradient_accumulation_boundary() == (i % 4 == 3)
+        loss = nn.functional.cross_entropy(engine(x), y)
+        assert engine.backward(loss).item() == (loss.detach() / 4).item()  # DeepSpeed's return
+        engine.step()
+        applied.append(engine.was_step_applied())
+    assert applied == [False, False, False, True] * 2
+    assert (engine.global_steps, engine.micro_steps, engine.global_samples) == (2, 8, 64)
+    engine.close()
+
+
+def test_checkpoint_round_trip_resumes_bitwise_with_client_state(workdir):
+    data = batches(12)
+    ckpt = os.path.join(workdir, "ckpt")
+    nvme = os.path.join(workdir, "nvme")
+    os.makedirs(nvme)
+    cfg = config(nvme, 3, "nvme", "nvme")
+    straight = train(mlp(), cfg, data)
+
+    engine, _, _, _ = zinfinity.initialize(model=mlp(), config=cfg)
+    for x, y in data[:6]:
+        engine.backward(nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+    assert engine.save_checkpoint(ckpt, client_state={"epoch": 3, "note": "x"})
+    engine.close()
+    assert open(os.path.join(ckpt, "latest")).read().strip() == "global_step6"
+
+    model = mlp(seed=99)  # other initial values: the checkpoint's must win
+    engine, _, _, _ = zinfinity.initialize(model=model, config=cfg)
+    path, client = engine.load_checkpoint(ckpt)
+    assert path == os.path.join(ckpt, "global_step6") and client == {"epoch": 3, "note": "x"}
+    assert engine.global_steps == 6
+    resumed = []
+    for x, y in data[6:]:
+        loss = nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        resumed.append(loss.item())
+    engine.close()
+    assert resumed == straight[6:]
+
+    out = os.path.join(workdir, "weights.pt")
+    zinfinity.checkpoint.consolidate(ckpt, out)
+    sd = torch.load(out)
+    fresh = mlp(seed=5)
+    fresh.load_state_dict(sd)
+    engine, _, _, _ = zinfinity.initialize(model=mlp(seed=99), config=cfg)
+    engine.load_checkpoint(ckpt)
+    for name, p in engine.module.state_dict().items():
+        assert torch.equal(p, sd[name]), name
+    engine.close()
+
+
+def test_bad_input_is_refused_by_name(workdir):
+    with pytest.raises(ValueError, match="no config"):
+        zinfinity.initialize(model=mlp())
+    with pytest.raises(ValueError, match=r"zero_optimization\.stagee|stagee"):
+        zinfinity.initialize(model=mlp(), config={"train_batch_size": 4,
+                                                  "zero_optimization": {"stagee": 1}})
+    model = mlp()
+    engine, _, _, _ = zinfinity.initialize(model=model, config=config(workdir, 3))
+    (x, y), = batches(1)
+    with pytest.raises(ValueError, match="no backward since the last step"):
+        engine.step()
+    loss = nn.functional.cross_entropy(engine(x), y)
+    engine.backward(loss)
+    with pytest.raises(ValueError, match="called twice without step"):
+        engine.backward(loss)
+    engine.step()
+    model.extra = nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="extra.weight was added to the model after initialize"):
+        engine(x)
+    del model.extra
+    other = os.path.join(workdir, "other")
+    e2, _, _, _ = zinfinity.initialize(model=nn.Linear(5, 5), config=config(workdir, 0))
+    e2.save_checkpoint(other, tag="t")
+    e2.close()
+    with pytest.raises(ValueError, match="another model"):
+        engine.load_checkpoint(other, tag="t")
+    assert engine.global_steps == 1  # nothing loaded
+    engine.close()
