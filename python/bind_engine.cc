@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +76,13 @@ CommunicatorFactory communicator_factory(const config::EngineConfig& config) {
 #endif
 }
 
+class TorchEngine;
+// The engines not yet closed: finalize() closes them before MPI is finalized.
+std::set<TorchEngine*>& live_engines() {
+    static auto* live = new std::set<TorchEngine*>();  // NOLINT: until exit, as the session
+    return *live;
+}
+
 // The engine of one torch model: its stack (device, compute, communicator, model, engine).
 class TorchEngine {
 public:
@@ -112,10 +120,16 @@ public:
                                               "torch model", std::move(specs), values, rows));
             return std::unique_ptr<model::Model>(std::move(m));
         };
-        py::gil_scoped_release unlocked;
-        stack_ =
-            take(TrainingStack::create(config_, {}, communicator_factory(config_), make_model));
+        {
+            py::gil_scoped_release unlocked;
+            stack_ =
+                take(TrainingStack::create(config_, {}, communicator_factory(config_), make_model));
+        }
+        live_engines().insert(this);
     }
+    ~TorchEngine() { live_engines().erase(this); }
+    TorchEngine(const TorchEngine&) = delete;
+    TorchEngine& operator=(const TorchEngine&) = delete;
 
     Engine& engine() {
         if (!stack_.engine) raise(Status::invalid_argument("the engine was closed"));
@@ -160,6 +174,7 @@ public:
         check(s);
     }
     void close() {
+        live_engines().erase(this);
         py::gil_scoped_release unlocked;
         stack_ = TrainingStack();
     }
@@ -314,6 +329,14 @@ void bind_engine(py::module_& m) {
         .def("close", &TorchEngine::close);
     bind_counters(c);
     bind_checkpoints(c);
+    // At interpreter exit (zinfinity registers it with atexit): closes the engines still open,
+    // then finalizes MPI, so that mpirun sees every rank end cleanly.
+    m.def("finalize", [] {
+        while (!live_engines().empty()) (*live_engines().begin())->close();
+#ifdef ZINF_PYTHON_HAVE_MPI
+        launch().session.reset();
+#endif
+    });
     m.def("launch", [] {
         const Launched& l = launch();
         return py::make_tuple(l.rank, l.world_size);

@@ -27,6 +27,9 @@ more_packages=(
   # The Python package (python/): pybind11 and the headers to build it; PyTorch, NumPy and
   # pytest to use and test it with Debian's python3.
   python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
+  # The DeepSpeed examples of the PyTorch front end (examples/ds_train.py, ds_eval.py): the
+  # Fashion-MNIST dataset class and the PNG of a test image.
+  python3-torchvision python3-pil
   # The style checks (scripts/check-style.sh; .clang-format, .clang-tidy).
   clang-format clang-tidy
 )

@@ -26,6 +26,7 @@ struct PinnedPool::Memory {
     ~Memory() {
         if (base != nullptr) {
             if (locked) ::munlock(base, size_bytes);
+            (void)advise_dont_fork({static_cast<std::byte*>(base), size_bytes}, false);
             hwloc_free(topology, base, size_bytes);
         }
         if (topology != nullptr) hwloc_topology_destroy(topology);
@@ -120,6 +121,8 @@ int PinnedPool::Memory::allocate(const std::string& pool, int node, std::size_t 
 void PinnedPool::Memory::touch_pages() const {
     ZINF_ASSERT(is_aligned(base, kPageBytes));
     (void)advise_huge_pages({static_cast<std::byte*>(base), size_bytes});
+    // A forked child (a DataLoader worker) neither shares nor copies the pool.
+    (void)advise_dont_fork({static_cast<std::byte*>(base), size_bytes}, true);
     std::memset(base, 0, size_bytes);
 }
 

@@ -271,3 +271,134 @@ def test_bad_input_is_refused_by_name(workdir):
         engine.load_checkpoint(other, tag="t")
     assert engine.global_steps == 1  # nothing loaded
     engine.close()
+
+
+def vm_flags_at(address):
+    """The VmFlags of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not line.startswith("VmFlags"):
+                try:
+                    lo, hi = (int(v, 16) for v in head.split("-"))
+                except ValueError:
+                    continue
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    return []
+
+
+class Pairs(torch.utils.data.Dataset):
+    def __init__(self, n=96):
+        g = torch.Generator().manual_seed(9)
+        self.x = torch.randn(n, 64, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("stage,opt,param", [(0, None, None), (2, "nvme", None),
+                                             (3, "nvme", "nvme")])
+def test_forked_dataloader_workers_leave_the_engine_alone(workdir, stage, opt, param):
+    """training_data gives a DataLoader of this rank's micro-batches; with num_workers=2 (fork)
+    it trains as with none, and the engine's buffers are not inherited by the workers."""
+    runs = []
+    for workers in (0, 2):
+        model = mlp(hidden=1024)  # a 1 MiB weight: its own pages in the engine
+        engine, _, loader, _ = zinfinity.initialize(
+            model=model, config=config(workdir, stage, opt, param), training_data=Pairs())
+        assert len(loader) == 6 and loader.batch_size == 16
+        loader = engine.deepspeed_io(Pairs(), num_local_io_workers=workers)
+        losses = []
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(engine(x), y)
+            if stage < 3:
+                assert "dc" in vm_flags_at(model[2].weight.data_ptr())  # MADV_DONTFORK
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        engine.close()
+        runs.append(losses)
+    assert runs[0] == runs[1]
+
+
+def test_bf16_is_bitwise_across_placements_and_clipping_and_fp16_overflow_skip(workdir):
+    data = batches(10)
+    results = []
+    for stage, opt, param in [(0, None, None), (2, "cpu", None), (3, "nvme", "nvme")]:
+        cfg = config(workdir, stage, opt, param, bf16={"enabled": True}, gradient_clipping=0.5)
+        results.append(train(mlp(), cfg, data))
+    assert results[0] == results[1] == results[2]
+    fp32 = train(mlp(), config(workdir, 0), data)
+    assert results[0] != fp32  # bf16 rounding happened
+    # fp16 with a huge initial scale: the first steps overflow and are skipped, the scale drops
+    cfg = config(workdir, 2, "cpu", None, fp16={"enabled": True, "initial_scale_power": 60,
+                                                "loss_scale_window": 1000})
+    engine, opt, _, _ = zinfinity.initialize(model=mlp(), config=cfg)
+    applied = []
+    for x, y in data[:4]:
+        engine.backward(nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+        applied.append(engine.was_step_applied())
+    assert applied[0] is False and engine.skipped_steps >= 1 and opt.loss_scale < 2.0 ** 60
+    engine.close()
+
+
+def test_client_lr_scheduler_and_optimizer_translate_into_the_engine(workdir):
+    data = batches(6)
+    model = mlp()
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
+    want = []
+    for x, y in data:
+        loss = nn.functional.cross_entropy(ref(x), y)
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_opt.step()
+        ref_sched.step()
+        want.append(loss.item())
+    cfg = config(workdir, 1, "cpu", None)
+    del cfg["optimizer"]
+    client = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    engine, opt, _, sched = zinfinity.initialize(
+        model=model, config=cfg, optimizer=client,
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5))
+    got, lrs = [], []
+    for x, y in data:
+        loss = nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        lrs.append(engine.get_lr()[0])
+    engine.close()
+    assert lrs == [1e-2, 5e-3, 5e-3, 2.5e-3, 2.5e-3, 1.25e-3]
+    for a, b in zip(got, want):  # the engine's AdamW (no torch_rounding key here): close
+        assert abs(a - b) <= 1e-5 * abs(b)
+    with pytest.raises(ValueError, match="SGD"):
+        zinfinity.initialize(model=mlp(), config=cfg,
+                             optimizer=torch.optim.SGD(mlp().parameters(), lr=0.1))
+
+
+def test_zero_init_builds_a_model_whose_parameters_wait_in_a_file(workdir):
+    cfg = config(workdir, 3, "nvme", "nvme")
+    torch.manual_seed(7)
+    with zinfinity.zero.Init(config=cfg):
+        model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(),
+                              nn.Linear(48, 10))
+        assert model[0].weight.numel() == 0 and model[0].weight.ds_shape == (48, 64)
+    with zinfinity.zero.GatheredParameters(list(model[4].parameters()), modifier_rank=0):
+        assert model[4].weight.shape == (10, 48)
+        model[4].bias.data.fill_(0.25)
+    reference = mlp()  # the same seed, built plainly
+    with torch.no_grad():
+        reference[4].bias.fill_(0.25)
+    data = batches(5)
+    want = torch_losses(reference, data)
+    assert train(model, cfg, data) == want

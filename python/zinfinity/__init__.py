@@ -34,5 +34,9 @@ from . import io, offload, optim  # noqa: E402  (after _C, which they use)
 from . import zero, checkpoint  # noqa: E402
 from .engine import initialize, add_config_arguments, ZinfinityEngine  # noqa: E402
 
+import atexit as _atexit  # noqa: E402
+
+_atexit.register(_C.finalize)  # open engines closed, then MPI finalized (under mpirun)
+
 __all__ = ["CorruptionError", "set_num_threads", "kernel_info", "io", "offload", "optim", "zero",
            "checkpoint", "initialize", "add_config_arguments", "ZinfinityEngine"]

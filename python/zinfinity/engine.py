@@ -112,6 +112,11 @@ def _client_optimizer_block(optimizer, raw):
     if kind is None:  # zinfinity's / DeepSpeed's CPUAdam: adamw_mode decides
         kind = "AdamW" if getattr(optimizer, "adamw_mode", g.get("adamw_mode", True)) else "Adam"
     params = {k: (list(g[k]) if k == "betas" else g[k]) for k in keys if k in g}
+    if g.get("amsgrad"):
+        params["amsgrad"] = True
+    for flag in ("maximize", "nesterov"):
+        if g.get(flag):
+            raise ValueError(f"initialize: optimizer {name}: {flag}=True is not supported")
     return {"type": kind, "params": params}
 
 
@@ -219,6 +224,8 @@ class ZinfinityEngine(torch.nn.Module):
         if report["boundary"]:
             self._step_applied = not report["overflow"]
             if self._step_applied and self._client_scheduler:
+                # torch's schedulers count the optimizer's steps (the engine took this one)
+                self.optimizer._step_count = getattr(self.optimizer, "_step_count", 0) + 1
                 self.lr_scheduler.step(**(lr_kwargs or {}))
             if not self._client_scheduler:
                 self.optimizer.param_groups[0]["lr"] = self._c.current_lr()

@@ -162,6 +162,10 @@ class Partitioner:
         for i, p in enumerate(self.params):
             _release_init_store(p)
             p._zinf_partitioner = self
+            if p.numel() == 0:
+                # The AccumulateGrad node records the shape it is made with: the full one (an
+                # untouched allocation, no memory used; emptied again below or re-pointed).
+                p.data = torch.empty(self.shapes[i], dtype=self.dtypes[i])
             node = p.expand_as(p).grad_fn.next_functions[0][0]
             self._grad_nodes.append(node)  # the hook lives as long as the node is referenced
             node.register_hook(self._grad_hook(i, p))
@@ -503,6 +507,14 @@ class _InitStore:
         p.ds_numel = p.numel()
         p._zinf_init = self
         p.data = torch.empty(0, dtype=p.dtype)
+
+    def __del__(self):
+        try:
+            if self.map is not None:
+                self.map.close()
+        except BufferError:  # a view still alive: the map goes with it
+            pass
+        os.close(self.fd)
 
     def view_of(self, p):
         if self.map is None:

@@ -36,6 +36,7 @@ Result<AlignedBuffer> AlignedBuffer::allocate_for_io(std::size_t size_bytes, boo
     ZINF_ASSIGN_OR_RETURN(AlignedBuffer buffer,
                           allocate(size_bytes, kHugePageBytes, /*zero_fill=*/false));
     (void)advise_huge_pages(buffer.span());
+    buffer.keep_out_of_children();
     if (zero_fill) std::memset(buffer.data(), 0, buffer.size());
     return buffer;
 }
@@ -83,19 +84,48 @@ bool transparent_huge_pages_available() noexcept {
            text.find("[madvise]") != std::string::npos;
 }
 
-AlignedBuffer::~AlignedBuffer() {
+std::size_t advise_dont_fork(std::span<std::byte> region, bool dont_fork) noexcept {
+    const auto begin = reinterpret_cast<std::uintptr_t>(region.data());
+    const std::uintptr_t first = align_up(begin, kPageBytes);
+    const std::uintptr_t last = align_down(begin + region.size(), kPageBytes);
+    if (region.empty() || last <= first) return 0;
+    if (::madvise(region.data() + (first - begin), last - first,
+                  dont_fork ? MADV_DONTFORK : MADV_DOFORK) != 0) {
+        log::debug("madvise(MADV_", dont_fork ? "DONTFORK" : "DOFORK", ") of ", last - first,
+                   " bytes: ", std::strerror(errno));
+        return 0;
+    }
+    return last - first;
+}
+
+void AlignedBuffer::keep_out_of_children() noexcept {
+    if (dont_fork_ || size_bytes_ == 0) return;
+    dont_fork_ = advise_dont_fork(span(), true) > 0;
+}
+
+void AlignedBuffer::release() noexcept {
+    if (dont_fork_) (void)advise_dont_fork(span(), false);
     std::free(data_);
+    data_ = nullptr;
+    size_bytes_ = 0;
+    dont_fork_ = false;
+}
+
+AlignedBuffer::~AlignedBuffer() {
+    release();
 }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
-      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
+      size_bytes_(std::exchange(other.size_bytes_, 0)),
+      dont_fork_(std::exchange(other.dont_fork_, false)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
     if (this != &other) {
-        std::free(data_);
+        release();
         data_ = std::exchange(other.data_, nullptr);
         size_bytes_ = std::exchange(other.size_bytes_, 0);
+        dont_fork_ = std::exchange(other.dont_fork_, false);
     }
     return *this;
 }

@@ -53,6 +53,14 @@ Result<std::size_t> huge_page_bytes_backing(std::span<const std::byte> region);
 // "madvise" in /sys/kernel/mm/transparent_hugepage/enabled).
 bool transparent_huge_pages_available() noexcept;
 
+// Marks the whole pages inside `region` as not inherited by a child process (MADV_DONTFORK), or
+// inherited again (MADV_DOFORK; memory must be given back so before it is freed, since the
+// allocator may hand its pages to anything). A fork (a torch DataLoader's workers) then neither
+// shares the engine's buffers copy-on-write nor copies them. Returns the bytes advised.
+std::size_t advise_dont_fork(std::span<std::byte> region, bool dont_fork) noexcept;
+// Buffers from this size up are kept out of children (smaller ones are not worth a call).
+inline constexpr std::size_t kDontForkMinBytes = std::size_t{1} << 20;
+
 class AlignedBuffer {
 public:
     AlignedBuffer() noexcept = default;
@@ -79,12 +87,16 @@ public:
         return reinterpret_cast<T*>(data_);
     }
     bool empty() const noexcept { return size_bytes_ == 0; }
+    // advise_dont_fork on the buffer, undone before it is freed.
+    void keep_out_of_children() noexcept;
 
 private:
+    void release() noexcept;
     AlignedBuffer(std::byte* data, std::size_t size_bytes) noexcept
         : data_(data), size_bytes_(size_bytes) {}
     std::byte* data_ = nullptr;
     std::size_t size_bytes_ = 0;
+    bool dont_fork_ = false;
 };
 
 }  // namespace zinf

@@ -61,6 +61,7 @@ Result<void*> CpuDevice::allocate(std::size_t size_bytes, std::string_view what)
     }
     auto buffer = AlignedBuffer::allocate(rounded, options_.alignment_bytes);
     if (!buffer.has_value()) return buffer.error().with_context(str_cat("cpu device: ", what));
+    if (rounded >= kDontForkMinBytes) buffer->keep_out_of_children();
     void* ptr = buffer->data();
     allocations_.emplace(reinterpret_cast<std::uintptr_t>(ptr), std::move(buffer).value());
     ledger_.add(ptr, rounded, what);
