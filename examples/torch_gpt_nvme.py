@@ -57,6 +57,11 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(seq_len, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
+        # GPT-2's initialisation of the embeddings. Under zero.Init the submodules' weights are
+        # already written out: GatheredParameters brings them back to modify (a no-op otherwise).
+        with zinfinity.zero.GatheredParameters([self.wte.weight, self.wpe.weight], modifier_rank=0):
+            nn.init.normal_(self.wte.weight, std=0.02)
+            nn.init.normal_(self.wpe.weight, std=0.01)
 
     def forward(self, tokens):
         x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
@@ -84,9 +89,10 @@ def config(args, offload):
     if offload:
         zero.update({
             "stage3_param_persistence_threshold": 0,
-            "sub_group_size": 1 << 22,
-            "offload_param": {"device": "nvme", "nvme_path": args.nvme_path, "buffer_count": 8,
-                              "buffer_size": args.buffer_size, "pin_memory": True},
+            "sub_group_size": 1 << 20,
+            # The host tier: 4 buffers of the largest parameter (the MLP's 4 d x d weights).
+            "offload_param": {"device": "nvme", "nvme_path": args.nvme_path, "buffer_count": 4,
+                              "buffer_size": 4 * args.d_model * args.d_model, "pin_memory": True},
             "offload_optimizer": {"device": "nvme", "nvme_path": args.nvme_path,
                                   "pin_memory": True},
         })
@@ -145,7 +151,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nvme-path", default="/tmp/zinfinity-swap")
     p.add_argument("--data", default="/usr/share/games/fortunes")
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--layers", type=int, default=10)
     p.add_argument("--d-model", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=64)
@@ -154,7 +160,6 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--host-budget-mib", type=int, default=64)
     p.add_argument("--device-budget-mib", type=int, default=256)
-    p.add_argument("--buffer-size", type=int, default=1 << 23)
     p.add_argument("--compare", type=int, default=0, metavar="PAIRS",
                    help="also train it in memory (stage 0): PAIRS alternated pairs, median ratio")
     args = p.parse_args()

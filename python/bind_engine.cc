@@ -120,11 +120,13 @@ public:
                                               "torch model", std::move(specs), values, rows));
             return std::unique_ptr<model::Model>(std::move(m));
         };
+        std::optional<Result<TrainingStack>> made;
         {
             py::gil_scoped_release unlocked;
-            stack_ =
-                take(TrainingStack::create(config_, {}, communicator_factory(config_), make_model));
+            made.emplace(
+                TrainingStack::create(config_, {}, communicator_factory(config_), make_model));
         }
+        stack_ = take(std::move(*made));  // raises with the GIL held
         live_engines().insert(this);
     }
     ~TorchEngine() { live_engines().erase(this); }

@@ -31,6 +31,8 @@ def batches(n, rows=16, seed=3):
 
 def config(workdir, stage=0, optimizer=None, param=None, **extra):
     zero = {"stage": stage}
+    if stage == 3:  # every parameter gathered and released around each use (none persistent)
+        zero["stage3_param_persistence_threshold"] = 0
     if optimizer:
         zero["offload_optimizer"] = {"device": optimizer, "nvme_path": workdir}
     if param:

@@ -100,13 +100,28 @@ class _ParameterDict(dict):
         return param
 
 
+def _front_end(method):
+    """Counts the time of a hook in front_end_seconds, less the engine calls it makes."""
+
+    def timed(self, *args):
+        started, engine = time.perf_counter(), self.engine_seconds
+        try:
+            return method(self, *args)
+        finally:
+            self.front_end_seconds += (time.perf_counter() - started
+                                       - (self.engine_seconds - engine))
+
+    return timed
+
+
 class Partitioner:
     """The torch side of the engine: which parameters it trains, their ids, the hooks."""
 
     def __init__(self, model, model_parameters, source):
         self.model = model
         self.source = source
-        self.front_end_seconds = 0.0
+        self.front_end_seconds = 0.0  # hooks, checks, copies: the front end's own time
+        self.engine_seconds = 0.0  # inside the engine's fetch, release and accumulate
         chosen = None
         if model_parameters is not None:
             chosen = set()
@@ -142,6 +157,8 @@ class Partitioner:
         self._grad_nodes = []
         self._calls = []
         self._stack = []
+        self._storages = {}  # storage address of a gathered parameter -> its index
+        self._late = []  # parameters fetched by an unpacked saved tensor, released after backward
         self._in_forward = False
         self._training = False
 
@@ -198,7 +215,6 @@ class Partitioner:
 
     # ---- passes --------------------------------------------------------------------------------
     def forward(self, training, run):
-        started = time.perf_counter()
         self._check_parameters()
         self._c.begin_forward(training)
         ok = False
@@ -207,19 +223,21 @@ class Partitioner:
         try:
             if self._stage < 3:
                 self._point_all()
-            self.front_end_seconds += time.perf_counter() - started
-            out = run()
+            if self._stage == 3 and training:
+                # Tensors autograd saves that view a gathered parameter (a Linear's weight.t())
+                # would outlive its memory: saved as (parameter, view) and rebuilt over the
+                # parameter's memory of the backward.
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    out = run()
+            else:
+                out = run()
             ok = True
             return out
         finally:
-            started = time.perf_counter()
             self._in_forward = False
             if self._stage == 3 and (not ok or not training):
                 self._release_leftovers()
-            try:
-                self._c.end_forward(ok)
-            finally:
-                self.front_end_seconds += time.perf_counter() - started
+            self._c.end_forward(ok)
 
     def backward(self, loss, retain_graph):
         scale = self._c.begin_backward()
@@ -237,6 +255,7 @@ class Partitioner:
             self._point_all()
 
     # ---- stage 0-2: parameters point at the engine's whole copy --------------------------------
+    @_front_end
     def _point_all(self):
         for i, p in enumerate(self.params):
             view = self._c.fetch(i)
@@ -255,6 +274,7 @@ class Partitioner:
     def _module_params(self, module):
         return module._zinf_params + module._zinf_external
 
+    @_front_end
     def _pre_forward(self, module, inputs):
         params = self._module_params(module)
         self._fetch(params)
@@ -269,6 +289,7 @@ class Partitioner:
         return _map_tensors(inputs, lambda t: _PostBackward.apply(self, call, t)
                             if t.requires_grad else t)
 
+    @_front_end
     def _post_forward(self, module, inputs, output):
         _, params = self._stack.pop()
         self._release(params)
@@ -282,17 +303,20 @@ class Partitioner:
         return _map_tensors(output, lambda t: _PreBackward.apply(self, call, t)
                             if t.requires_grad else t)
 
+    @_front_end
     def _before_module_backward(self, call):
         if not call.fetched:
             call.fetched = True
             self._fetch(call.params)
 
+    @_front_end
     def _after_module_backward_input(self, call):
         call.inputs_pending -= 1
         if call.inputs_pending == 0 and call.fetched and not call.released:
             call.released = True
             self._release(call.params)
 
+    @_front_end
     def _external_access(self, param):
         """A released parameter read in a forward outside its own module: fetched now, held by
         the module running, and that module's from now on (fetched with it, before its backward
@@ -306,7 +330,10 @@ class Partitioner:
         self._fetch([param])
         params.append(param)
 
+    @_front_end
     def _release_leftovers(self):
+        self._release(self._late)
+        self._late.clear()
         for call in self._calls:
             if call.fetched and not call.released:
                 call.released = True
@@ -324,7 +351,11 @@ class Partitioner:
             key = id(p)
             if self._holds[key] == 0:
                 i = self.ids[key]
-                p.data = _as_param(self._c.fetch(i), self.shapes[i], self.dtypes[i])
+                started = time.perf_counter()
+                view = self._c.fetch(i)
+                self.engine_seconds += time.perf_counter() - started
+                p.data = _as_param(view, self.shapes[i], self.dtypes[i])
+                self._storages[p.data.storage().data_ptr()] = i
             self._holds[key] += 1
 
     def _release(self, params):
@@ -332,14 +363,37 @@ class Partitioner:
             key = id(p)
             self._holds[key] -= 1
             if self._holds[key] == 0:
+                self._storages.pop(p.data.storage().data_ptr(), None)
                 p.data = torch.empty(0, dtype=p.dtype)
+                started = time.perf_counter()
                 self._c.release(self.ids[key])
+                self.engine_seconds += time.perf_counter() - started
+
+    @_front_end
+    def _pack(self, tensor):
+        index = self._storages.get(tensor.storage().data_ptr()) if tensor.numel() else None
+        if index is None:
+            return tensor
+        return (_SavedView, index, tensor.storage_offset(), tuple(tensor.shape),
+                tensor.stride(), tensor.requires_grad)
+
+    @_front_end
+    def _unpack(self, packed):
+        if not (isinstance(packed, tuple) and packed and packed[0] is _SavedView):
+            return packed
+        _, index, offset, shape, stride, _ = packed
+        p = self.params[index]
+        if self._holds[id(p)] == 0:  # not fetched by a module's backward: held to its end
+            self._fetch([p])
+            self._late.append(p)
+        return torch.as_strided(p.data, shape, stride, offset)
 
     # ---- gradients -----------------------------------------------------------------------------
     def _grad_hook(self, index, param):
         shape = torch.Size(self.shapes[index])
 
-        def hook(*_):
+        @_front_end
+        def hook(self, *_):
             grad = param.grad
             if grad is None:
                 return
@@ -349,12 +403,15 @@ class Partitioner:
                                  "changed the parameter's shape")
             if grad.dtype != torch.float32 or not grad.is_contiguous() or grad.is_sparse:
                 grad = grad.to_dense().float().contiguous()
+            started = time.perf_counter()
             self._c.accumulate(index, grad.data_ptr())
+            self.engine_seconds += time.perf_counter() - started
             param.grad = None
 
-        return hook
+        return lambda *args: hook(self, *args)
 
     # ---- checks, values, state -----------------------------------------------------------------
+    @_front_end
     def _check_parameters(self):
         for name, p in self.model.named_parameters():
             if id(p) not in self.ids and p.requires_grad and not any(p is f for _, f in
@@ -451,6 +508,10 @@ class Partitioner:
         if len(names) != len(self.names):
             raise ValueError(f"checkpoint {where}: another model: {len(names)} trained "
                              f"parameters there, {len(self.names)} here")
+
+
+class _SavedView:
+    """The tag of a saved tensor packed as a view of a gathered parameter."""
 
 
 def _as_param(view, shape, dtype):
