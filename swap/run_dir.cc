@@ -1,4 +1,5 @@
-// RunDir: trusted, flock'ed base paths, stale-directory cleanup and per-run directories.
+// RunDir: trusted, flock'ed base paths, stale-directory cleanup and per-run directories, and the
+// process-wide registry of live run directories that a process ending on a signal removes.
 #include "swap/run_dir.h"
 
 #include <fcntl.h>
@@ -6,10 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
+#include <mutex>
+#include <utility>
 
+#include "src/base/assert.h"
 #include "src/base/log.h"
 
 namespace zinf::swap {
@@ -87,14 +92,91 @@ Status remove_stale_run_dirs(io::FileSystem& fs, const io::Directory& base) {
     return Status::ok();
 }
 
-}  // namespace
+// One run directory of a live RunDir: what removing it needs, wherever the RunDir is moved.
+struct LiveRunDir {
+    std::uint64_t owner_id = 0;  // RunDir::registration_id_
+    io::FileSystem* fs = nullptr;
+    io::Directory base;  // the open base directory that holds it
+    std::string run_name;
+};
 
-Result<RunDir> RunDir::create(io::FileSystem& fs, std::span<const std::string> base_paths) {
-    if (base_paths.empty())
-        return Status::invalid_argument("swap: no swap directory (nvme_path) given");
-    RunDir dir;
-    dir.fs_ = &fs;
-    std::vector<std::string> resolved;
+// Every live run directory of this process (swap/run_dir.h).
+struct Registry {
+    std::mutex mutex;  // held while a run directory is made, registered, removed or unregistered
+    std::vector<LiveRunDir> live;
+    bool closed = false;  // set by remove_live_run_dirs_before_exit: no new run directory
+};
+
+Registry& registry() {
+    // Never destroyed (hence `new`): a termination signal may arrive while exit() runs static
+    // destructors, and the thread that handles it must still find the registry and its mutex.
+    static Registry* const r = new Registry();
+    return *r;
+}
+
+std::uint64_t next_registration_id() {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Makes the run directory `run_name` under `base` (mode 0700 whatever the umask) and registers
+// it for `owner_id`, under the registry's lock: a process ending on a signal either finds it
+// registered or has already closed the registry (kBusy, nothing made). The entry takes `base`.
+Status make_and_register_run_dir(io::FileSystem& fs, io::Directory base,
+                                 const std::string& run_name, std::uint64_t owner_id) {
+    ZINF_ASSERT(owner_id != 0);
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.closed) {
+        return Status(StatusCode::kBusy,
+                      str_cat("swap: not making a run directory in ", base.path(),
+                              ": this process is ending on a termination signal"));
+    }
+    ZINF_TRY(fs.make_directory_at(base, run_name, 0700));
+    // Registered at once: from here on an error leaves it to the owner's destructor to remove.
+    r.live.push_back(LiveRunDir{owner_id, &fs, std::move(base), run_name});
+    const io::Directory& parent = r.live.back().base;
+    // The umask may have narrowed the mode; the directory is ours and 0700 exactly.
+    ZINF_ASSIGN_OR_RETURN(io::Directory run, fs.open_directory_at(parent, run_name));
+    if (::fchmod(run.fd(), 0700) != 0) {
+        return Status::from_errno(errno, str_cat("swap: chmod 0700 ", run.path()));
+    }
+    return Status::ok();
+}
+
+// Removes one registered run directory with its files; logs a failure. Called with the registry
+// locked. A bounded retry: on the exit path the engine's threads still run, and one may have
+// created a file in the directory between its listing and its rmdir (ENOTEMPTY).
+bool remove_run_dir(LiveRunDir& d) noexcept {
+    constexpr int kAttemptsMax = 3;
+    Status removed;
+    for (int attempt = 1; attempt <= kAttemptsMax; ++attempt) {
+        removed = io::remove_tree_at(*d.fs, d.base, d.run_name);
+        if (removed.is_ok() || removed.errno_value() != ENOTEMPTY) break;
+    }
+    if (!removed.is_ok()) {
+        log::warning("swap: could not remove run directory ", d.base.path_of(d.run_name), ": ",
+                     removed.to_string());
+    }
+    return removed.is_ok();
+}
+
+// Removes and unregisters the run directories of `owner_id`.
+void remove_registered_run_dirs(std::uint64_t owner_id) noexcept {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (LiveRunDir& d : r.live) {
+        if (d.owner_id == owner_id) (void)remove_run_dir(d);
+    }
+    std::erase_if(r.live, [owner_id](const LiveRunDir& d) { return d.owner_id == owner_id; });
+}
+
+// Opens every base path (checked trusted), refusing one given twice; `resolved` gets each one's
+// path without symbolic links.
+Result<std::vector<io::Directory>> open_base_paths(io::FileSystem& fs,
+                                                   std::span<const std::string> base_paths,
+                                                   std::vector<std::string>& resolved) {
+    std::vector<io::Directory> bases;
     for (const std::string& base : base_paths) {
         // The base path itself may be a symbolic link of a trusted owner (the check looks at
         // every link and directory on the way); everything inside is opened without links.
@@ -109,27 +191,34 @@ Result<RunDir> RunDir::create(io::FileSystem& fs, std::span<const std::string> b
             }
         }
         resolved.push_back(std::move(real));
-        dir.bases_.push_back(std::move(opened));
+        bases.push_back(std::move(opened));
     }
+    return bases;
+}
 
+}  // namespace
+
+Result<RunDir> RunDir::create(io::FileSystem& fs, std::span<const std::string> base_paths) {
+    if (base_paths.empty())
+        return Status::invalid_argument("swap: no swap directory (nvme_path) given");
+    std::vector<std::string> resolved;
+    ZINF_ASSIGN_OR_RETURN(std::vector<io::Directory> bases,
+                          open_base_paths(fs, base_paths, resolved));
+    RunDir dir;
+    dir.registration_id_ = next_registration_id();
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
     dir.run_name_ = str_cat(kRunDirPrefix, ::getpid(), "-",
                             static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec);
     for (std::size_t i = 0; i < base_paths.size(); ++i) {
-        const io::Directory& base = dir.bases_[i];
         // On any error below, `dir` goes out of scope and removes what it created so far.
-        ZINF_ASSIGN_OR_RETURN(FileDescriptor lock, lock_base_path(fs, base));
+        ZINF_ASSIGN_OR_RETURN(FileDescriptor lock, lock_base_path(fs, bases[i]));
         dir.base_paths_.push_back(base_paths[i]);
         dir.locks_.push_back(std::move(lock));
-        ZINF_TRY(remove_stale_run_dirs(fs, base));
-        ZINF_TRY(fs.make_directory_at(base, dir.run_name_, 0700));
+        ZINF_TRY(remove_stale_run_dirs(fs, bases[i]));
         dir.run_paths_.push_back(str_cat(resolved[i], "/", dir.run_name_));
-        // The umask may have narrowed the mode; the directory is ours and 0700 exactly.
-        ZINF_ASSIGN_OR_RETURN(io::Directory run, fs.open_directory_at(base, dir.run_name_));
-        if (::fchmod(run.fd(), 0700) != 0) {
-            return Status::from_errno(errno, str_cat("swap: chmod 0700 ", run.path()));
-        }
+        ZINF_TRY(make_and_register_run_dir(fs, std::move(bases[i]), dir.run_name_,
+                                           dir.registration_id_));
     }
     log::debug("swap: run directory ", dir.run_name_, " in ", base_paths.size(), " path(s)");
     return dir;
@@ -139,18 +228,21 @@ RunDir::~RunDir() {
     remove_all();
 }
 
+RunDir::RunDir(RunDir&& other) noexcept {
+    *this = std::move(other);
+}
+
 RunDir& RunDir::operator=(RunDir&& other) noexcept {
     if (this != &other) {
         remove_all();
-        fs_ = other.fs_;
+        // The registry's entries follow the id, so nothing there changes.
+        registration_id_ = std::exchange(other.registration_id_, 0);
         run_name_ = std::move(other.run_name_);
         base_paths_ = std::move(other.base_paths_);
         run_paths_ = std::move(other.run_paths_);
-        bases_ = std::move(other.bases_);
         locks_ = std::move(other.locks_);
         other.base_paths_.clear();
         other.run_paths_.clear();
-        other.bases_.clear();
         other.locks_.clear();
     }
     return *this;
@@ -164,18 +256,23 @@ std::vector<std::string> RunDir::file_paths(std::string_view name) const {
 }
 
 void RunDir::remove_all() noexcept {
-    // run_paths_[i] exists only for the first run_paths_.size() bases.
-    for (std::size_t i = 0; i < run_paths_.size(); ++i) {
-        const Status s = io::remove_tree_at(*fs_, bases_[i], run_name_);
-        if (!s.is_ok())
-            log::warning("swap: could not remove run directory ", run_paths_[i], ": ",
-                         s.to_string());
-    }
+    // Only the directories that were made are registered (none after the exit path ran).
+    if (registration_id_ != 0) remove_registered_run_dirs(std::exchange(registration_id_, 0));
     run_paths_.clear();
     // Releasing the locks last: a new run must not see our directory as stale while we remove it.
     locks_.clear();
-    bases_.clear();
     base_paths_.clear();
+}
+
+std::size_t remove_live_run_dirs_before_exit() noexcept {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.closed = true;
+    std::size_t removed_count = 0;
+    for (LiveRunDir& d : r.live) removed_count += remove_run_dir(d) ? 1 : 0;
+    // Unregistered either way: the owners' destructors, if they still run, find nothing to do.
+    r.live.clear();
+    return removed_count;
 }
 
 }  // namespace zinf::swap

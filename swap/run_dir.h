@@ -5,8 +5,12 @@
 // its contents when destroyed. Directories left by a run that died (kill -9, power loss) are
 // removed at start, never reused: swap files belong to one run and are never trusted by another.
 // Every file and directory is opened relative to an open directory, never through a symbolic link.
+// A process-wide registry knows every live run directory, so that a process ended by a signal
+// can remove them without its destructors running (remove_live_run_dirs_before_exit).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,14 +41,15 @@ public:
     // naming the directory and the holder's pid; kInvalidArgument for an untrusted directory or
     // lock file (naming it, its owner and mode), a symbolic link where the lock file or run
     // directory should be, an empty list or a path given twice; kNotFound / kIo when a base path
-    // is missing or not writable.
+    // is missing or not writable; kBusy after remove_live_run_dirs_before_exit (the process is
+    // ending: a directory made now would outlive it).
     static Result<RunDir> create(io::FileSystem& fs, std::span<const std::string> base_paths);
 
     RunDir() = default;
     // Removes the run directories with their contents, then releases the locks. The caller
     // closes its files first (io::Engine::close), although Linux would allow either order.
     ~RunDir();
-    RunDir(RunDir&& other) noexcept = default;
+    RunDir(RunDir&& other) noexcept;
     RunDir& operator=(RunDir&& other) noexcept;
     RunDir(const RunDir&) = delete;
     RunDir& operator=(const RunDir&) = delete;
@@ -60,12 +65,24 @@ public:
 private:
     void remove_all() noexcept;
 
-    io::FileSystem* fs_ = nullptr;
+    // This RunDir's key in the registry of live run directories, which holds what removing them
+    // needs (the file system, each open base directory, the run name), wherever the RunDir is
+    // moved; 0 when it has none (default-constructed or moved from).
+    std::uint64_t registration_id_ = 0;
     std::string run_name_;
     std::vector<std::string> base_paths_;
     std::vector<std::string> run_paths_;
-    std::vector<io::Directory> bases_;   // open base directories, one per base path
     std::vector<FileDescriptor> locks_;  // one per base path, flock'ed LOCK_EX
 };
+
+// Removes the run directory, with its files, of every RunDir alive in this process, for a process
+// about to end without running destructors (a termination signal: tools/cli/termination.h); the
+// locks stay held until the process ends. From then on RunDir::create fails with kBusy: a
+// directory made afterwards would outlive the process. Thread-safe with RunDirs being created
+// and destroyed on other threads: one lock orders them, so a directory being made or removed is
+// finished first. Blocks while it removes; locks, allocates and logs, so it must never be called
+// from a signal handler. A directory that cannot be removed is logged (warning), not returned:
+// the caller is exiting. Returns how many run directories it removed.
+std::size_t remove_live_run_dirs_before_exit() noexcept;
 
 }  // namespace zinf::swap

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -119,6 +121,70 @@ TEST(RunDir, AfterKill9ANewRunStartsCleanAndTrustsNothing) {
     EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.to_string();
     store->reset();
     EXPECT_TRUE(run_dirs_in(tmp.path()).empty());  // removed at exit
+}
+
+// A RunDir moved twice (construction, assignment) keeps its directory and lock until its last
+// owner goes, and the moved-from ones remove nothing.
+TEST(RunDir, AMovedRunDirectoryIsRemovedOnlyByItsLastOwner) {
+    zinf::test::TempDir tmp("rundir-move");
+    std::string run_path;
+    {
+        auto made = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()});
+        ASSERT_TRUE(made.has_value()) << made.status().to_string();
+        run_path = made->run_paths().at(0);
+        RunDir assigned;
+        {
+            RunDir constructed(std::move(*made));
+            EXPECT_TRUE(fs::exists(run_path));
+            assigned = std::move(constructed);
+        }
+        EXPECT_TRUE(fs::exists(run_path));
+        EXPECT_EQ(assigned.run_paths(), std::vector<std::string>{run_path});
+        auto second = RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()});
+        ASSERT_FALSE(second.has_value());
+        EXPECT_EQ(second.error().code(), StatusCode::kBusy);  // the lock moved with it
+    }
+    EXPECT_FALSE(fs::exists(run_path));
+    EXPECT_TRUE(
+        RunDir::create(io::posix_file_system(), std::vector<std::string>{tmp.path()}).has_value());
+}
+
+// The first failed check of the exit path's child, or "" (the child cannot use gtest's asserts).
+std::string exit_path_failure(const std::string& a, const std::string& b, const std::string& c) {
+    auto one = RunDir::create(io::posix_file_system(), std::vector<std::string>{a});
+    auto two = RunDir::create(io::posix_file_system(), std::vector<std::string>{b, c});
+    if (!one.has_value() || !two.has_value()) return "could not create the run directories";
+    std::vector<std::string> paths = one->run_paths();
+    paths.insert(paths.end(), two->run_paths().begin(), two->run_paths().end());
+    const std::size_t removed_count = remove_live_run_dirs_before_exit();
+    if (removed_count != 3) return "removed " + std::to_string(removed_count) + ", expected 3";
+    for (const std::string& p : paths) {
+        if (fs::exists(p)) return p + " is still there";
+    }
+    // Closed: a run directory made now would outlive the process.
+    fs::create_directory(c + "/late");
+    auto late = RunDir::create(io::posix_file_system(), std::vector<std::string>{c + "/late"});
+    if (late.has_value()) return "a RunDir was created after the exit path";
+    if (late.error().code() != StatusCode::kBusy) return "not kBusy: " + late.error().to_string();
+    if (!run_dirs_in(c + "/late").empty()) return "the refused RunDir left a directory";
+    return "";
+}
+
+// What a process ending on a signal runs (tools/cli/termination.h): every live run directory
+// goes, with its files, whichever RunDir holds it, and none is made afterwards. In a child
+// process: the exit path closes the registry for good.
+TEST(RunDirDeathTest, TheExitPathRemovesEveryLiveRunDirectoryAndRefusesNewOnes) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    zinf::test::TempDir a("exit-a"), b("exit-b"), c("exit-c");
+    EXPECT_EXIT(
+        {
+            const std::string failure = exit_path_failure(a.path(), b.path(), c.path());
+            std::fprintf(stderr, "exit path: %s\n", failure.empty() ? "ok" : failure.c_str());
+            // _Exit skips the destructors, as a signal would: the child's own directories go here.
+            for (const auto* dir : {&a, &b, &c}) fs::remove_all(dir->path());
+            std::_Exit(failure.empty() ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "exit path: ok");
 }
 
 // ---- the swap directory cannot be turned against its user ------------------------------------

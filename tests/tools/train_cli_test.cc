@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/data/dataset.h"
@@ -153,6 +154,62 @@ TEST(TrainCliTest, InjectedIoFaultStopsTheRunNamingItAndLeavesNoSwapFile) {
     EXPECT_EQ(bad.exit_code, 1) << bad.out;
     EXPECT_NE(bad.out.find("--io-faults: "), std::string::npos) << bad.out;
     EXPECT_EQ(bad.out.find("step 1"), std::string::npos) << bad.out;
+}
+
+// Runs `script` with bash ($TRAIN set), capturing stdout and stderr.
+RunResult run_script(const test::TempDir& dir, const std::string& script) {
+    const std::string file = dir.file("run.sh");
+    std::ofstream(file) << "TRAIN='" << ZINF_TRAIN_BINARY << "'\n" << script << "\n";
+    const std::string out = dir.file("script-out.txt");
+    const int status = std::system(("bash " + file + " > " + out + " 2>&1").c_str());
+    RunResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    return r;
+}
+
+// A run stopped by a termination signal (mpirun stopping a rank after another one failed, a
+// closed terminal, Ctrl-C) removes its swap run directory, then dies of the signal (exit status
+// 128 + signal). Issue 32: the directory and its swap file stayed until the next run on the path.
+TEST(TrainCliTest, ARunStoppedByATerminationSignalRemovesItsSwapFilesAndDiesOfTheSignal) {
+    test::TempDir dir("train");
+    const std::string swap = dir.file("swap");
+    const std::string config = dir.file("nvme.json");
+    std::ofstream(config) << R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "seed": 3,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.005}},
+  "zero_optimization": {"stage": 3,
+    "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                 swap + R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                 swap + R"("}},
+  "model": {"type": "mlp", "layers": [16, 40, 16, 5]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 320, "epochs": 1000000},
+  "device": {"type": "cpu"},
+  "cpu_optimizer": {"threads": 1}
+})";
+    for (const auto& [name, number] : {std::pair{"TERM", 15}, {"HUP", 1}, {"INT", 2}}) {
+        // `trap - INT`: bash starts background commands with SIGINT ignored, and the watcher
+        // rightly leaves an ignored signal ignored. The clean-up line is at level info.
+        std::string script = "(trap - INT; ZINF_LOG_LEVEL=info exec $TRAIN --config ";
+        script.append(config).append(" --no-eval --progress off) > ");
+        script.append(dir.file("train-out.txt")).append(" 2>&1 &\npid=$!\n");
+        script.append("for i in $(seq 600); do ls -d ").append(swap);
+        script.append("/zinf-run-* >/dev/null 2>&1 && break; sleep 0.05; done\nsleep 0.3\n");
+        script.append("kill -").append(name).append(" $pid\nwait $pid; echo exit=$?");
+        const RunResult r = run_script(dir, script);
+        const std::string train_out = test::read_text(dir.file("train-out.txt"));
+        EXPECT_NE(r.out.find("exit=" + std::to_string(128 + number)), std::string::npos)
+            << name << ": " << r.out << train_out;
+        EXPECT_NE(train_out.find(std::string("stopped by SIG") + name + " (" +
+                                 std::to_string(number) + "): removed 1 swap run directory"),
+                  std::string::npos)
+            << train_out;
+        for (const auto& e : std::filesystem::directory_iterator(swap)) {
+            EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << name << ": " << e.path();
+        }
+    }
 }
 
 const char* kSmallConfig = R"({

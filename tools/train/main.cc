@@ -26,8 +26,10 @@
 #include "src/engine/trace.h"
 #include "src/engine/trainer.h"
 #include "src/model/gpt.h"
+#include "swap/run_dir.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
+#include "tools/cli/termination.h"
 #include "tools/train/curves.h"
 #include "tools/train/prediction_png.h"
 #ifdef ZINF_TRAIN_HAVE_MPI
@@ -54,6 +56,19 @@ int fail(const std::string& what, const Status& s) {
     std::fprintf(stderr, "zinfinity-train: %s%s: %s%s\n", rank.c_str(), what.c_str(),
                  s.to_string().c_str(), s.is_injected() ? " (a fault --io-faults injected)" : "");
     return 1;
+}
+
+// A termination signal: mpirun stopping this rank because another one failed (SIGTERM, then
+// SIGKILL after a grace period), Ctrl-C, a hang-up. The swap run directories go with the process
+// instead of staying until the next run on their path. Runs on the watcher thread
+// (tools/cli/termination.h) while the others run on; the process then ends by the signal.
+void remove_swap_on_termination(int signal) {
+    const std::size_t removed_count = zinf::swap::remove_live_run_dirs_before_exit();
+    if (removed_count > 0) {
+        zinf::log::info("stopped by ", zinf::cli::termination_signal_name(signal), " (", signal,
+                        "): removed ", removed_count, " swap run director",
+                        removed_count == 1 ? "y" : "ies");
+    }
 }
 
 void declare_flags(zinf::cli::Args& args) {
@@ -616,8 +631,13 @@ int run(int argc, char** argv) {
 // The launch: one process, or rank r of an MPI job (mpirun -np N). With several ranks, rank 0
 // prints the progress and the figures (the others' stdout is discarded, their errors and
 // warnings keep their rank), and a rank that fails stops the whole job (MPI_Abort), so that no
-// rank waits for it in a collective.
+// rank waits for it in a collective. A rank that fails removes its swap run directories as it
+// returns from run(); one that the launcher stops with a signal, on the signal.
 int main(int argc, char** argv) {
+    // First, before MPI's threads and ours exist: they all inherit the blocked signals.
+    if (Status s = zinf::cli::install_termination_watcher(remove_swap_on_termination); !s.is_ok()) {
+        return fail("signals", s);
+    }
 #ifdef ZINF_TRAIN_HAVE_MPI
     auto launch = zinf::zero::detect_launch();
     if (!launch.has_value()) return fail("launch", launch.error());
