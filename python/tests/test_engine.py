@@ -404,3 +404,30 @@ def test_zero_init_builds_a_model_whose_parameters_wait_in_a_file(workdir):
     data = batches(5)
     want = torch_losses(reference, data)
     assert train(model, cfg, data) == want
+
+
+def test_sigterm_closes_the_engine_and_removes_its_swap_files(workdir):
+    """A training process stopped by SIGTERM leaves no swap file and dies of the signal."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = f"""
+import sys, time, torch, zinfinity
+from torch import nn
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_engine import mlp, config, batches
+engine, _, _, _ = zinfinity.initialize(model=mlp(), config=config({workdir!r}, 3, "nvme", "nvme"))
+print("ready", flush=True)
+while True:
+    for x, y in batches(4):
+        engine.backward(nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    assert [f for f in os.listdir(workdir) if f.startswith("zinf-run")], "no run directory"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == -signal.SIGTERM
+    assert [f for f in os.listdir(workdir) if f != "zinfinity-swap.lock"] == []

@@ -20,6 +20,8 @@ import argparse
 import io
 import json
 import os
+import signal
+import threading
 import warnings
 
 import torch
@@ -434,6 +436,20 @@ class ZinfinityEngine(torch.nn.Module):
         return lr_scheduler
 
 
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM (mpirun stopping the job, a scheduler) with no handler of the program's own:
+    every open engine closes (its swap files removed), then the process dies of the signal."""
+    _C.finalize()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _watch_sigterm():
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, distributed_port=None, mesh_param=None):
@@ -454,6 +470,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if args is not None and hasattr(args, "local_rank"):
         args.local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get(
             "OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+    _watch_sigterm()
     engine = ZinfinityEngine(model, text, source, raw, model_parameters=model_parameters,
                              optimizer=optimizer, lr_scheduler=lr_scheduler,
                              training_data=training_data, collate_fn=collate_fn)
