@@ -115,8 +115,16 @@ def test_stage3_empties_released_parameters_and_fetches_per_module(workdir):
         engine.step()
         assert engine.figures()["fetch_count"] - before == 6  # each parameter again in backward
         assert all(p.numel() == 0 for p in model.parameters())
+        engine.eval()
+        with torch.no_grad():  # an evaluation forward: gathered and released as in training
+            evaluated = engine(x)
+        engine.train()
+        assert all(p.numel() == 0 for p in model.parameters())
         sd = model.state_dict()  # gathered, whole
         assert sd["0.weight"].shape == (48, 64) and sd["0.weight"].abs().sum() > 0
+        plain = mlp()
+        plain.load_state_dict(sd)
+        assert torch.equal(plain(x), evaluated)
     finally:
         engine.close()
     assert model[0].weight.shape == (48, 64)  # the last values are torch's again
@@ -266,6 +274,15 @@ def test_bad_input_is_refused_by_name(workdir):
         engine(x)
     del model.extra
     other = os.path.join(workdir, "other")
+    with pytest.raises(ValueError, match=r"parameter weight is on meta"):
+        zinfinity.initialize(model=nn.Linear(3, 3, device="meta"), config=config(workdir, 0))
+    small = nn.Linear(4, 4)
+    e3, _, _, _ = zinfinity.initialize(model=small, config=config(workdir, 0))
+    small.weight.data = torch.zeros(2, 2)
+    with pytest.raises(ValueError, match=r"parameter weight has shape \(2, 2\), registered as "
+                                         r"\(4, 4\)"):
+        e3(torch.zeros(1, 4))
+    e3.close()
     e2, _, _, _ = zinfinity.initialize(model=nn.Linear(5, 5), config=config(workdir, 0))
     e2.save_checkpoint(other, tag="t")
     e2.close()
@@ -273,6 +290,7 @@ def test_bad_input_is_refused_by_name(workdir):
         engine.load_checkpoint(other, tag="t")
     assert engine.global_steps == 1  # nothing loaded
     engine.close()
+    assert [f for f in os.listdir(workdir) if f.startswith("zinf-run")] == []
 
 
 def vm_flags_at(address):

@@ -1,5 +1,9 @@
-"""zinfinity for PyTorch: the engine's CPU optimizers, its asynchronous I/O and its NVMe-offloaded
-optimizer, for any torch model.
+"""zinfinity for PyTorch: a torch model trained by the engine with DeepSpeed's calls, and the
+engine's CPU optimizers, asynchronous I/O and NVMe-offloaded optimizer for any torch model.
+
+- ``zinfinity.initialize(args, model, config=...)``: DeepSpeed's ``initialize``; the engine's
+  ZeRO stages 0-3 and placements on CPU and NVMe (``import zinfinity as deepspeed``).
+- ``zinfinity.zero.Init`` / ``GatheredParameters``; ``zinfinity.checkpoint.consolidate``.
 
 - ``zinfinity.optim.CPUAdam`` (and ``CPUAdagrad``, ``CPULion``): ``torch.optim.Optimizer`` s over
   CPU tensors that run zinfinity's SIMD kernel; a drop-in for DeepSpeed's ``DeepSpeedCPUAdam``.
