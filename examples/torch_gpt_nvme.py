@@ -138,11 +138,13 @@ def run(args, offload):
         times.append(took)
         after = engine.figures()
         reads = (after["fetch_count"] - before["fetch_count"]) / len(engine._zero.params)
-        print(f"[{label}] step {step + 1}: loss {loss.item():.4f}  {took:.2f} s  "
-              f"front end {after['front_end_seconds'] - before['front_end_seconds']:.2f} s  "
-              f"read {(after['bytes_read'] - before['bytes_read']) / 2**20:.0f} MiB  "
-              f"written {(after['bytes_written'] - before['bytes_written']) / 2**20:.0f} MiB  "
-              f"fetches per parameter {reads:.2f}", flush=True)
+        d = {k: after[k] - before[k] for k in after if isinstance(after[k], (int, float))}
+        print(f"[{label}] step {step + 1}: loss {loss.item():.4f}  {took:.2f} s  (forward "
+              f"{d['forward_seconds']:.2f}, backward {d['backward_seconds']:.2f}, optimizer "
+              f"{d['optimizer_seconds']:.2f}, waiting for I/O {d['stall_seconds']:.2f}, front end "
+              f"{d['front_end_seconds']:.2f})  read {d['bytes_read'] / 2**20:.0f} MiB  written "
+              f"{d['bytes_written'] / 2**20:.0f} MiB  fetches per parameter {reads:.2f}",
+              flush=True)
     engine.close()
     return times
 

@@ -163,15 +163,26 @@ public:
         check_id(id);
         check(engine().parameter_source().release(id, 0));
     }
-    void accumulate(std::uint32_t id, std::uintptr_t grad) {
+    // Hands a gradient to the engine. The device's stream may still read it after this returns
+    // (wait false): the caller keeps the tensor alive until synchronize() returns.
+    void accumulate(std::uint32_t id, std::uintptr_t grad, bool wait) {
         auto& e = engine();
         check_id(id);
         Status s = Status::ok();
         {
             py::gil_scoped_release unlocked;
             s = e.gradient_sink().accumulate(id, address<const float>(grad), 0);
-            // Torch frees the gradient when this returns: its consumption must be done.
-            if (s.is_ok()) s = stack_.device->synchronize(0);
+            if (s.is_ok() && wait) s = stack_.device->synchronize(0);
+        }
+        check(s);
+    }
+    // Waits for everything enqueued on the device's stream (the gradients handed over).
+    void synchronize() {
+        auto& d = *stack_.device;
+        Status s = Status::ok();
+        {
+            py::gil_scoped_release unlocked;
+            s = d.synchronize(0);
         }
         check(s);
     }
@@ -327,7 +338,9 @@ void bind_engine(py::module_& m) {
         .def("step", [](TorchEngine& t) { check(unlocked(t, [](Engine& e) { return e.step(); })); })
         .def("fetch", &TorchEngine::fetch)
         .def("release", &TorchEngine::release)
-        .def("accumulate", &TorchEngine::accumulate)
+        .def("accumulate", &TorchEngine::accumulate, py::arg("id"), py::arg("grad"),
+             py::arg("wait") = true)
+        .def("synchronize", &TorchEngine::synchronize)
         .def("close", &TorchEngine::close);
     bind_counters(c);
     bind_checkpoints(c);

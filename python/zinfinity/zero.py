@@ -158,6 +158,7 @@ class Partitioner:
         self._calls = []
         self._stack = []
         self._storages = {}  # storage address of a gathered parameter -> its index
+        self._pending, self._pending_bytes = [], 0  # gradients the engine's stream may still read
         self._late = []  # parameters fetched by an unpacked saved tensor, released after backward
         self._in_forward = False
         self._training = False
@@ -246,6 +247,7 @@ class Partitioner:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
             ok = True
         finally:
+            self._drain()
             if self._stage == 3:
                 self._release_leftovers()
             self._c.end_backward(ok)
@@ -404,11 +406,22 @@ class Partitioner:
             if grad.dtype != torch.float32 or not grad.is_contiguous() or grad.is_sparse:
                 grad = grad.to_dense().float().contiguous()
             started = time.perf_counter()
-            self._c.accumulate(index, grad.data_ptr())
+            # The engine consumes it on its stream while backward goes on; the tensor is kept
+            # until the stream is drained (at most _PENDING_BYTES held).
+            self._c.accumulate(index, grad.data_ptr(), False)
+            self._pending.append(grad)
+            self._pending_bytes += grad.numel() * 4
+            if self._pending_bytes >= _PENDING_BYTES:
+                self._drain()
             self.engine_seconds += time.perf_counter() - started
             param.grad = None
 
         return lambda *args: hook(self, *args)
+
+    def _drain(self):
+        self._c.synchronize()
+        self._pending.clear()
+        self._pending_bytes = 0
 
     # ---- checks, values, state -----------------------------------------------------------------
     @_front_end
@@ -508,6 +521,9 @@ class Partitioner:
         if len(names) != len(self.names):
             raise ValueError(f"checkpoint {where}: another model: {len(names)} trained "
                              f"parameters there, {len(self.names)} here")
+
+
+_PENDING_BYTES = 64 << 20  # gradients held for the engine's stream before waiting for it
 
 
 class _SavedView:
