@@ -3,6 +3,7 @@
 // checkpoints as zinfinity-train, over a model::ExternalModel whose forward and backward torch
 // runs. Parameters reach torch as buffers over the engine's memory (fetch), gradients come back
 // by address (accumulate). Several ranks: the MPI communicator, as zinfinity-train's CPU ranks.
+#include <cblas.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -123,8 +124,13 @@ public:
         std::optional<Result<TrainingStack>> made;
         {
             py::gil_scoped_release unlocked;
+            // The engine's Compute switches OpenBLAS's threads off process-wide (its own GEMM
+            // tiles); torch, which runs this model's GEMMs through the same OpenBLAS, keeps its
+            // thread count (its speed, and results bitwise those of torch alone).
+            const int blas_threads = openblas_get_num_threads();
             made.emplace(
                 TrainingStack::create(config_, {}, communicator_factory(config_), make_model));
+            openblas_set_num_threads(blas_threads);
         }
         stack_ = take(std::move(*made));  // raises with the GIL held
         live_engines().insert(this);

@@ -449,3 +449,19 @@ while True:
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == -signal.SIGTERM
     assert [f for f in os.listdir(workdir) if f != "zinfinity-swap.lock"] == []
+
+
+def test_torch_keeps_its_openblas_threads(workdir):
+    """The engine's Compute turns OpenBLAS's threads off for its own GEMM tiles; torch, which
+    runs the model's GEMMs through the same OpenBLAS, keeps its count (speed, and the results
+    of torch alone: OpenBLAS's partitioning follows its thread count)."""
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("openblas")
+    if name is None:
+        pytest.skip("no libopenblas to ask")
+    blas = ctypes.CDLL(name)
+    blas.openblas_set_num_threads(2)
+    engine, _, _, _ = zinfinity.initialize(model=mlp(), config=config(workdir, 2, "cpu"))
+    assert blas.openblas_get_num_threads() == 2
+    engine.close()
