@@ -465,3 +465,15 @@ def test_torch_keeps_its_openblas_threads(workdir):
     engine, _, _, _ = zinfinity.initialize(model=mlp(), config=config(workdir, 2, "cpu"))
     assert blas.openblas_get_num_threads() == 2
     engine.close()
+
+
+def test_load_state_dict_after_initialize_is_refused_not_lost(workdir):
+    model = mlp()
+    weights = mlp(seed=3).state_dict()
+    engine, _, _, _ = zinfinity.initialize(model=model, config=config(workdir, 1, "cpu"))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="load the weights before initialize"):
+        model.load_state_dict(weights)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    engine.close()
+    model.load_state_dict(weights)  # torch's own again once the engine is closed

@@ -187,6 +187,10 @@ class Partitioner:
             node = p.expand_as(p).grad_fn.next_functions[0][0]
             self._grad_nodes.append(node)  # the hook lives as long as the node is referenced
             node.register_hook(self._grad_hook(i, p))
+        for module in self.model.modules():
+            if any(p is not None and id(p) in self.ids for p in module._parameters.values()):
+                self._handles.append(
+                    module._register_load_state_dict_pre_hook(self._refuse_load_state_dict))
         if stage == 3:
             for module in self.model.modules():
                 self._hook_module(module)
@@ -493,6 +497,13 @@ class Partitioner:
             self._release(params)
         finally:
             self._c.end_forward(True)
+
+    def _refuse_load_state_dict(self, state_dict, prefix, *args):
+        """The engine's fp32 master is the parameters' source of truth (each step writes the
+        torch parameters from it): values copied into the module would be lost, so refused."""
+        raise RuntimeError(f"load_state_dict on the model after zinfinity.initialize ({prefix or 'the model'}"
+                           "): the engine holds the trained parameters; load the weights before "
+                           "initialize, or restore an engine checkpoint with load_checkpoint")
 
     def frozen_state(self):
         return {name: p.detach().clone() for name, p in self.frozen}
