@@ -89,7 +89,7 @@ class TorchEngine {
 public:
     TorchEngine(const std::string& config_text, const std::string& source,
                 std::vector<std::string> names, std::vector<std::vector<std::size_t>> shapes,
-                std::vector<std::uintptr_t> initial) {
+                const std::vector<std::uintptr_t>& initial) {
         if (names.size() != shapes.size() || names.size() != initial.size()) {
             raise(Status::invalid_argument("names, shapes and initial values differ in length"));
         }
@@ -295,6 +295,7 @@ void bind_checkpoints(py::class_<TorchEngine>& c) {
           [](TorchEngine& t, const std::string& dir, const std::string& tag,
              const std::vector<std::pair<std::string, py::bytes>>& extras) {
               std::vector<std::pair<std::string, std::string>> files;
+              files.reserve(extras.size());
               for (const auto& [name, bytes] : extras) files.emplace_back(name, std::string(bytes));
               check(unlocked(t, [&](Engine& e) {
                   e.set_checkpoint_extras(std::move(files));
@@ -322,7 +323,7 @@ void bind_checkpoints(py::class_<TorchEngine>& c) {
 void bind_engine(py::module_& m) {
     py::class_<TorchEngine> c(m, "TorchEngine");
     c.def(py::init<const std::string&, const std::string&, std::vector<std::string>,
-                   std::vector<std::vector<std::size_t>>, std::vector<std::uintptr_t>>(),
+                   std::vector<std::vector<std::size_t>>, const std::vector<std::uintptr_t>&>(),
           py::arg("config_text"), py::arg("source"), py::arg("names"), py::arg("shapes"),
           py::arg("initial"))
         .def("begin_forward",
