@@ -140,14 +140,17 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
                                                         Compute& compute,
                                                         zero::Communicator& communicator,
                                                         const EngineOptions& options) {
-    ZINF_TRY(engine::check_swap_directories(config));
-    engine::PlanInputs in;
-    for (const auto& info : model.parameters().all()) in.parameter_numels.push_back(info.numel);
-    in.world_size = communicator.world_size();
-    in.rank = communicator.rank();
-    in.device_kind = device.kind();
-    in.device_budget_bytes = device.budget_bytes();
+    const engine::PlanInputs in =
+        engine::plan_inputs_for(model, device, communicator.world_size(), communicator.rank());
     ZINF_ASSIGN_OR_RETURN(engine::OffloadPlan plan, engine::make_offload_plan(config, in));
+    // Admission, before a swap directory or file is created: the predicted peaks against the
+    // budgets. The gathered working set of a model that does not declare its fetch groups is a
+    // lower bound there, so the device's own budget check at each allocation stays.
+    ZINF_ASSIGN_OR_RETURN(
+        engine::MemoryPrediction prediction,
+        engine::predict_memory(config, plan, in, engine::prediction_inputs_for(model, device)));
+    if (options.admission) ZINF_TRY(engine::admit(prediction));
+    ZINF_TRY(engine::check_swap_directories(config));
     plan.io.file_system = options.file_system;
     plan.io.faults = options.io_faults;
     ZINF_TRY(kernels::validate(plan.optimizer));
@@ -157,6 +160,7 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
                           zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
+    e->prediction_ = std::move(prediction);
     ZINF_TRY(e->build(part));
     return e;
 }
