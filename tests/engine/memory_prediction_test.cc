@@ -92,6 +92,55 @@ TEST(MemoryPrediction, CrashShapeIsRefusedBeforeAnySwapFileExists) {
     EXPECT_TRUE(fs::is_empty(swap)) << swap;
 }
 
+TEST(MemoryPrediction, ModulesAreFetchGroups) {
+    model::ParameterRegistry r;
+    const model::InitRule init;
+    r.add("layers.0.weight", {4, 3}, init);
+    r.add("layers.0.bias", {4}, init);
+    r.add("norms.0.weight", {4}, init);
+    r.add("norms.0.bias", {4}, init);
+    r.add("head", {2, 4}, init);
+    const auto groups = model::groups_by_module(r);
+    ASSERT_EQ(groups.size(), 3u);
+    EXPECT_EQ(groups[0], (std::vector<model::ParamId>{0, 1}));
+    EXPECT_EQ(groups[1], (std::vector<model::ParamId>{2, 3}));
+    EXPECT_EQ(groups[2], (std::vector<model::ParamId>{4}));
+}
+
+TEST(MemoryPrediction, UnknownFetchGroupsMakeTheDeviceFigureALowerBound) {
+    test::TempDir dir("groups");
+    const config::EngineConfig c = shipped("fashion-mnist-nvme.json", dir.path());
+    device::CpuDeviceOptions o;
+    o.budget_bytes = c.device.memory_budget_bytes;
+    auto device = std::move(device::CpuDevice::create(o)).value();
+    auto model = std::move(build_model(c, *device)).value();
+    const PlanInputs in = plan_inputs_for(*model, *device, 1, 0);
+    const OffloadPlan plan = std::move(make_offload_plan(c, in)).value();
+    PredictionInputs known = prediction_inputs_for(*model, *device);
+    PredictionInputs unknown = known;
+    unknown.fetch_groups.clear();
+    const MemoryPrediction a = std::move(predict_memory(c, plan, in, known)).value();
+    const MemoryPrediction b = std::move(predict_memory(c, plan, in, unknown)).value();
+    EXPECT_TRUE(a.device_inexact_reason.empty());
+    EXPECT_FALSE(b.device_inexact_reason.empty());
+    EXPECT_LE(b.device.total_bytes(), a.device.total_bytes());
+}
+
+TEST(MemoryPrediction, HostRefusalNamesTheHostBudget) {
+    MemoryPrediction p;
+    p.device_budget_bytes = 1 << 20;
+    p.device.add(Holder::kBuffers, "batch inputs", 4096);
+    p.host_budget_bytes = 8192;
+    p.pinned_host.add(Holder::kOptimizerStates, "offload_optimizer pinned sub-groups", 16384);
+    p.host_budgeted_bytes = 16384;
+    const Status s = admit(p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("device.host_memory_budget"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("16384"), std::string::npos) << s.to_string();
+    p.host_budget_bytes = 16384;
+    EXPECT_TRUE(admit(p).is_ok());
+}
+
 // Trains `steps` steps of a config and returns {predicted, measured} device peaks.
 std::pair<std::uint64_t, std::uint64_t> mlp_peaks(const config::EngineConfig& c, int steps) {
     test_support::Trainer t(c);
