@@ -393,6 +393,8 @@ Status ParameterCoordinator::gather(std::size_t index, StreamId stream) {
     gathered_bytes_ += s.padded_numel * elem_bytes();
     live_numel_ += s.padded_numel;
     peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
+    live_charged_bytes_ += charged(working_bytes);
+    peak_live_charged_bytes_ = std::max(peak_live_charged_bytes_, live_charged_bytes_);
     if (live_numel_ > options_.max_live_parameters_numel && !warned_live_) {
         warned_live_ = true;
         log::warning("zero stage 3: ", live_numel_,
@@ -431,6 +433,7 @@ Status ParameterCoordinator::release(std::size_t index, StreamId stream) {
     give_back_working(std::move(p.working));
     p.gathered = false;
     live_numel_ -= partitioning_.slot(index).padded_numel;
+    live_charged_bytes_ -= charged(partitioning_.slot(index).padded_numel * 4);
     return Status::ok();
 }
 
@@ -440,15 +443,18 @@ Result<DeviceBuffer> ParameterCoordinator::take_working(std::size_t size_bytes) 
         if (spares_[i].size_bytes() != size_bytes) continue;
         DeviceBuffer reused = std::move(spares_[i]);
         spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
-        spare_bytes_ -= size_bytes;
+        spare_bytes_ -= charged(size_bytes);
         ++working_reuses_;
         return reused;
     }
     // None fits: keep only the spares that, with the copies gathered and this new one, stay
     // within the peak the gathered copies reached (or reach now).
-    const std::size_t live_bytes = live_numel_ * 4;
-    const std::size_t peak_bytes = std::max(peak_live_numel_ * 4, live_bytes + size_bytes);
-    free_spares(peak_bytes - live_bytes - size_bytes);
+    // In the bytes the device charges (rounded up per allocation), so that the bound holds in
+    // the device's own count, which admission predicts (src/engine/memory_prediction.h).
+    const std::size_t live_bytes = live_charged_bytes_;
+    const std::size_t new_bytes = charged(size_bytes);
+    const std::size_t peak_bytes = std::max(peak_live_charged_bytes_, live_bytes + new_bytes);
+    free_spares(peak_bytes - live_bytes - new_bytes);
     auto buffer = DeviceBuffer::allocate(device_, size_bytes, "gathered parameter");
     if (!buffer.has_value() && buffer.error().code() == StatusCode::kNoSpace && !spares_.empty()) {
         free_spares(0);  // the budget is tight: give everything back and try once more
@@ -460,14 +466,14 @@ Result<DeviceBuffer> ParameterCoordinator::take_working(std::size_t size_bytes) 
 }
 
 void ParameterCoordinator::give_back_working(DeviceBuffer buffer) noexcept {
-    spare_bytes_ += buffer.size_bytes();
+    spare_bytes_ += charged(buffer.size_bytes());
     spares_.push_back(std::move(buffer));
 }
 
 void ParameterCoordinator::free_spares(std::size_t keep_bytes) noexcept {
     std::size_t drop = 0;
     while (drop < spares_.size() && spare_bytes_ > keep_bytes) {
-        spare_bytes_ -= spares_[drop].size_bytes();
+        spare_bytes_ -= charged(spares_[drop].size_bytes());
         spares_[drop].reset();
         ++drop;
     }
@@ -598,6 +604,7 @@ Status ParameterCoordinator::drop_gathered(StreamId stream) {
         p.working.reset();
         p.gathered = false;
         live_numel_ -= partitioning_.slot(i).padded_numel;
+        live_charged_bytes_ -= charged(partitioning_.slot(i).padded_numel * 4);
     }
     // Spares stay: they hold no values, and the next window's gathers take them.
     return Status::ok();

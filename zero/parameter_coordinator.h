@@ -241,7 +241,13 @@ private:
     std::size_t persistent_bytes_ = 0;
     bool warned_live_ = false;
     std::vector<DeviceBuffer> spares_;  // released gathered copies, oldest first
-    std::size_t spare_bytes_ = 0;
+    std::size_t spare_bytes_ = 0;       // as the device charges them (charged())
+    // The gathered copies as the device charges them, now and at their peak.
+    std::size_t live_charged_bytes_ = 0;
+    std::size_t peak_live_charged_bytes_ = 0;
+    std::size_t charged(std::size_t bytes) const noexcept {
+        return align_up(bytes, device_.allocation_granularity_bytes());
+    }
     std::uint64_t working_allocations_ = 0;
     std::uint64_t working_reuses_ = 0;
 };

@@ -43,6 +43,9 @@ public:
     virtual std::size_t budget_bytes() const noexcept = 0;
     virtual std::size_t used_bytes() const noexcept = 0;
     virtual std::size_t peak_bytes() const noexcept = 0;
+    // What allocate() charges against the budget is the size rounded up to a multiple of this
+    // (the planner predicts the charge: src/engine/memory_prediction.h).
+    virtual std::size_t allocation_granularity_bytes() const noexcept { return 1; }
 
     // Streams and events. Ids are small integers owned by the device.
     virtual Result<StreamId> create_stream() = 0;

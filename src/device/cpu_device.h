@@ -65,6 +65,9 @@ public:
     std::size_t budget_bytes() const noexcept override { return options_.budget_bytes; }
     std::size_t used_bytes() const noexcept override;
     std::size_t peak_bytes() const noexcept override;
+    std::size_t allocation_granularity_bytes() const noexcept override {
+        return options_.alignment_bytes;
+    }
 
     Result<StreamId> create_stream() override;
     Result<EventId> record_event(StreamId stream) override;

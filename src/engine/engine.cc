@@ -140,14 +140,19 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
                                                         Compute& compute,
                                                         zero::Communicator& communicator,
                                                         const EngineOptions& options) {
+    // The swap paths first (created if missing, as DeepSpeed does; a bad one is named before a
+    // plan's error), then the plan and admission: nothing is written under them before both.
     ZINF_TRY(engine::check_swap_directories(config));
-    engine::PlanInputs in;
-    for (const auto& info : model.parameters().all()) in.parameter_numels.push_back(info.numel);
-    in.world_size = communicator.world_size();
-    in.rank = communicator.rank();
-    in.device_kind = device.kind();
-    in.device_budget_bytes = device.budget_bytes();
+    const engine::PlanInputs in =
+        engine::plan_inputs_for(model, device, communicator.world_size(), communicator.rank());
     ZINF_ASSIGN_OR_RETURN(engine::OffloadPlan plan, engine::make_offload_plan(config, in));
+    // Admission, before a swap run directory or file is created: the predicted peaks against
+    // the budgets. The gathered working set of a model that does not declare its fetch groups is a
+    // lower bound there, so the device's own budget check at each allocation stays.
+    ZINF_ASSIGN_OR_RETURN(
+        engine::MemoryPrediction prediction,
+        engine::predict_memory(config, plan, in, engine::prediction_inputs_for(model, device)));
+    if (options.admission) ZINF_TRY(engine::admit(prediction));
     plan.io.file_system = options.file_system;
     plan.io.faults = options.io_faults;
     ZINF_TRY(kernels::validate(plan.optimizer));
@@ -157,6 +162,7 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
                           zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
+    e->prediction_ = std::move(prediction);
     ZINF_TRY(e->build(part));
     return e;
 }
@@ -339,7 +345,8 @@ Status Engine::build_summary() {
                  " (", engine::home_name(states_->home()), ")");
     if (offload_) s += offload_->summary();
     s += str_cat("\n  device ", device_.name(), ": budget ", mib(device_.budget_bytes()),
-                 ", in use ", mib(device_.used_bytes()), "\n  batch: train_batch_size ",
+                 ", in use ", mib(device_.used_bytes()), ", predicted peak ",
+                 mib(prediction_.device.total_bytes()), "\n  batch: train_batch_size ",
                  train_batch_size(), " = micro ", train_micro_batch_size_per_gpu(),
                  " x accumulation ", gradient_accumulation_steps(), " x world ", part.world_size());
     if (config_.gradient_clipping > 0) {

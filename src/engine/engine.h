@@ -25,6 +25,7 @@
 #include "src/base/status.h"
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/gradient_swap.h"
+#include "src/engine/memory_prediction.h"
 #include "src/engine/offload.h"
 #include "src/engine/offload_plan.h"
 #include "src/engine/schedule.h"
@@ -65,6 +66,10 @@ struct EngineOptions {
     io::FileSystem* file_system = nullptr;
     // When set, the swap I/O engine's backends are wrapped in a FaultyBackend (io::FaultPlan).
     std::optional<io::FaultPlan> io_faults;
+    // Admission (engine::admit): a config whose predicted memory exceeds a budget is refused
+    // before anything is created. false skips it, leaving the runtime checks alone (tests of
+    // those checks).
+    bool admission = true;
 };
 
 // What the last step() did.
@@ -219,6 +224,8 @@ public:
     const EngineTimes& times() const noexcept { return times_; }
     const config::EngineConfig& config() const noexcept { return config_; }
     const engine::OffloadPlan& plan() const noexcept { return plan_; }
+    // The memory predicted at create, which admission checked against the budgets.
+    const engine::MemoryPrediction& memory_prediction() const noexcept { return prediction_; }
     const zero::ParameterCoordinator& coordinator() const noexcept { return *coordinator_; }
     // The streamed gradients (plan().gradients on NVMe); null otherwise.
     const engine::GradientSwap* gradient_swap() const noexcept { return gradient_swap_.get(); }
@@ -326,6 +333,7 @@ private:
 
     config::EngineConfig config_;
     engine::OffloadPlan plan_;
+    engine::MemoryPrediction prediction_;
     model::Model& model_;
     Device& device_;
     Compute& compute_;

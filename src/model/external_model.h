@@ -45,6 +45,9 @@ public:
     }
     std::size_t batch_rows_max() const noexcept override { return batch_rows_max_; }
     std::size_t workspace_bytes() const noexcept override { return 0; }
+    // Unknown: the driving program (a torch module's hooks) decides what it holds gathered at
+    // once, so the planner's figure for stage 3's gathered copies is a lower bound.
+    std::vector<std::vector<ParamId>> fetch_groups() const override { return {}; }
     void initial_values(const ParameterInfo& info, std::uint64_t seed, std::size_t offset,
                         std::span<float> out) const override;
 

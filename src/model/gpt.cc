@@ -140,6 +140,12 @@ Result<std::unique_ptr<Gpt>> Gpt::create(const GptConfig& config, Device& device
     return gpt;
 }
 
+std::vector<std::vector<ParamId>> Gpt::fetch_groups() const {
+    std::vector<std::vector<ParamId>> groups = groups_by_module(registry_);
+    groups.push_back({wte_, wpe_});  // the embedding's forward holds both
+    return groups;
+}
+
 // The seed of dropout module `index`: 0 for the embeddings', 2i + 1 and 2i + 2 for block i's
 // attention and MLP branches.
 std::uint64_t Gpt::dropout_seed(std::size_t index) const noexcept {

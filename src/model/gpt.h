@@ -97,6 +97,8 @@ public:
     }
     std::size_t batch_rows_max() const noexcept override { return config_.batch_rows_max; }
     std::size_t workspace_bytes() const noexcept override { return workspace_bytes_; }
+    // A module's parameters, and the embeddings (wte and wpe) together.
+    std::vector<std::vector<ParamId>> fetch_groups() const override;
     // inputs: rows x seq_len int32 tokens; labels: rows x seq_len next tokens (or null).
     Status forward(const Context& outer, const void* inputs, const std::int32_t* labels,
                    std::size_t rows) override;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "src/base/device.h"
 #include "src/base/log.h"
@@ -45,6 +46,12 @@ public:
     virtual std::size_t batch_rows_max() const noexcept = 0;
     // Device bytes the model holds besides its parameters (activations, gradients, scratch).
     virtual std::size_t workspace_bytes() const noexcept = 0;
+    // The sets of parameters a forward or backward holds fetched at once (the planner bounds
+    // stage 3's gathered working set with the largest). By default a module's parameters
+    // (groups_by_module); a model that holds more at once says so. Allocates the result.
+    virtual std::vector<std::vector<ParamId>> fetch_groups() const {
+        return groups_by_module(parameters());
+    }
 
     // Runs the model over `inputs` (rows x input_numel of input_kind, device memory, rows in
     // [1, batch_rows_max()]). With labels (rows x label_numel, device memory) it also computes

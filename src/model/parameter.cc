@@ -62,4 +62,18 @@ void initial_values(const ParameterInfo& info, std::uint64_t seed, std::size_t o
     }
 }
 
+std::vector<std::vector<ParamId>> groups_by_module(const ParameterRegistry& registry) {
+    std::vector<std::vector<ParamId>> groups;
+    std::string_view module_prev;
+    for (const ParameterInfo& info : registry.all()) {
+        const std::string_view name = info.name;
+        const std::size_t dot = name.rfind('.');
+        const std::string_view module = dot == std::string_view::npos ? name : name.substr(0, dot);
+        if (groups.empty() || module != module_prev) groups.emplace_back();
+        groups.back().push_back(info.id);
+        module_prev = module;
+    }
+    return groups;
+}
+
 }  // namespace zinf::model

@@ -61,6 +61,12 @@ private:
     std::size_t max_numel_ = 0;
 };
 
+// The registry's parameters grouped by module: runs of consecutive ids whose names share the part
+// before the last '.' ("layers.0.weight" and "layers.0.bias"). A module fetches its own
+// parameters together (weight and bias) and releases them before the next module's, so these are
+// the sets held gathered at once (Model::fetch_groups). Allocates the result.
+std::vector<std::vector<ParamId>> groups_by_module(const ParameterRegistry& registry);
+
 // Initial values of elements [offset, offset + out.size()) of parameter `info`, for the model
 // seed `seed`. Element i of a kUniform parameter is
 //   bound * (2 u - 1),  u = philox::word_to_unit_float(
