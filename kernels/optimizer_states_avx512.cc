@@ -1,0 +1,147 @@
+// The AVX-512 variant of the compressed-state step (kernels/detail/state_body.h): Avx512Ops plus
+// the int8 and bf16 codes and a 16-lane Philox. Built with the AVX-512 unit's flags; operation
+// for operation the AVX2 variant's.
+#include "kernels/detail/ops_avx512.h"
+#include "kernels/detail/state_body.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/philox.h"
+
+namespace zinf::kernels::detail {
+namespace {
+
+struct Avx512StateOps : Avx512Ops {
+    static __m512i set1_u32(std::uint32_t x) noexcept {
+        return _mm512_set1_epi32(static_cast<int>(x));
+    }
+    static F abs(F x) noexcept {
+        return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
+    }
+
+    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max.
+    template <bool kUnsigned>
+    static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m512i q = kUnsigned ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
+        const __m512i c = kUnsigned ? q : _mm512_abs_epi32(q);
+        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        const __m512i level = _mm512_sub_epi32(c, _mm512_set1_epi32(code_max));
+        const F steps = _mm512_castps256_ps512(_mm256_loadu_ps(kOctaveSteps));
+        const F step = _mm512_permutexvar_ps(_mm512_and_si512(level, _mm512_set1_epi32(7)), steps);
+        const __m512i biased =
+            _mm512_add_epi32(_mm512_srai_epi32(level, 3), _mm512_set1_epi32(127));
+        const F ratio = _mm512_mul_ps(step, _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)));
+        const __mmask16 nonzero = _mm512_cmpgt_epi32_mask(c, _mm512_setzero_si512());
+        F x = _mm512_maskz_mov_ps(nonzero, _mm512_mul_ps(scale, ratio));
+        if constexpr (!kUnsigned) {
+            const __mmask16 negative = _mm512_cmplt_epi32_mask(q, _mm512_setzero_si512());
+            x = _mm512_castsi512_ps(_mm512_mask_xor_epi32(
+                _mm512_castps_si512(x), negative, _mm512_castps_si512(x), set1_u32(0x80000000u)));
+        }
+        return x;
+    }
+
+    // encode_int8: the octave from the exponent, the step from eight comparisons.
+    template <bool kUnsigned>
+    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
+        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        const F r = _mm512_mul_ps(abs(x), inv_scale);
+        const __m512i bits = _mm512_castps_si512(r);
+        const __m512i exponent =
+            _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
+        const F mantissa = _mm512_castsi512_ps(
+            _mm512_or_si512(_mm512_and_si512(bits, set1_u32(0x007fffffu)), set1_u32(0x3f800000u)));
+        __m512i steps = _mm512_setzero_si512();
+        const __m512i one = _mm512_set1_epi32(1);
+        for (const float threshold : kOctaveMidpoints) {
+            const __mmask16 ge =
+                _mm512_cmp_ps_mask(mantissa, _mm512_set1_ps(threshold), _CMP_GE_OQ);
+            steps = _mm512_mask_add_epi32(steps, ge, steps, one);
+        }
+        __m512i c = _mm512_add_epi32(_mm512_set1_epi32(code_max),
+                                     _mm512_add_epi32(_mm512_slli_epi32(exponent, 3), steps));
+        c = _mm512_min_epi32(c, _mm512_set1_epi32(code_max));
+        const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
+        const __mmask16 at_least_half =
+            _mm512_cmp_ps_mask(r, _mm512_set1_ps(half_smallest), _CMP_GE_OQ);
+        const __mmask16 below_one = _mm512_cmplt_epi32_mask(c, one);
+        c = _mm512_mask_mov_epi32(c, below_one, _mm512_maskz_mov_epi32(at_least_half, one));
+        if constexpr (!kUnsigned) {
+            const __m512i negative = _mm512_srai_epi32(_mm512_castps_si512(x), 31);
+            c = _mm512_sub_epi32(_mm512_xor_si512(c, negative), negative);
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));  // low bytes
+    }
+
+    // float_to_bf16_stochastic with (word >> shift) & 0xffff of each lane's word.
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words,
+                                      int shift) noexcept {
+        const __m512i bits = _mm512_castps_si512(x);
+        const __m512i w = _mm512_loadu_si512(words);
+        const __m512i random = _mm512_and_si512(_mm512_srl_epi32(w, _mm_cvtsi32_si128(shift)),
+                                                _mm512_set1_epi32(0xffff));
+        const __m512i rounded = _mm512_add_epi32(bits, random);
+        const __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000));
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __m512i high = _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded, quiet), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+    }
+
+    // The high and low words of a * m per 32-bit lane (m in every lane).
+    static void mul_wide(__m512i a, __m512i m, __m512i& hi, __m512i& lo) noexcept {
+        const __m512i even = _mm512_mul_epu32(a, m);
+        const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+        hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+        lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+    }
+
+    // Philox4x32-10 for 16 groups (64 elements) at a time. Lane 4l + r holds group 4r + l, so
+    // that the in-lane 4x4 transpose leaves the words in element order.
+    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+                             std::uint64_t first_index, std::size_t count) noexcept {
+        const __m512i lane_groups =
+            _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m512i m0 = set1_u32(philox::kMultiplier0);
+        const __m512i m1 = set1_u32(philox::kMultiplier1);
+        for (std::size_t i = 0; i < count; i += 64) {
+            const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 16: no carry
+            __m512i c0 = _mm512_add_epi32(set1_u32(static_cast<std::uint32_t>(group)), lane_groups);
+            __m512i c1 = set1_u32(static_cast<std::uint32_t>(group >> 32));
+            __m512i c2 = set1_u32(static_cast<std::uint32_t>(stream));
+            __m512i c3 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            auto k0 = static_cast<std::uint32_t>(seed);
+            auto k1 = static_cast<std::uint32_t>(seed >> 32);
+            for (int round = 0; round < philox::kRounds; ++round) {
+                if (round > 0) {
+                    k0 += philox::kWeyl0;
+                    k1 += philox::kWeyl1;
+                }
+                __m512i hi0, lo0, hi1, lo1;
+                mul_wide(c0, m0, hi0, lo0);
+                mul_wide(c2, m1, hi1, lo1);
+                c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), set1_u32(k0));
+                c1 = lo1;
+                c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), set1_u32(k1));
+                c3 = lo0;
+            }
+            const __m512i a = _mm512_unpacklo_epi32(c0, c1);
+            const __m512i b = _mm512_unpacklo_epi32(c2, c3);
+            const __m512i c = _mm512_unpackhi_epi32(c0, c1);
+            const __m512i d = _mm512_unpackhi_epi32(c2, c3);
+            _mm512_storeu_si512(out + i, _mm512_unpacklo_epi64(a, b));
+            _mm512_storeu_si512(out + i + 16, _mm512_unpackhi_epi64(a, b));
+            _mm512_storeu_si512(out + i + 32, _mm512_unpacklo_epi64(c, d));
+            _mm512_storeu_si512(out + i + 48, _mm512_unpackhi_epi64(c, d));
+        }
+    }
+};
+
+constexpr StateKernelTable kAvx512StateTable = make_state_kernel_table<Avx512StateOps>();
+
+}  // namespace
+
+const StateKernelTable& avx512_state_kernel_table() noexcept {
+    return kAvx512StateTable;
+}
+
+}  // namespace zinf::kernels::detail

@@ -1,0 +1,53 @@
+// The scalar variant of the compressed-state step (kernels/detail/state_body.h). Unlike the fp32
+// scalar step it fuses a*b+c (std::fma), so that its results are bitwise those of the SIMD
+// variants: a compressed state is the same whatever machine resumes it.
+#include <cmath>
+
+#include "kernels/detail/ops_scalar.h"
+#include "kernels/detail/state_body.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/philox.h"
+
+namespace zinf::kernels::detail {
+namespace {
+
+struct ScalarStateOps : ScalarOps {
+    static F fmadd(F a, F b, F c) noexcept { return std::fma(a, b, c); }
+    static F abs(F x) noexcept { return bits_float(float_bits(x) & 0x7fffffffu); }
+    template <bool kUnsigned>
+    static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        return decode_int8(*p, scale, kUnsigned);
+    }
+    template <bool kUnsigned>
+    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
+        *p = encode_int8(x, inv_scale, kUnsigned);
+    }
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words,
+                                      int shift) noexcept {
+        *p = float_to_bf16_stochastic(x, words[0] >> shift);
+    }
+    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+                             std::uint64_t first_index, std::size_t count) noexcept {
+        const philox::Key key = philox::make_key(seed);
+        for (std::size_t i = 0; i < count; i += 4) {
+            const std::uint64_t group = (first_index + i) >> 2;
+            const philox::Counter words = philox::philox4x32_10(
+                philox::Counter{
+                    {static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
+                     static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)}},
+                key);
+            for (int w = 0; w < 4; ++w) out[i + static_cast<std::size_t>(w)] = words.v[w];
+        }
+    }
+};
+
+constexpr StateKernelTable kScalarStateTable = make_state_kernel_table<ScalarStateOps>();
+
+}  // namespace
+
+const StateKernelTable& scalar_state_kernel_table() noexcept {
+    return kScalarStateTable;
+}
+
+}  // namespace zinf::kernels::detail
