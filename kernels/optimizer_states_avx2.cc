@@ -13,60 +13,88 @@ struct Avx2StateOps : Avx2Ops {
     static __m256i set1_u32(std::uint32_t x) noexcept {
         return _mm256_set1_epi32(static_cast<int>(x));
     }
-    static F abs(F x) noexcept {
-        return _mm256_and_ps(x, _mm256_castsi256_ps(set1_u32(0x7fffffffu)));
+    static __m256i load_table(const std::int32_t* t) noexcept {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
     }
 
-    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max.
+    // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
+    // any NaN above every number.
+    using U = __m256i;
+    static U max_magnitude_zero() noexcept { return _mm256_setzero_si256(); }
+    static U max_magnitude(U acc, F x) noexcept {
+        return _mm256_max_epu32(acc,
+                                _mm256_and_si256(_mm256_castps_si256(x), set1_u32(0x7fffffffu)));
+    }
+    static float reduce_max_magnitude(U acc) noexcept {
+        alignas(32) std::uint32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+        std::uint32_t m = 0;
+        for (const std::uint32_t lane : lanes) m = lane > m ? lane : m;
+        return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
+    }
+
+    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
+    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
+    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
         const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
         const __m256i q = kUnsigned ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
         const __m256i c = kUnsigned ? q : _mm256_abs_epi32(q);
-        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        const __m256i level = _mm256_sub_epi32(c, _mm256_set1_epi32(code_max));
-        const F steps = _mm256_loadu_ps(kOctaveSteps);
-        const F step = _mm256_permutevar8x32_ps(steps, level);  // uses level's low 3 bits
-        const __m256i biased =
-            _mm256_add_epi32(_mm256_srai_epi32(level, 3), _mm256_set1_epi32(127));
-        const F ratio = _mm256_mul_ps(step, _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23)));
-        const __m256i nonzero = _mm256_cmpgt_epi32(c, _mm256_setzero_si256());
-        F x = _mm256_and_ps(_mm256_mul_ps(scale, ratio), _mm256_castsi256_ps(nonzero));
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        constexpr std::uint32_t kBias =
+            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
+        const F steps =
+            _mm256_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
+        const F step = _mm256_permutevar8x32_ps(steps, c);  // index c & 7
+        const __m256i power = _mm256_and_si256(
+            _mm256_add_epi32(_mm256_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
+        const F ratio = _mm256_mul_ps(step, _mm256_castsi256_ps(power));
+        // psignd: 0 where c is 0, else x unchanged (c >= 0).
+        __m256i x = _mm256_sign_epi32(_mm256_castps_si256(_mm256_mul_ps(scale, ratio)), c);
         if constexpr (!kUnsigned) {
-            const __m256i negative = _mm256_cmpgt_epi32(_mm256_setzero_si256(), q);
-            x = _mm256_xor_ps(
-                x, _mm256_castsi256_ps(_mm256_and_si256(negative, set1_u32(0x80000000u))));
+            x = _mm256_xor_si256(x, _mm256_and_si256(q, set1_u32(0x80000000u)));
         }
-        return x;
+        return _mm256_castsi256_ps(x);
     }
 
-    // encode_int8: the octave from the exponent, the step from eight comparisons.
+    // encode_int8 as four vectors' codes (int32 lanes): the octave from the exponent, the step
+    // from the tables of the mantissa's top three bits (two midpoints at most per interval).
     template <bool kUnsigned>
-    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
-        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        const F r = _mm256_mul_ps(abs(x), inv_scale);
-        const __m256i bits = _mm256_castps_si256(r);
-        const __m256i exponent =
-            _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127));
-        const F mantissa = _mm256_castsi256_ps(
-            _mm256_or_si256(_mm256_and_si256(bits, set1_u32(0x007fffffu)), set1_u32(0x3f800000u)));
-        __m256i steps = _mm256_setzero_si256();
-        for (const float threshold : kOctaveMidpoints) {
-            const F ge = _mm256_cmp_ps(mantissa, _mm256_set1_ps(threshold), _CMP_GE_OQ);
-            steps = _mm256_sub_epi32(steps, _mm256_castps_si256(ge));  // a true mask is -1
-        }
-        __m256i c = _mm256_add_epi32(_mm256_set1_epi32(code_max),
-                                     _mm256_add_epi32(_mm256_slli_epi32(exponent, 3), steps));
-        c = _mm256_min_epi32(c, _mm256_set1_epi32(code_max));
+    static __m256i int8_codes(F x, F inv_scale) noexcept {
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr OctaveStepTables<3> kTables = make_octave_step_tables<3>(kCodeMax);
+        const __m256i bits = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(x, inv_scale)),
+                                              set1_u32(0x7fffffffu));
+        const __m256i index = _mm256_srli_epi32(bits, 20);  // the permutes use its low 3 bits
+        const __m256i mantissa = _mm256_and_si256(bits, set1_u32(0x007fffffu));
+        const __m256i octave = _mm256_and_si256(index, set1_u32(~7u));
+        __m256i c =
+            _mm256_add_epi32(octave, _mm256_permutevar8x32_epi32(load_table(kTables.base), index));
+        // A true comparison is -1.
+        c = _mm256_sub_epi32(
+            c, _mm256_cmpgt_epi32(mantissa,
+                                  _mm256_permutevar8x32_epi32(load_table(kTables.first), index)));
+        c = _mm256_sub_epi32(
+            c, _mm256_cmpgt_epi32(mantissa,
+                                  _mm256_permutevar8x32_epi32(load_table(kTables.second), index)));
+        c = _mm256_min_epi32(c, _mm256_set1_epi32(kCodeMax));
+        // Below the smallest code's lower threshold: 0 or 1, whichever is nearer.
         const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
-        const __m256i smallest = _mm256_and_si256(
-            _mm256_castps_si256(_mm256_cmp_ps(r, _mm256_set1_ps(half_smallest), _CMP_GE_OQ)),
-            _mm256_set1_epi32(1));
-        c = _mm256_blendv_epi8(c, smallest, _mm256_cmpgt_epi32(_mm256_set1_epi32(1), c));
+        const __m256i at_least_half = _mm256_castps_si256(
+            _mm256_cmp_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(half_smallest), _CMP_GE_OQ));
+        c = _mm256_max_epi32(c, _mm256_srli_epi32(at_least_half, 31));
         if constexpr (!kUnsigned) {
             const __m256i negative = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
             c = _mm256_sub_epi32(_mm256_xor_si256(c, negative), negative);
         }
+        return c;
+    }
+
+    template <bool kUnsigned>
+    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
+        const __m256i c = int8_codes<kUnsigned>(x, inv_scale);
         const __m256i low = _mm256_and_si256(c, _mm256_set1_epi32(0xff));
         const __m256i bytes =
             _mm256_packus_epi16(_mm256_packus_epi32(low, low), _mm256_setzero_si256());
@@ -76,13 +104,13 @@ struct Avx2StateOps : Avx2Ops {
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(gathered));
     }
 
-    // float_to_bf16_stochastic with (word >> shift) & 0xffff of each lane's word.
-    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words,
-                                      int shift) noexcept {
+    // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.
+    template <int kShift>
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         const __m256i bits = _mm256_castps_si256(x);
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
-        const __m256i random = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(shift)),
-                                                _mm256_set1_epi32(0xffff));
+        const __m256i random = kShift == 0 ? _mm256_and_si256(w, _mm256_set1_epi32(0xffff))
+                                           : _mm256_srli_epi32(w, kShift);
         const __m256i rounded = _mm256_add_epi32(bits, random);
         const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
         const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));

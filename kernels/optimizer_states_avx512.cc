@@ -14,72 +14,87 @@ struct Avx512StateOps : Avx512Ops {
     static __m512i set1_u32(std::uint32_t x) noexcept {
         return _mm512_set1_epi32(static_cast<int>(x));
     }
-    static F abs(F x) noexcept {
-        return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
+    static __m512i load_table(const std::int32_t* t) noexcept { return _mm512_loadu_si512(t); }
+
+    // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
+    // any NaN above every number.
+    using U = __m512i;
+    static U max_magnitude_zero() noexcept { return _mm512_setzero_si512(); }
+    static U max_magnitude(U acc, F x) noexcept {
+        return _mm512_max_epu32(acc,
+                                _mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
+    }
+    static float reduce_max_magnitude(U acc) noexcept {
+        const std::uint32_t m = _mm512_reduce_max_epu32(acc);
+        return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
     }
 
-    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max.
+    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
+    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
+    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
         const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
         const __m512i q = kUnsigned ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
         const __m512i c = kUnsigned ? q : _mm512_abs_epi32(q);
-        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        const __m512i level = _mm512_sub_epi32(c, _mm512_set1_epi32(code_max));
-        const F steps = _mm512_castps256_ps512(_mm256_loadu_ps(kOctaveSteps));
-        const F step = _mm512_permutexvar_ps(_mm512_and_si512(level, _mm512_set1_epi32(7)), steps);
-        const __m512i biased =
-            _mm512_add_epi32(_mm512_srai_epi32(level, 3), _mm512_set1_epi32(127));
-        const F ratio = _mm512_mul_ps(step, _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)));
-        const __mmask16 nonzero = _mm512_cmpgt_epi32_mask(c, _mm512_setzero_si512());
-        F x = _mm512_maskz_mov_ps(nonzero, _mm512_mul_ps(scale, ratio));
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        constexpr std::uint32_t kBias =
+            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
+        const F steps =
+            _mm512_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0],
+                           kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
+        const F step = _mm512_permutexvar_ps(c, steps);  // index c & 15
+        const __m512i power = _mm512_and_si512(
+            _mm512_add_epi32(_mm512_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
+        const F ratio = _mm512_mul_ps(step, _mm512_castsi512_ps(power));
+        F x = _mm512_maskz_mul_ps(_mm512_test_epi32_mask(c, c), scale, ratio);
         if constexpr (!kUnsigned) {
-            const __mmask16 negative = _mm512_cmplt_epi32_mask(q, _mm512_setzero_si512());
-            x = _mm512_castsi512_ps(_mm512_mask_xor_epi32(
-                _mm512_castps_si512(x), negative, _mm512_castps_si512(x), set1_u32(0x80000000u)));
+            x = _mm512_castsi512_ps(
+                _mm512_mask_xor_epi32(_mm512_castps_si512(x), _mm512_movepi32_mask(q),
+                                      _mm512_castps_si512(x), set1_u32(0x80000000u)));
         }
         return x;
     }
 
-    // encode_int8: the octave from the exponent, the step from eight comparisons.
+    // encode_int8: the octave from the exponent, the step from the tables of the mantissa's top
+    // four bits (one midpoint at most per interval).
     template <bool kUnsigned>
     static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
-        const int code_max = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        const F r = _mm512_mul_ps(abs(x), inv_scale);
-        const __m512i bits = _mm512_castps_si512(r);
-        const __m512i exponent =
-            _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
-        const F mantissa = _mm512_castsi512_ps(
-            _mm512_or_si512(_mm512_and_si512(bits, set1_u32(0x007fffffu)), set1_u32(0x3f800000u)));
-        __m512i steps = _mm512_setzero_si512();
-        const __m512i one = _mm512_set1_epi32(1);
-        for (const float threshold : kOctaveMidpoints) {
-            const __mmask16 ge =
-                _mm512_cmp_ps_mask(mantissa, _mm512_set1_ps(threshold), _CMP_GE_OQ);
-            steps = _mm512_mask_add_epi32(steps, ge, steps, one);
-        }
-        __m512i c = _mm512_add_epi32(_mm512_set1_epi32(code_max),
-                                     _mm512_add_epi32(_mm512_slli_epi32(exponent, 3), steps));
-        c = _mm512_min_epi32(c, _mm512_set1_epi32(code_max));
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr OctaveStepTables<4> kTables = make_octave_step_tables<4>(kCodeMax);
+        static_assert(kTables.second[0] == 0x7fffffff);  // spot check: one midpoint at most
+        const __m512i bits = _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(x, inv_scale)),
+                                              set1_u32(0x7fffffffu));
+        const __m512i index = _mm512_srli_epi32(bits, 19);  // the permutes use its low 4 bits
+        const __m512i mantissa = _mm512_and_si512(bits, set1_u32(0x007fffffu));
+        const __mmask16 above = _mm512_cmpgt_epi32_mask(
+            mantissa, _mm512_permutexvar_epi32(index, load_table(kTables.first)));
+        const __m512i octave = _mm512_and_si512(_mm512_srli_epi32(bits, 20), set1_u32(~7u));
+        __m512i c =
+            _mm512_add_epi32(octave, _mm512_permutexvar_epi32(index, load_table(kTables.base)));
+        c = _mm512_mask_add_epi32(c, above, c, _mm512_set1_epi32(1));
+        c = _mm512_min_epi32(c, _mm512_set1_epi32(kCodeMax));
+        // Below the smallest code's lower threshold: 0 or 1, whichever is nearer.
         const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
-        const __mmask16 at_least_half =
-            _mm512_cmp_ps_mask(r, _mm512_set1_ps(half_smallest), _CMP_GE_OQ);
-        const __mmask16 below_one = _mm512_cmplt_epi32_mask(c, one);
-        c = _mm512_mask_mov_epi32(c, below_one, _mm512_maskz_mov_epi32(at_least_half, one));
+        const __mmask16 at_least_half = _mm512_cmp_ps_mask(
+            _mm512_castsi512_ps(bits), _mm512_set1_ps(half_smallest), _CMP_GE_OQ);
+        c = _mm512_max_epi32(c, _mm512_maskz_mov_epi32(at_least_half, _mm512_set1_epi32(1)));
         if constexpr (!kUnsigned) {
-            const __m512i negative = _mm512_srai_epi32(_mm512_castps_si512(x), 31);
-            c = _mm512_sub_epi32(_mm512_xor_si512(c, negative), negative);
+            c = _mm512_mask_sub_epi32(c, _mm512_movepi32_mask(_mm512_castps_si512(x)),
+                                      _mm512_setzero_si512(), c);
         }
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));  // low bytes
     }
 
-    // float_to_bf16_stochastic with (word >> shift) & 0xffff of each lane's word.
-    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words,
-                                      int shift) noexcept {
+    // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.
+    template <int kShift>
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         const __m512i bits = _mm512_castps_si512(x);
         const __m512i w = _mm512_loadu_si512(words);
-        const __m512i random = _mm512_and_si512(_mm512_srl_epi32(w, _mm_cvtsi32_si128(shift)),
-                                                _mm512_set1_epi32(0xffff));
+        const __m512i random = kShift == 0 ? _mm512_and_si512(w, _mm512_set1_epi32(0xffff))
+                                           : _mm512_srli_epi32(w, kShift);
         const __m512i rounded = _mm512_add_epi32(bits, random);
         const __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000));
         const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);

@@ -14,7 +14,15 @@ namespace {
 
 struct ScalarStateOps : ScalarOps {
     static F fmadd(F a, F b, F c) noexcept { return std::fma(a, b, c); }
-    static F abs(F x) noexcept { return bits_float(float_bits(x) & 0x7fffffffu); }
+    using U = std::uint32_t;
+    static U max_magnitude_zero() noexcept { return 0; }
+    static U max_magnitude(U acc, F x) noexcept {
+        const std::uint32_t magnitude = float_bits(x) & 0x7fffffffu;
+        return magnitude > acc ? magnitude : acc;
+    }
+    static float reduce_max_magnitude(U acc) noexcept {
+        return bits_float(acc > 0x7f800000u ? kCanonicalNanBits : acc);
+    }
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
         return decode_int8(*p, scale, kUnsigned);
@@ -23,9 +31,9 @@ struct ScalarStateOps : ScalarOps {
     static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
         *p = encode_int8(x, inv_scale, kUnsigned);
     }
-    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words,
-                                      int shift) noexcept {
-        *p = float_to_bf16_stochastic(x, words[0] >> shift);
+    template <int kShift>
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
+        *p = float_to_bf16_stochastic(x, words[0] >> kShift);
     }
     static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
                              std::uint64_t first_index, std::size_t count) noexcept {

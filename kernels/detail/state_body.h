@@ -3,25 +3,35 @@
 // optimizer_states_<isa>.cc unit with its own V (the same rules as optimizer_body.h: only
 // templates here, no non-template inline functions, no standard-library algorithms).
 //
-// Per block of 2048 elements (kStateBlockNumel; the global flat index's blocks): decode the
-// stored moments into fp32 buffers, run step_lanes (the fp32 step, the same element code) on
-// them, encode them back. One pass over memory; the buffers stay in L1/L2.
+// Every element runs update_lanes (the fp32 step's element code) on its decoded moments, in
+// registers, in the same pass that reads and writes memory, so that the loads of the next
+// elements overlap the arithmetic. bf16: one pass, with the Philox words of each 64 elements
+// made just before them. int8 (blocks of 2048 elements, kStateBlockNumel, of the global flat
+// index): pass 1 decodes, updates and writes the new fp32 moments to a 24 KiB buffer (L1) while
+// keeping their largest magnitude; pass 2 encodes the buffer with that scale.
 //
-// V adds to optimizer_body.h's operations: abs; load_int8<kUnsigned>(codes, scale) and
-// store_int8<kUnsigned>(codes, x, inv_scale) (kernels/state_codec.h's decode_int8 and
-// encode_int8); store_bf16_stochastic(dst, x, words, shift) (float_to_bf16_stochastic with
-// (word >> shift) & 0xffff); philox_words(out, seed, stream, first_index, count): the Philox
-// words of elements first_index .. first_index + count, first_index and count multiples of
-// kRoundingBatch. Its fmadd must be fused (the scalar unit uses std::fma), so that every
-// variant gives the same bits.
+// V adds to optimizer_body.h's operations: U (the running-maximum vector) with
+// max_magnitude_zero(), max_magnitude(acc, x) and reduce_max_magnitude(acc) (the largest |x|,
+// a NaN anywhere as the quiet NaN 0x7fc00000: the same bits in every variant);
+// load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
+// (kernels/state_codec.h's decode_int8 and encode_int8); store_bf16_stochastic<kShift>(dst, x,
+// words) (float_to_bf16_stochastic with word >> kShift); philox_words(out, seed, stream,
+// first_index, count): the Philox words of elements first_index .. first_index + count,
+// first_index and count multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit
+// uses std::fma), so that every variant gives the same bits.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/detail/optimizer_body.h"
 #include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/assert.h"
 
 namespace zinf::kernels::detail {
 
@@ -30,73 +40,248 @@ inline constexpr std::size_t kRoundingBatch = 64;
 inline constexpr std::size_t kBlock = kStateBlockNumel;
 static_assert(kBlock % kRoundingBatch == 0);
 
-template <class V>
-constexpr std::size_t round_up_lanes(std::size_t n) noexcept {
-    return (n + V::kLanes - 1) / V::kLanes * V::kLanes;
-}
-
-// One block's fp32 moments and rounding words: 32 KiB of the caller's stack.
-struct StateBlockBuffers {
-    alignas(64) float moments[kStepMoments][kBlock];
-    alignas(64) std::uint32_t words[kBlock];
+// The encode tables of kernels/state_codec.h's encode_ratio for vector code. The step within an
+// octave is the number of midpoints (kOctaveMidpoints) at or below the mantissa; with the
+// mantissa's top kIndexBits bits as an index, `below` counts the midpoints under that interval
+// and `first`, `second` are the (at most two) midpoints inside it, as their 23 mantissa bits less
+// one (so that a signed `mantissa bits > entry` is `mantissa >= midpoint`), INT32_MAX where none.
+// `base` adds code_max - 8 * 127 to `below`, so that a code is
+//   ((bits >> 23) << 3) + base[index] + [bits' mantissa >= first] + [... >= second],
+// before the clamps to [0, code_max] and the smallest code's own threshold.
+template <int kIndexBits>
+struct OctaveStepTables {
+    static constexpr int kSize = 1 << kIndexBits;
+    std::int32_t base[kSize];
+    std::int32_t first[kSize];
+    std::int32_t second[kSize];
 };
 
-template <class V, bool kUnsigned>
-void decode_int8_block(const std::uint8_t* codes, float scale, std::size_t n, float* out) noexcept {
-    constexpr std::size_t kLanes = V::kLanes;
-    const typename V::F s = V::set1(scale);
-    std::size_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-        V::store(out + j, V::template load_int8<kUnsigned>(codes + j, s));
-    if (j == n) return;
-    alignas(64) std::uint8_t tail[kLanes] = {};
-    std::memcpy(tail, codes + j, n - j);
-    V::store(out + j, V::template load_int8<kUnsigned>(tail, s));
-}
-
-// Moment k of the block at `b` (n elements) into out[0, round_up_lanes(n)); the padding lanes
-// decode from zero codes.
-template <class V, int kState>
-void decode_moment_block(const StateStepArgs& a, int k, std::size_t b, std::size_t n,
-                         float* out) noexcept {
-    constexpr std::size_t kLanes = V::kLanes;
-    if constexpr (kState == kStateBf16) {
-        const std::uint16_t* src = static_cast<const std::uint16_t*>(a.stored[k]) + b;
-        std::size_t j = 0;
-        for (; j + kLanes <= n; j += kLanes) V::store(out + j, V::load_bf16(src + j));
-        if (j == n) return;
-        alignas(64) std::uint16_t tail[kLanes] = {};
-        std::memcpy(tail, src + j, (n - j) * sizeof(std::uint16_t));
-        V::store(out + j, V::load_bf16(tail));
-    } else {
-        const std::uint8_t* src = static_cast<const std::uint8_t*>(a.stored[k]) + b;
-        const float scale = a.scales[k][b / kBlock];
-        if (((a.unsigned_mask >> k) & 1u) != 0) {
-            decode_int8_block<V, true>(src, scale, n, out);
-        } else {
-            decode_int8_block<V, false>(src, scale, n, out);
+template <int kIndexBits>
+constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
+    OctaveStepTables<kIndexBits> t{};
+    constexpr int kShift = 23 - kIndexBits;
+    for (int index = 0; index < t.kSize; ++index) {
+        int below = 0;
+        t.first[index] = 0x7fffffff;
+        t.second[index] = 0x7fffffff;
+        for (const float midpoint : kOctaveMidpoints) {
+            const auto mantissa =
+                static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(midpoint) & 0x007fffffu);
+            if ((mantissa >> kShift) < index) ++below;
+            if ((mantissa >> kShift) != index) continue;
+            (t.first[index] == 0x7fffffff ? t.first[index] : t.second[index]) = mantissa - 1;
         }
+        t.base[index] = below + code_max - kCodeStepsPerOctave * 127;
     }
+    return t;
 }
 
-// The largest magnitude of x[0, padded), NaN as the one quiet NaN: the same bits in every
-// variant (max of magnitudes is exact and order-free; a NaN is canonicalised).
+// ---- Which moment sits where ----
+
+// The moments a built-in kind keeps (StateStepArgs::moment_count): Adam and AdamW exp_avg,
+// exp_avg_sq (and max_exp_avg_sq with amsgrad), Adagrad its sum, Lion exp_avg.
+template <int kKind, bool kAmsgrad>
+inline constexpr int kKeptMoments = kKind == kKindAdagrad || kKind == kKindLion
+                                        ? 1
+                                        : (kAmsgrad ? 3 : 2);
+
+// The unsigned (never negative) moments as a bit mask: everything but exp_avg. It is what the
+// descriptors' non_negative say (StateStepArgs::unsigned_mask, asserted per chunk), made a
+// constant so that the codes are chosen at compile time.
+template <int kKind, bool kAmsgrad>
+inline constexpr std::uint32_t kUnsignedMask = kKind == kKindAdagrad ? 1u
+                                               : kKind == kKindLion  ? 0u
+                                                                     : (kAmsgrad ? 6u : 2u);
+
+// Slot s's register among LaneValues (MomentSlots' order).
+template <class V, int kKind, int kSlot>
+typename V::F& slot_value(LaneValues<V>& x) noexcept {
+    if constexpr (kKind == kKindAdagrad) return x.v;
+    if constexpr (kKind != kKindAdagrad && kSlot == 0) return x.m;
+    if constexpr (kKind != kKindAdagrad && kSlot == 1) return x.v;
+    if constexpr (kKind != kKindAdagrad && kSlot == 2) return x.v_max;
+}
+
+// f(std::integral_constant<int, s>) for s = 0 .. kCount - 1.
+template <int kCount, class Fn>
+void for_slots(Fn&& f) noexcept {
+    [&]<int... kSlots>(std::integer_sequence<int, kSlots...>) {
+        (f(std::integral_constant<int, kSlots>{}), ...);
+    }
+    (std::make_integer_sequence<int, kCount>{});
+}
+
+// Where a run of elements lives: the step's arrays, or the zero-padded copies of a tail.
+struct StateLanePointers {
+    float* params;
+    const void* grads;
+    void* copy;
+    void* stored[kStepMoments];  // uint16_t bf16 bits or uint8_t int8 codes
+};
+
 template <class V>
-float block_max_magnitude(const float* x, std::size_t padded) noexcept {
-    typename V::F acc = V::set1(0.0f);
-    for (std::size_t j = 0; j < padded; j += V::kLanes) acc = V::max(acc, V::abs(V::load(x + j)));
-    alignas(64) float lanes[V::kLanes];
-    V::store(lanes, acc);
-    float m = 0.0f;
-    for (const float lane : lanes) {
-        if (lane != lane) {
-            const std::uint32_t nan_bits = 0x7fc00000u;
-            std::memcpy(&m, &nan_bits, sizeof m);
-            return m;
-        }
-        if (lane > m) m = lane;
+StateLanePointers lane_pointers(const StateStepArgs& a) noexcept {
+    return {
+        a.step.params, a.step.grads, a.step.param_copy, {a.stored[0], a.stored[1], a.stored[2]}};
+}
+
+// The last n < kLanes elements of a run, from element j, copied into zero-padded lanes and back:
+// every element sees the same vector code wherever it sits.
+template <class V, int kGrad, int kCopy>
+struct TailLanes {
+    static constexpr std::size_t kLanes = V::kLanes;
+    alignas(64) float params[kLanes] = {};
+    alignas(64) float grads[kLanes] = {};  // fp32, or 16-bit elements in the first half
+    alignas(64) std::uint16_t copy[kLanes] = {};
+    alignas(64) std::uint16_t stored[kStepMoments][kLanes] = {};
+
+    StateLanePointers pointers() noexcept {
+        return {params, grads, copy, {stored[0], stored[1], stored[2]}};
     }
-    return m;
+    void load(const StateLanePointers& at, std::size_t j, std::size_t n, std::size_t state_bytes,
+              int kept) noexcept {
+        using G = typename GradElement<kGrad>::Type;
+        std::memcpy(params, at.params + j, n * sizeof(float));
+        std::memcpy(grads, static_cast<const G*>(at.grads) + j, n * sizeof(G));
+        for (int s = 0; s < kept; ++s) {
+            std::memcpy(stored[s], static_cast<const std::byte*>(at.stored[s]) + j * state_bytes,
+                        n * state_bytes);
+        }
+    }
+    void store(const StateLanePointers& at, std::size_t j, std::size_t n, std::size_t state_bytes,
+               int kept) const noexcept {
+        std::memcpy(at.params + j, params, n * sizeof(float));
+        if constexpr (kCopy != kCopyNone) {
+            std::memcpy(static_cast<std::uint16_t*>(at.copy) + j, copy, n * sizeof(std::uint16_t));
+        }
+        for (int s = 0; s < kept; ++s) {
+            std::memcpy(static_cast<std::byte*>(at.stored[s]) + j * state_bytes, stored[s],
+                        n * state_bytes);
+        }
+    }
+};
+
+// ---- bf16: one pass, the rounding words made per 64 elements ----
+
+// One vector at element i: decode, update_lanes, round back with the words at w (words[pair]
+// holds pair's words of the current 64 elements).
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void bf16_lanes(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
+                const std::uint32_t (*words)[kRoundingBatch], std::size_t w) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    LaneValues<V> x{};
+    x.g = load_grad<V, kGrad>(at.grads, i);
+    x.p = V::load(at.params + i);
+    for_slots<kKept>([&](auto s) {
+        slot_value<V, kKind, s>(x) =
+            V::load_bf16(static_cast<const std::uint16_t*>(at.stored[s]) + i);
+    });
+    update_lanes<V, kKind, kAmsgrad>(k, x);
+    for_slots<kKept>([&](auto s) {
+        V::template store_bf16_stochastic<16 * (s % 2)>(
+            static_cast<std::uint16_t*>(at.stored[s]) + i, slot_value<V, kKind, s>(x),
+            words[s / 2] + w);
+    });
+    V::store(at.params + i, x.p);
+    store_copy<V, kCopy>(at.copy, i, x.p);
+}
+
+// The last rest < 64 elements of a chunk, from element i.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void bf16_tail(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
+               std::size_t rest, const std::uint32_t (*words)[kRoundingBatch]) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    std::size_t w = 0;
+    for (; w + V::kLanes <= rest; w += V::kLanes) {
+        bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words, w);
+    }
+    if (w == rest) return;
+    TailLanes<V, kGrad, kCopy> tail;
+    tail.load(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
+    bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, words, w);
+    tail.store(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
+}
+
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    ZINF_ASSERT(a.moment_count == kKept);
+    const VectorConstants<V> k(a.step.c);
+    const StateLanePointers at = lane_pointers<V>(a);
+    alignas(64) std::uint32_t words[2][kRoundingBatch];
+    for (std::size_t i = begin; i < end; i += kRoundingBatch) {
+        for (int pair = 0; 2 * pair < kKept; ++pair) {
+            V::philox_words(words[pair], a.rounding_seed, a.rounding_streams[pair],
+                            a.first_index + i, kRoundingBatch);
+        }
+        if (end - i < kRoundingBatch) {
+            bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, words);
+            return;
+        }
+        for (std::size_t w = 0; w < kRoundingBatch; w += V::kLanes) {
+            bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words, w);
+        }
+    }
+}
+
+// ---- int8: per block, decode and update into an L1 buffer, then encode with the new scale ----
+
+// One block's new fp32 moments: 24 KiB of the caller's stack.
+struct Int8BlockBuffers {
+    alignas(64) float moments[kStepMoments][kBlock];
+};
+
+// One vector at element i (block offset o): decode, update_lanes, the new moments into the
+// buffers and their magnitudes into the running maxima (V::max_magnitude).
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void int8_lanes(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
+                const typename V::F* scales, Int8BlockBuffers& out, std::size_t o,
+                typename V::U* maxima) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    LaneValues<V> x{};
+    x.g = load_grad<V, kGrad>(at.grads, i);
+    x.p = V::load(at.params + i);
+    for_slots<kKept>([&](auto s) {
+        slot_value<V, kKind, s>(x) = V::template load_int8<((kMask >> s) & 1u) != 0>(
+            static_cast<const std::uint8_t*>(at.stored[s]) + i, scales[s]);
+    });
+    update_lanes<V, kKind, kAmsgrad>(k, x);
+    for_slots<kKept>([&](auto s) {
+        V::store(out.moments[s] + o, slot_value<V, kKind, s>(x));
+        maxima[s] = V::max_magnitude(maxima[s], slot_value<V, kKind, s>(x));
+    });
+    V::store(at.params + i, x.p);
+    store_copy<V, kCopy>(at.copy, i, x.p);
+}
+
+// Pass 1 over the block at b (n elements): every element updated, the new moments in `out`
+// (zero past n up to whole vectors), the largest magnitudes in `maxima`.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void int8_update_block(const StateStepArgs& a, const VectorConstants<V>& k, std::size_t b,
+                       std::size_t n, Int8BlockBuffers& out, typename V::U* maxima) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    const StateLanePointers at = lane_pointers<V>(a);
+    typename V::F scales[kStepMoments];
+    for (int s = 0; s < kKept; ++s) {
+        scales[s] = V::set1(a.scales[s][b / kBlock]);
+        maxima[s] = V::max_magnitude_zero();
+    }
+    std::size_t o = 0;
+    for (; o + V::kLanes <= n; o += V::kLanes) {
+        int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + o, scales, out, o, maxima);
+    }
+    if (o == n) return;
+    TailLanes<V, kGrad, kCopy> tail;
+    tail.load(at, b + o, n - o, 1, kKept);
+    typename V::U unused[kStepMoments];
+    int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, scales, out, o, unused);
+    tail.store(at, b + o, n - o, 1, kKept);
+    // The padding lanes must not reach the block's scale.
+    for (int s = 0; s < kKept; ++s) {
+        std::memset(out.moments[s] + n, 0, (o + V::kLanes - n) * sizeof(float));
+        maxima[s] = V::max_magnitude(maxima[s], V::load(out.moments[s] + o));
+    }
 }
 
 template <class V, bool kUnsigned>
@@ -113,97 +298,35 @@ void encode_int8_block(const float* x, float inv_scale, std::size_t n,
     std::memcpy(codes + j, tail, n - j);
 }
 
-// Moment k of the block from x[0, round_up_lanes(n)) (zero past n) back into its store; int8
-// takes the block's new largest magnitude as its scale first.
-template <class V, int kState>
-void encode_moment_block(const StateStepArgs& a, int k, std::size_t b, std::size_t n,
-                         const float* x, std::uint32_t* words) noexcept {
-    constexpr std::size_t kLanes = V::kLanes;
-    if constexpr (kState == kStateBf16) {
-        if (k % 2 == 0) {
-            const std::size_t count = (n + kRoundingBatch - 1) / kRoundingBatch * kRoundingBatch;
-            V::philox_words(words, a.rounding_seed, a.rounding_streams[k / 2], a.first_index + b,
-                            count);
-        }
-        const int shift = 16 * (k % 2);
-        std::uint16_t* dst = static_cast<std::uint16_t*>(a.stored[k]) + b;
-        std::size_t j = 0;
-        for (; j + kLanes <= n; j += kLanes) {
-            V::store_bf16_stochastic(dst + j, V::load(x + j), words + j, shift);
-        }
-        if (j == n) return;
-        alignas(64) std::uint16_t tail[kLanes] = {};
-        V::store_bf16_stochastic(tail, V::load(x + j), words + j, shift);
-        std::memcpy(dst + j, tail, (n - j) * sizeof(std::uint16_t));
-    } else {
-        const float scale = block_max_magnitude<V>(x, round_up_lanes<V>(n));
-        a.scales[k][b / kBlock] = scale;
-        // kernels/state_codec.h's int8_inverse_scale: 0 unless the scale is a finite normal.
-        const float inv = scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
-        std::uint8_t* dst = static_cast<std::uint8_t*>(a.stored[k]) + b;
-        if (((a.unsigned_mask >> k) & 1u) != 0) {
-            encode_int8_block<V, true>(x, inv, n, dst);
-        } else {
-            encode_int8_block<V, false>(x, inv, n, dst);
-        }
-    }
-}
-
-// The fp32 step over the block's decoded moments m (padded to whole vectors): params, grads and
-// the copy in place from b, the tail through zero-padded copies as step_chunk does.
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
-void step_block(const StateStepArgs& a, std::size_t b, std::size_t n,
-                StateBlockBuffers& buffers) noexcept {
-    constexpr std::size_t kLanes = V::kLanes;
-    using Slots = MomentSlots<kKind>;
-    using G = typename GradElement<kGrad>::Type;
-    float* exp_avg =
-        Slots::kExpAvg >= 0 ? buffers.moments[Slots::kExpAvg < 0 ? 0 : Slots::kExpAvg] : nullptr;
-    float* exp_avg_sq = Slots::kExpAvgSq >= 0
-                            ? buffers.moments[Slots::kExpAvgSq < 0 ? 0 : Slots::kExpAvgSq]
-                            : nullptr;
-    float* max_exp_avg_sq = kAmsgrad ? buffers.moments[Slots::kMaxExpAvgSq] : nullptr;
+void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    ZINF_ASSERT(a.moment_count == kKept && a.unsigned_mask == kMask);
     const VectorConstants<V> k(a.step.c);
-    float* params = a.step.params + b;
-    const G* grads = static_cast<const G*>(a.step.grads) + b;
-    std::uint16_t* copy =
-        kCopy == kCopyNone ? nullptr : static_cast<std::uint16_t*>(a.step.param_copy) + b;
-    std::size_t j = 0;
-    for (; j + kLanes <= n; j += kLanes) {
-        step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, params, exp_avg, exp_avg_sq, max_exp_avg_sq,
-                                                     grads, copy, j);
-    }
-    if (j == n) return;
-    const std::size_t rest = n - j;
-    alignas(64) float p[kLanes] = {};
-    alignas(64) G g[kLanes] = {};
-    alignas(64) std::uint16_t c[kLanes] = {};
-    std::memcpy(p, params + j, rest * sizeof(float));
-    std::memcpy(g, grads + j, rest * sizeof(G));
-    // The moments' buffers already hold whole vectors: the tail updates them in place at j.
-    const auto at_j = [j](float* x) { return x == nullptr ? nullptr : x + j; };
-    step_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, p, at_j(exp_avg), at_j(exp_avg_sq),
-                                                 at_j(max_exp_avg_sq), g, c, 0);
-    std::memcpy(params + j, p, rest * sizeof(float));
-    if constexpr (kCopy != kCopyNone) std::memcpy(copy + j, c, rest * sizeof(std::uint16_t));
-    // The padding lanes must not reach an int8 block's scale.
-    for (int m = 0; m < a.moment_count; ++m) {
-        std::memset(buffers.moments[m] + n, 0, (round_up_lanes<V>(n) - n) * sizeof(float));
+    Int8BlockBuffers buffers;
+    typename V::U maxima[kStepMoments];
+    for (std::size_t b = begin; b < end; b += kBlock) {
+        const std::size_t n = end - b < kBlock ? end - b : kBlock;
+        int8_update_block<V, kKind, kAmsgrad, kGrad, kCopy>(a, k, b, n, buffers, maxima);
+        for_slots<kKept>([&](auto s) {
+            // The largest magnitude, NaN as the one quiet NaN: the same bits in every variant.
+            const float scale = V::reduce_max_magnitude(maxima[s]);
+            a.scales[s][b / kBlock] = scale;
+            // kernels/state_codec.h's int8_inverse_scale: 0 unless the scale is a finite normal.
+            const float inv = scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
+            encode_int8_block<V, ((kMask >> s) & 1u) != 0>(
+                buffers.moments[s], inv, n, static_cast<std::uint8_t*>(a.stored[s]) + b);
+        });
     }
 }
 
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy, int kState>
 void state_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
-    StateBlockBuffers buffers;
-    for (std::size_t b = begin; b < end; b += kBlock) {
-        const std::size_t n = end - b < kBlock ? end - b : kBlock;
-        for (int m = 0; m < a.moment_count; ++m) {
-            decode_moment_block<V, kState>(a, m, b, n, buffers.moments[m]);
-        }
-        step_block<V, kKind, kAmsgrad, kGrad, kCopy>(a, b, n, buffers);
-        for (int m = 0; m < a.moment_count; ++m) {
-            encode_moment_block<V, kState>(a, m, b, n, buffers.moments[m], buffers.words);
-        }
+    if constexpr (kState == kStateBf16) {
+        bf16_step_chunk<V, kKind, kAmsgrad, kGrad, kCopy>(a, begin, end);
+    } else {
+        int8_step_chunk<V, kKind, kAmsgrad, kGrad, kCopy>(a, begin, end);
     }
 }
 
