@@ -95,7 +95,8 @@ struct LaneValues {
 // keeps v_max = max(v_max, v) and divides by its square root instead of v's, as
 // torch.optim.Adam(amsgrad=True) does.
 template <class V, int kKind, bool kAmsgrad>
-void update_lanes(const VectorConstants<V>& k, LaneValues<V>& x) noexcept {
+[[gnu::always_inline]] inline void update_lanes(const VectorConstants<V>& k,
+                                                LaneValues<V>& x) noexcept {
     using F = typename V::F;
     static_assert(!kAmsgrad || kKind == kKindAdam || kKind == kKindAdamW);
     F g = V::mul(x.g, k.grad_scale);

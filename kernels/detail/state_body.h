@@ -95,7 +95,7 @@ inline constexpr std::uint32_t kUnsignedMask = kKind == kKindAdagrad ? 1u
 
 // Slot s's register among LaneValues (MomentSlots' order).
 template <class V, int kKind, int kSlot>
-typename V::F& slot_value(LaneValues<V>& x) noexcept {
+[[gnu::always_inline]] inline typename V::F& slot_value(LaneValues<V>& x) noexcept {
     if constexpr (kKind == kKindAdagrad) return x.v;
     if constexpr (kKind != kKindAdagrad && kSlot == 0) return x.m;
     if constexpr (kKind != kKindAdagrad && kSlot == 1) return x.v;
@@ -104,7 +104,7 @@ typename V::F& slot_value(LaneValues<V>& x) noexcept {
 
 // f(std::integral_constant<int, s>) for s = 0 .. kCount - 1.
 template <int kCount, class Fn>
-void for_slots(Fn&& f) noexcept {
+[[gnu::always_inline]] inline void for_slots(Fn&& f) noexcept {
     [&]<int... kSlots>(std::integer_sequence<int, kSlots...>) {
         (f(std::integral_constant<int, kSlots>{}), ...);
     }
@@ -161,13 +161,48 @@ struct TailLanes {
     }
 };
 
+// Software prefetch, kPrefetchAhead elements ahead of the 64 elements from i, of every array a
+// step reads or writes. The arithmetic between two elements' loads is long (decode, Philox,
+// encode), so out-of-order execution alone keeps too few cache misses in flight, and the
+// hardware streamers restart at every 4 KiB page; a prefetch never faults, so reading past the
+// end of a span is harmless.
+inline constexpr std::size_t kPrefetchAhead = 1024;
+
+template <int kGrad, int kCopy>
+[[gnu::always_inline]] inline void prefetch_run(const StateLanePointers& at, std::size_t i,
+                                                std::size_t state_bytes, int kept) noexcept {
+    using G = typename GradElement<kGrad>::Type;
+    constexpr std::size_t kLine = 64;
+    constexpr std::size_t kRun = kRoundingBatch;
+    const std::size_t j = i + kPrefetchAhead;
+    for (std::size_t b = 0; b < kRun * sizeof(float); b += kLine) {
+        __builtin_prefetch(reinterpret_cast<const char*>(at.params + j) + b, 1);
+    }
+    for (std::size_t b = 0; b < kRun * sizeof(G); b += kLine) {
+        __builtin_prefetch(reinterpret_cast<const char*>(static_cast<const G*>(at.grads) + j) + b);
+    }
+    for (int s = 0; s < kept; ++s) {
+        const char* stored = static_cast<const char*>(at.stored[s]) + j * state_bytes;
+        for (std::size_t b = 0; b < kRun * state_bytes; b += kLine)
+            __builtin_prefetch(stored + b, 1);
+    }
+    if constexpr (kCopy != kCopyNone) {
+        const char* copy = reinterpret_cast<const char*>(static_cast<std::uint16_t*>(at.copy) + j);
+        for (std::size_t b = 0; b < kRun * sizeof(std::uint16_t); b += kLine) {
+            __builtin_prefetch(copy + b, 1);
+        }
+    }
+}
+
 // ---- bf16: one pass, the rounding words made per 64 elements ----
 
 // One vector at element i: decode, update_lanes, round back with the words at w (words[pair]
 // holds pair's words of the current 64 elements).
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
-void bf16_lanes(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
-                const std::uint32_t (*words)[kRoundingBatch], std::size_t w) noexcept {
+[[gnu::always_inline]] inline void bf16_lanes(const VectorConstants<V>& k,
+                                              const StateLanePointers& at, std::size_t i,
+                                              const std::uint32_t (*words)[kRoundingBatch],
+                                              std::size_t w) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     LaneValues<V> x{};
     x.g = load_grad<V, kGrad>(at.grads, i);
@@ -218,6 +253,7 @@ void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
             bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, words);
             return;
         }
+        prefetch_run<kGrad, kCopy>(at, i, sizeof(std::uint16_t), kKept);
         for (std::size_t w = 0; w < kRoundingBatch; w += V::kLanes) {
             bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words, w);
         }
@@ -234,9 +270,10 @@ struct Int8BlockBuffers {
 // One vector at element i (block offset o): decode, update_lanes, the new moments into the
 // buffers and their magnitudes into the running maxima (V::max_magnitude).
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
-void int8_lanes(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
-                const typename V::F* scales, Int8BlockBuffers& out, std::size_t o,
-                typename V::U* maxima) noexcept {
+[[gnu::always_inline]] inline void int8_lanes(const VectorConstants<V>& k,
+                                              const StateLanePointers& at, std::size_t i,
+                                              const typename V::F* scales, Int8BlockBuffers& out,
+                                              std::size_t o, typename V::U* maxima) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
     LaneValues<V> x{};
@@ -268,6 +305,12 @@ void int8_update_block(const StateStepArgs& a, const VectorConstants<V>& k, std:
         maxima[s] = V::max_magnitude_zero();
     }
     std::size_t o = 0;
+    for (; o + kRoundingBatch <= n; o += kRoundingBatch) {
+        prefetch_run<kGrad, kCopy>(at, b + o, 1, kKept);
+        for (std::size_t w = o; w < o + kRoundingBatch; w += V::kLanes) {
+            int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + w, scales, out, w, maxima);
+        }
+    }
     for (; o + V::kLanes <= n; o += V::kLanes) {
         int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + o, scales, out, o, maxima);
     }
