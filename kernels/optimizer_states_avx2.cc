@@ -119,27 +119,46 @@ struct Avx2StateOps : Avx2Ops {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
     }
 
-    // The high and low words of a * m per 32-bit lane (m in every lane).
-    static void mul_wide(__m256i a, __m256i m, __m256i& hi, __m256i& lo) noexcept {
-        const __m256i even = _mm256_mul_epu32(a, m);
-        const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
-        hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-        lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+    // Philox4x32-10 state of four groups, one in the low half of each 64-bit lane (the high
+    // halves carry garbage that _mm256_mul_epu32 ignores), so that a round needs no blends.
+    struct PhiloxLanes {
+        __m256i c0, c1, c2, c3;
+    };
+
+    // One round; k0, k1 the round's key in every lane.
+    static void philox_round(PhiloxLanes& s, __m256i k0, __m256i k1) noexcept {
+        const __m256i p0 = _mm256_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
+        const __m256i p1 = _mm256_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
+        const __m256i c1_key = _mm256_xor_si256(s.c1, k0);  // off the multiply's path
+        const __m256i c3_key = _mm256_xor_si256(s.c3, k1);
+        s.c0 = _mm256_xor_si256(_mm256_shuffle_epi32(p1, 0xF5), c1_key);  // high halves down
+        s.c2 = _mm256_xor_si256(_mm256_shuffle_epi32(p0, 0xF5), c3_key);
+        s.c1 = p1;
+        s.c3 = p0;
     }
 
-    // Philox4x32-10 for 8 groups (32 elements) at a time. Lane 4l + r holds group 2r + l, so
-    // that the in-lane 4x4 transpose leaves the words in element order.
+    // The 16 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 2, 1, 3) + base, in
+    // element order: two groups per 128-bit half after the 64-bit unpacks.
+    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
+        const __m256i w01 = _mm256_blend_epi32(s.c0, _mm256_shuffle_epi32(s.c1, 0xA0), 0xAA);
+        const __m256i w23 = _mm256_blend_epi32(s.c2, _mm256_shuffle_epi32(s.c3, 0xA0), 0xAA);
+        auto* dst = reinterpret_cast<__m256i*>(out);
+        _mm256_storeu_si256(dst, _mm256_unpacklo_epi64(w01, w23));
+        _mm256_storeu_si256(dst + 1, _mm256_unpackhi_epi64(w01, w23));
+    }
+
+    // Philox4x32-10 for 8 groups (32 elements) at a time, as two interleaved PhiloxLanes.
     static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
                              std::uint64_t first_index, std::size_t count) noexcept {
-        const __m256i lane_groups = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-        const __m256i m0 = set1_u32(philox::kMultiplier0);
-        const __m256i m1 = set1_u32(philox::kMultiplier1);
+        const __m256i lane_groups = _mm256_setr_epi32(0, 0, 2, 0, 1, 0, 3, 0);
         for (std::size_t i = 0; i < count; i += 32) {
             const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 8: no carry
-            __m256i c0 = _mm256_add_epi32(set1_u32(static_cast<std::uint32_t>(group)), lane_groups);
-            __m256i c1 = set1_u32(static_cast<std::uint32_t>(group >> 32));
-            __m256i c2 = set1_u32(static_cast<std::uint32_t>(stream));
-            __m256i c3 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            const __m256i low = set1_u32(static_cast<std::uint32_t>(group));
+            const __m256i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
+            const __m256i s0 = set1_u32(static_cast<std::uint32_t>(stream));
+            const __m256i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            PhiloxLanes a{_mm256_add_epi32(low, lane_groups), high, s0, s1};
+            PhiloxLanes b{_mm256_add_epi32(a.c0, set1_u32(4)), high, s0, s1};
             auto k0 = static_cast<std::uint32_t>(seed);
             auto k1 = static_cast<std::uint32_t>(seed >> 32);
             for (int round = 0; round < philox::kRounds; ++round) {
@@ -147,23 +166,11 @@ struct Avx2StateOps : Avx2Ops {
                     k0 += philox::kWeyl0;
                     k1 += philox::kWeyl1;
                 }
-                __m256i hi0, lo0, hi1, lo1;
-                mul_wide(c0, m0, hi0, lo0);
-                mul_wide(c2, m1, hi1, lo1);
-                c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), set1_u32(k0));
-                c1 = lo1;
-                c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), set1_u32(k1));
-                c3 = lo0;
+                philox_round(a, set1_u32(k0), set1_u32(k1));
+                philox_round(b, set1_u32(k0), set1_u32(k1));
             }
-            const __m256i a = _mm256_unpacklo_epi32(c0, c1);
-            const __m256i b = _mm256_unpacklo_epi32(c2, c3);
-            const __m256i c = _mm256_unpackhi_epi32(c0, c1);
-            const __m256i d = _mm256_unpackhi_epi32(c2, c3);
-            auto* dst = reinterpret_cast<__m256i*>(out + i);
-            _mm256_storeu_si256(dst, _mm256_unpacklo_epi64(a, b));
-            _mm256_storeu_si256(dst + 1, _mm256_unpackhi_epi64(a, b));
-            _mm256_storeu_si256(dst + 2, _mm256_unpacklo_epi64(c, d));
-            _mm256_storeu_si256(dst + 3, _mm256_unpackhi_epi64(c, d));
+            store_philox_words(out + i, a);
+            store_philox_words(out + i + 16, b);
         }
     }
 };

@@ -102,28 +102,45 @@ struct Avx512StateOps : Avx512Ops {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
     }
 
-    // The high and low words of a * m per 32-bit lane (m in every lane).
-    static void mul_wide(__m512i a, __m512i m, __m512i& hi, __m512i& lo) noexcept {
-        const __m512i even = _mm512_mul_epu32(a, m);
-        const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-        hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-        lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+    // Philox4x32-10 state of eight groups, one in the low half of each 64-bit lane (the high
+    // halves carry garbage that _mm512_mul_epu32 ignores), so that a round needs no blends.
+    struct PhiloxLanes {
+        __m512i c0, c1, c2, c3;
+    };
+
+    // One round; k0, k1 the round's key in every lane.
+    static void philox_round(PhiloxLanes& s, __m512i k0, __m512i k1) noexcept {
+        const __m512i p0 = _mm512_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
+        const __m512i p1 = _mm512_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
+        constexpr int kXor3 = 0x96;
+        s.c0 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p1, _MM_PERM_DDBB), s.c1, k0, kXor3);
+        s.c2 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p0, _MM_PERM_DDBB), s.c3, k1, kXor3);
+        s.c1 = p1;
+        s.c3 = p0;
     }
 
-    // Philox4x32-10 for 16 groups (64 elements) at a time. Lane 4l + r holds group 4r + l, so
-    // that the in-lane 4x4 transpose leaves the words in element order.
+    // The 32 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 4, 1, 5, 2, 6, 3, 7) +
+    // base, in element order: one group per 128-bit lane after the 64-bit unpacks.
+    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
+        const __m512i w01 = _mm512_mask_shuffle_epi32(s.c0, 0xAAAA, s.c1, _MM_PERM_CCAA);
+        const __m512i w23 = _mm512_mask_shuffle_epi32(s.c2, 0xAAAA, s.c3, _MM_PERM_CCAA);
+        _mm512_storeu_si512(out, _mm512_unpacklo_epi64(w01, w23));
+        _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi64(w01, w23));
+    }
+
+    // Philox4x32-10 for 16 groups (64 elements) at a time, as two interleaved PhiloxLanes.
     static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
                              std::uint64_t first_index, std::size_t count) noexcept {
         const __m512i lane_groups =
-            _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        const __m512i m0 = set1_u32(philox::kMultiplier0);
-        const __m512i m1 = set1_u32(philox::kMultiplier1);
+            _mm512_setr_epi32(0, 0, 4, 0, 1, 0, 5, 0, 2, 0, 6, 0, 3, 0, 7, 0);
         for (std::size_t i = 0; i < count; i += 64) {
             const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 16: no carry
-            __m512i c0 = _mm512_add_epi32(set1_u32(static_cast<std::uint32_t>(group)), lane_groups);
-            __m512i c1 = set1_u32(static_cast<std::uint32_t>(group >> 32));
-            __m512i c2 = set1_u32(static_cast<std::uint32_t>(stream));
-            __m512i c3 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            const __m512i low = set1_u32(static_cast<std::uint32_t>(group));
+            const __m512i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
+            const __m512i s0 = set1_u32(static_cast<std::uint32_t>(stream));
+            const __m512i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            PhiloxLanes a{_mm512_add_epi32(low, lane_groups), high, s0, s1};
+            PhiloxLanes b{_mm512_add_epi32(a.c0, set1_u32(8)), high, s0, s1};
             auto k0 = static_cast<std::uint32_t>(seed);
             auto k1 = static_cast<std::uint32_t>(seed >> 32);
             for (int round = 0; round < philox::kRounds; ++round) {
@@ -131,22 +148,11 @@ struct Avx512StateOps : Avx512Ops {
                     k0 += philox::kWeyl0;
                     k1 += philox::kWeyl1;
                 }
-                __m512i hi0, lo0, hi1, lo1;
-                mul_wide(c0, m0, hi0, lo0);
-                mul_wide(c2, m1, hi1, lo1);
-                c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), set1_u32(k0));
-                c1 = lo1;
-                c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), set1_u32(k1));
-                c3 = lo0;
+                philox_round(a, set1_u32(k0), set1_u32(k1));
+                philox_round(b, set1_u32(k0), set1_u32(k1));
             }
-            const __m512i a = _mm512_unpacklo_epi32(c0, c1);
-            const __m512i b = _mm512_unpacklo_epi32(c2, c3);
-            const __m512i c = _mm512_unpackhi_epi32(c0, c1);
-            const __m512i d = _mm512_unpackhi_epi32(c2, c3);
-            _mm512_storeu_si512(out + i, _mm512_unpacklo_epi64(a, b));
-            _mm512_storeu_si512(out + i + 16, _mm512_unpackhi_epi64(a, b));
-            _mm512_storeu_si512(out + i + 32, _mm512_unpacklo_epi64(c, d));
-            _mm512_storeu_si512(out + i + 48, _mm512_unpackhi_epi64(c, d));
+            store_philox_words(out + i, a);
+            store_philox_words(out + i + 32, b);
         }
     }
 };
