@@ -10,6 +10,8 @@ namespace zinf::kernels::detail {
 namespace {
 
 struct Avx2StateOps : Avx2Ops {
+    // Words per philox_words batch (count and first_index are multiples of it).
+    static constexpr std::size_t kPhiloxBatch = 32;
     static __m256i set1_u32(std::uint32_t x) noexcept {
         return _mm256_set1_epi32(static_cast<int>(x));
     }

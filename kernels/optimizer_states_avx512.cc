@@ -11,6 +11,8 @@ namespace zinf::kernels::detail {
 namespace {
 
 struct Avx512StateOps : Avx512Ops {
+    // Words per philox_words batch (count and first_index are multiples of it).
+    static constexpr std::size_t kPhiloxBatch = 64;
     static __m512i set1_u32(std::uint32_t x) noexcept {
         return _mm512_set1_epi32(static_cast<int>(x));
     }

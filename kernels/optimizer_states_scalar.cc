@@ -13,6 +13,8 @@ namespace zinf::kernels::detail {
 namespace {
 
 struct ScalarStateOps : ScalarOps {
+    // Words per philox_words batch (count and first_index are multiples of it).
+    static constexpr std::size_t kPhiloxBatch = 4;
     static F fmadd(F a, F b, F c) noexcept { return std::fma(a, b, c); }
     using U = std::uint32_t;
     static U max_magnitude_zero() noexcept { return 0; }

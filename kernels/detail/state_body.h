@@ -237,38 +237,49 @@ void bf16_tail(const VectorConstants<V>& k, const StateLanePointers& at, std::si
     tail.store(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
 }
 
-// The rounding words of the 64 elements from i, every pair's.
+// The rounding words of elements i + offset .. i + offset + count (of the 64 from i), every
+// pair's.
 template <class V, int kKept>
-void bf16_words(const StateStepArgs& a, std::size_t i,
-                std::uint32_t (*words)[kRoundingBatch]) noexcept {
+void bf16_words(const StateStepArgs& a, std::size_t i, std::uint32_t (*words)[kRoundingBatch],
+                std::size_t offset, std::size_t count) noexcept {
     for (int pair = 0; 2 * pair < kKept; ++pair) {
-        V::philox_words(words[pair], a.rounding_seed, a.rounding_streams[pair], a.first_index + i,
-                        kRoundingBatch);
+        V::philox_words(words[pair] + offset, a.rounding_seed, a.rounding_streams[pair],
+                        a.first_index + i + offset, count);
     }
 }
 
-// The words of the next 64 elements are made before the current ones are updated: Philox is a
-// long chain of dependent multiplies, and the update of the current elements (which does not
-// depend on it) fills the cycles in between.
+// The words of the next 64 elements are made while the current ones are updated, one Philox
+// batch of V (V::kPhiloxBatch words) after every kVectors / kPieces vectors: Philox is a long
+// chain of dependent multiplies, and placing its pieces between independent updates lets
+// out-of-order execution overlap the two (made all at once, the chain filled the window).
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::size_t kPiece = V::kPhiloxBatch;
+    constexpr std::size_t kPieces = kRoundingBatch / kPiece;
+    constexpr std::size_t kVectors = kRoundingBatch / V::kLanes;
+    static_assert(kRoundingBatch % kPiece == 0 && kPieces <= kVectors);
     ZINF_ASSERT(a.moment_count == kKept);
     const VectorConstants<V> k(a.step.c);
     const StateLanePointers at = lane_pointers<V>(a);
     alignas(64) std::uint32_t words[2][2][kRoundingBatch];  // [current or next][pair]
-    bf16_words<V, kKept>(a, begin, words[0]);
+    bf16_words<V, kKept>(a, begin, words[0], 0, kRoundingBatch);
     int current = 0;
     for (std::size_t i = begin; i < end; i += kRoundingBatch, current ^= 1) {
         if (end - i < kRoundingBatch) {
             bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, words[current]);
             return;
         }
-        if (i + kRoundingBatch < end)
-            bf16_words<V, kKept>(a, i + kRoundingBatch, words[current ^ 1]);
+        const bool more = i + kRoundingBatch < end;
         prefetch_run<kGrad, kCopy>(at, i, sizeof(std::uint16_t), kKept);
-        for (std::size_t w = 0; w < kRoundingBatch; w += V::kLanes) {
+        for (std::size_t v = 0; v < kVectors; ++v) {
+            const std::size_t w = v * V::kLanes;
             bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words[current], w);
+            if (more && v % (kVectors / kPieces) == 0) {
+                const std::size_t piece = v / (kVectors / kPieces);
+                bf16_words<V, kKept>(a, i + kRoundingBatch, words[current ^ 1], piece * kPiece,
+                                     kPiece);
+            }
         }
     }
 }
