@@ -61,7 +61,7 @@ struct Avx2StateOps : Avx2Ops {
         return _mm256_castsi256_ps(x);
     }
 
-    // encode_int8 as four vectors' codes (int32 lanes): the octave from the exponent, the step
+    // encode_int8's codes (int32 lanes): the octave from the exponent, the step
     // from the tables of the mantissa's top three bits (two midpoints at most per interval).
     template <bool kUnsigned>
     static __m256i int8_codes(F x, F inv_scale) noexcept {
@@ -69,11 +69,11 @@ struct Avx2StateOps : Avx2Ops {
         static constexpr OctaveStepTables<3> kTables = make_octave_step_tables<3>(kCodeMax);
         const __m256i bits = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(x, inv_scale)),
                                               set1_u32(0x7fffffffu));
-        const __m256i index = _mm256_srli_epi32(bits, 20);  // the permutes use its low 3 bits
+        // 8 * exponent + the mantissa's top 3 bits; the permutes use those 3 bits.
+        const __m256i index = _mm256_srli_epi32(bits, 20);
         const __m256i mantissa = _mm256_and_si256(bits, set1_u32(0x007fffffu));
-        const __m256i octave = _mm256_and_si256(index, set1_u32(~7u));
         __m256i c =
-            _mm256_add_epi32(octave, _mm256_permutevar8x32_epi32(load_table(kTables.base), index));
+            _mm256_add_epi32(index, _mm256_permutevar8x32_epi32(load_table(kTables.base), index));
         // A true comparison is -1.
         c = _mm256_sub_epi32(
             c, _mm256_cmpgt_epi32(mantissa,
@@ -104,6 +104,24 @@ struct Avx2StateOps : Avx2Ops {
         const __m256i gathered =
             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(gathered));
+    }
+
+    // Four vectors' codes packed into one 32-byte store (the codes fit their saturating packs).
+    template <bool kUnsigned>
+    static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
+        const __m256i c0 = int8_codes<kUnsigned>(load(x), inv_scale);
+        const __m256i c1 = int8_codes<kUnsigned>(load(x + 8), inv_scale);
+        const __m256i c2 = int8_codes<kUnsigned>(load(x + 16), inv_scale);
+        const __m256i c3 = int8_codes<kUnsigned>(load(x + 24), inv_scale);
+        __m256i bytes;
+        if constexpr (kUnsigned) {
+            bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+        } else {
+            bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+        }
+        // The packs interleave 128-bit halves: dwords (c0 lo, c1 lo, c2 lo, c3 lo, c0 hi, ...).
+        bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bytes);
     }
 
     // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.

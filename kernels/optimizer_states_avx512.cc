@@ -73,7 +73,7 @@ struct Avx512StateOps : Avx512Ops {
         const __m512i mantissa = _mm512_and_si512(bits, set1_u32(0x007fffffu));
         const __mmask16 above = _mm512_cmpgt_epi32_mask(
             mantissa, _mm512_permutexvar_epi32(index, load_table(kTables.first)));
-        const __m512i octave = _mm512_and_si512(_mm512_srli_epi32(bits, 20), set1_u32(~7u));
+        const __m512i octave = _mm512_srli_epi32(bits, 20);  // 8 * exponent + top 3 bits
         __m512i c =
             _mm512_add_epi32(octave, _mm512_permutexvar_epi32(index, load_table(kTables.base)));
         c = _mm512_mask_add_epi32(c, above, c, _mm512_set1_epi32(1));
@@ -88,6 +88,11 @@ struct Avx512StateOps : Avx512Ops {
                                       _mm512_setzero_si512(), c);
         }
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));  // low bytes
+    }
+
+    template <bool kUnsigned>
+    static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
+        for (int v = 0; v < 4; ++v) store_int8<kUnsigned>(p + 16 * v, load(x + 16 * v), inv_scale);
     }
 
     // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.

@@ -33,6 +33,10 @@ struct ScalarStateOps : ScalarOps {
     static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
         *p = encode_int8(x, inv_scale, kUnsigned);
     }
+    template <bool kUnsigned>
+    static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
+        for (int v = 0; v < 4; ++v) p[v] = encode_int8(x[v], inv_scale, kUnsigned);
+    }
     template <int kShift>
     static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         *p = float_to_bf16_stochastic(x, words[0] >> kShift);

@@ -14,7 +14,8 @@
 // max_magnitude_zero(), max_magnitude(acc, x) and reduce_max_magnitude(acc) (the largest |x|,
 // a NaN anywhere as the quiet NaN 0x7fc00000: the same bits in every variant);
 // load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
-// (kernels/state_codec.h's decode_int8 and encode_int8); store_bf16_stochastic<kShift>(dst, x,
+// (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
+// inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x,
 // words) (float_to_bf16_stochastic with word >> kShift); philox_words(out, seed, stream,
 // first_index, count): the Philox words of elements first_index .. first_index + count,
 // first_index and count multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit
@@ -45,8 +46,9 @@ static_assert(kBlock % kRoundingBatch == 0);
 // mantissa's top kIndexBits bits as an index, `below` counts the midpoints under that interval
 // and `first`, `second` are the (at most two) midpoints inside it, as their 23 mantissa bits less
 // one (so that a signed `mantissa bits > entry` is `mantissa >= midpoint`), INT32_MAX where none.
-// `base` adds code_max - 8 * 127 to `below`, so that a code is
-//   ((bits >> 23) << 3) + base[index] + [bits' mantissa >= first] + [... >= second],
+// `base` adds code_max - 8 * 127 to `below` and subtracts the index's top three bits, so that with
+// bits >> 20 = 8 * exponent + those three bits a code is
+//   (bits >> 20) + base[index] + [bits' mantissa >= first] + [... >= second],
 // before the clamps to [0, code_max] and the smallest code's own threshold.
 template <int kIndexBits>
 struct OctaveStepTables {
@@ -58,6 +60,7 @@ struct OctaveStepTables {
 
 template <int kIndexBits>
 constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
+    static_assert(kIndexBits >= 3);
     OctaveStepTables<kIndexBits> t{};
     constexpr int kShift = 23 - kIndexBits;
     for (int index = 0; index < t.kSize; ++index) {
@@ -71,7 +74,7 @@ constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noe
             if ((mantissa >> kShift) != index) continue;
             (t.first[index] == 0x7fffffff ? t.first[index] : t.second[index]) = mantissa - 1;
         }
-        t.base[index] = below + code_max - kCodeStepsPerOctave * 127;
+        t.base[index] = below + code_max - kCodeStepsPerOctave * 127 - (index >> (kIndexBits - 3));
     }
     return t;
 }
@@ -357,8 +360,12 @@ void encode_int8_block(const float* x, float inv_scale, std::size_t n,
     constexpr std::size_t kLanes = V::kLanes;
     const typename V::F inv = V::set1(inv_scale);
     std::size_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
+    for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
+        V::template store_int8_x4<kUnsigned>(codes + j, x + j, inv);
+    }
+    for (; j + kLanes <= n; j += kLanes) {
         V::template store_int8<kUnsigned>(codes + j, V::load(x + j), inv);
+    }
     if (j == n) return;
     alignas(64) std::uint8_t tail[kLanes] = {};
     V::template store_int8<kUnsigned>(tail, V::load(x + j), inv);
