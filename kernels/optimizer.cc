@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/detail/kernel_table.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
 #include "src/base/log.h"
 
 namespace zinf::kernels {
@@ -23,6 +25,10 @@ constexpr std::size_t kReductionRoundChunks = 4096;
 
 static_assert(detail::kStepMoments == static_cast<int>(kMaxMoments));
 static_assert(detail::kKindCount == kBuiltinOptimizerCount);
+// A chunk holds whole int8 blocks, so the state chunk functions never split one.
+static_assert(kChunkNumel % kStateBlockNumel == 0);
+static_assert(static_cast<int>(StateDType::kBf16) - 1 == detail::kStateBf16);
+static_assert(static_cast<int>(StateDType::kInt8) - 1 == detail::kStateInt8);
 
 // The chunk functions of registered optimizers, per variant, by kind. Written once at
 // registration (release), read by every step (acquire): no lock on the step's path.
@@ -37,6 +43,79 @@ std::array<RegisteredKernels, kMaxOptimizers>& registered_kernels() noexcept {
 
 bool in_unit_interval(double x) noexcept {
     return x >= 0.0 && x < 1.0;
+}
+
+const detail::StateKernelTable& state_kernel_table(Isa isa) noexcept {
+    switch (isa) {
+        case Isa::kAvx512:
+            return detail::avx512_state_kernel_table();
+        case Isa::kAvx2:
+            return detail::avx2_state_kernel_table();
+        case Isa::kScalar:
+            break;
+    }
+    return detail::scalar_state_kernel_table();
+}
+
+// The copy's index in the tables (0 none, 1 bf16, 2 fp16), its size asserted.
+int copy_index_for(ParamCopy copy, std::size_t numel) noexcept {
+    if (copy.data == nullptr) return 0;
+    ZINF_ASSERT_EQ(copy.numel, numel);
+    ZINF_ASSERT(copy.dtype != DType::kFloat32);
+    return copy.dtype == DType::kBFloat16 ? 1 : 2;
+}
+
+// An fp32 StoredState as the fp32 step's view of it.
+OptimizerState fp32_state_of(const StoredState& stored) noexcept {
+    OptimizerState state;
+    state.params = stored.params;
+    for (std::size_t i = 0; i < kMaxMoments; ++i) {
+        const std::span<std::byte> bytes = stored.moments[i];
+        ZINF_ASSERT(bytes.size() % sizeof(float) == 0);
+        ZINF_ASSERT(reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0);
+        ZINF_ASSERT(stored.scales[i].empty());
+        state.moments[i] = {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+    }
+    return state;
+}
+
+// The sizes, alignment and first index a compressed StoredState must have (asserted).
+void assert_stored_state(const StoredState& state, std::size_t kept) noexcept {
+    const std::size_t numel = state.params.size();
+    ZINF_ASSERT(state.first_index % kStateBlockNumel == 0);
+    for (std::size_t i = 0; i < kMaxMoments; ++i) {
+        if (i >= kept) {
+            ZINF_ASSERT(state.moments[i].empty());
+            ZINF_ASSERT(state.scales[i].empty());
+            continue;
+        }
+        ZINF_ASSERT_EQ(state.moments[i].size(), numel * state_element_size_bytes(state.dtype));
+        ZINF_ASSERT_EQ(state.scales[i].size(), state_scale_count(state.dtype, numel));
+        const auto address = reinterpret_cast<std::uintptr_t>(state.moments[i].data());
+        ZINF_ASSERT(address % state_element_size_bytes(state.dtype) == 0);
+    }
+}
+
+// The operands of a compressed step but for the chunk range.
+detail::StateStepArgs state_step_args(const OptimizerParams& params, const StoredState& state,
+                                      GradView grads, ParamCopy copy, std::size_t kept) noexcept {
+    const OptimizerDescriptor& d = optimizer_descriptor(params.kind);
+    detail::StateStepArgs args{};
+    args.step.params = state.params.data();
+    args.step.grads = grads.data;
+    args.step.param_copy = copy.data;
+    args.step.c = detail::step_constants(params);
+    for (std::size_t i = 0; i < kept; ++i) {
+        args.stored[i] = state.moments[i].data();
+        args.scales[i] = state.dtype == StateDType::kInt8 ? state.scales[i].data() : nullptr;
+        if (d.moments[i].non_negative) args.unsigned_mask |= 1u << i;
+    }
+    args.moment_count = static_cast<int>(kept);
+    args.first_index = state.first_index;
+    args.rounding_seed = state.rounding_seed;
+    args.rounding_streams[0] = rounding_stream(0, params.step);
+    args.rounding_streams[1] = rounding_stream(1, params.step);
+    return args;
 }
 
 }  // namespace
@@ -212,6 +291,38 @@ Status OptimizerKernel::step(const OptimizerParams& params, const OptimizerState
     args.grads = grads.data;
     args.param_copy = copy.data;
     args.c = detail::step_constants(params);
+    loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
+        const std::size_t begin = chunk * kChunkNumel;
+        fn(args, begin, std::min(begin + kChunkNumel, numel));
+    });
+    return Status::ok();
+}
+
+Status OptimizerKernel::step(const OptimizerParams& params, const StoredState& state,
+                             GradView grads, ParamCopy copy) const noexcept {
+    if (state.dtype == StateDType::kFp32) return step(params, fp32_state_of(state), grads, copy);
+    ZINF_TRY(validate(params));
+    const std::size_t numel = state.params.size();
+    const std::size_t kept = optimizer_descriptor(params.kind).kept_moment_count(params.amsgrad);
+    assert_stored_state(state, kept);
+    ZINF_ASSERT_EQ(grads.numel, numel);
+    if (numel > 0) ZINF_ASSERT(grads.data != nullptr);
+    const int copy_index = copy_index_for(copy, numel);
+    // As the fp32 step: Adam without weight decay takes AdamW's path.
+    OptimizerKind kind = params.kind;
+    if (kind == OptimizerKind::kAdam && params.weight_decay == 0.0) kind = OptimizerKind::kAdamW;
+    const auto index = static_cast<std::size_t>(kind);
+    if (index >= kBuiltinOptimizerCount) {
+        return Status::not_supported(str_cat("optimizer ", optimizer_kind_name(kind), ": no ",
+                                             state_dtype_name(state.dtype),
+                                             " state kernel (built-in optimizers only)"));
+    }
+    const detail::StateStepChunkFn fn =
+        state_kernel_table(isa_)
+            .step[static_cast<int>(state.dtype) - 1][index][params.amsgrad ? 1 : 0]
+                 [static_cast<int>(grads.dtype)][copy_index];
+    ZINF_ASSERT(fn != nullptr);
+    const detail::StateStepArgs args = state_step_args(params, state, grads, copy, kept);
     loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kChunkNumel;
         fn(args, begin, std::min(begin + kChunkNumel, numel));

@@ -15,6 +15,7 @@
 #include "kernels/step_args.h"
 #include "src/base/dtype.h"
 #include "src/base/optimizer_descriptor.h"
+#include "src/base/state_dtype.h"
 #include "src/base/status.h"
 
 namespace zinf::kernels {
@@ -65,6 +66,27 @@ Status validate(const OptimizerParams& params);
 struct OptimizerState {
     std::span<float> params;
     std::array<std::span<float>, kMaxMoments> moments{};
+};
+
+// The master parameters and the moments as stored, fp32, bf16 or int8 (src/base/state_dtype.h;
+// kernels/README.md, "Compressed optimizer states"), borrowed for one call. The moments are in
+// the descriptor's order, as in OptimizerState; bytes, so that a swapper moves them as it reads
+// them. The master parameters are fp32 in every case.
+struct StoredState {
+    std::span<float> params;
+    StateDType dtype = StateDType::kFp32;
+    // Moment i: numel * state_element_size_bytes(dtype) bytes, aligned to its element size (bf16
+    // bits; int8 codes, two's complement for signed moments, plain for never-negative ones).
+    std::array<std::span<std::byte>, kMaxMoments> moments{};
+    // int8: moment i's block scales, state_scale_count(kInt8, numel) each; else empty.
+    std::array<std::span<float>, kMaxMoments> scales{};
+    // The global flat index of params[0] (its place in the whole flattened model): a multiple of
+    // kStateBlockNumel for bf16 and int8, so that blocks and rounding words do not depend on how
+    // the model is partitioned.
+    std::uint64_t first_index = 0;
+    // bf16: the Philox key of the stochastic rounding; one value for the whole run and every rank
+    // (the step and the element's global index make each word distinct).
+    std::uint64_t rounding_seed = 0;
 };
 
 // Gradients of one of the three dtypes, borrowed for one call.
@@ -138,6 +160,17 @@ public:
     // Elements are independent: the result of each is bitwise the same for any thread count,
     // chunking or alignment. Allocates nothing of its own; blocks until done.
     Status step(const OptimizerParams& params, const OptimizerState& state, GradView grads,
+                ParamCopy copy = ParamCopy::none()) const noexcept;
+
+    // The same step over moments stored as `state.dtype` says: fp32 runs the step above; bf16
+    // and int8 decode each block of 2048 elements, run the same element code in fp32 and encode
+    // it back in one pass (bf16 with stochastic rounding keyed by (rounding_seed, step, global
+    // index); int8 to the nearest code of the block's new largest magnitude). Preconditions
+    // (asserted) as above, plus the moment and scale sizes of StoredState and first_index a
+    // multiple of kStateBlockNumel. Every variant and thread count gives the same bits; so does
+    // any split of the span at block boundaries. Returns kInvalidArgument as above, and
+    // kNotSupported for a compressed dtype on an optimizer registered from outside kernels/.
+    Status step(const OptimizerParams& params, const StoredState& state, GradView grads,
                 ParamCopy copy = ParamCopy::none()) const noexcept;
 
     // Reads the gradients once and reports inf/NaN and the sum of squares. The sum is

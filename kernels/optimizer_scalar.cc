@@ -1,52 +1,12 @@
 // The scalar variant of the CPU kernels: one element at a time, for any x86-64. Compiled with
 // the baseline flags plus -ffp-contract=off, so a*b+c is always two roundings here (the SIMD
 // variants fuse it), whatever flags a packager adds.
-#include <cmath>
-
-#include "kernels/cast.h"
 #include "kernels/detail/kernel_table.h"
+#include "kernels/detail/ops_scalar.h"
 #include "kernels/detail/optimizer_body.h"
 
 namespace zinf::kernels::detail {
 namespace {
-
-struct ScalarOps {
-    using F = float;
-    static constexpr std::size_t kLanes = 1;
-    static constexpr int kAccLanes = 1;
-
-    static F load(const float* p) noexcept { return *p; }
-    static void store(float* p, F x) noexcept { *p = x; }
-    static F load_bf16(const std::uint16_t* p) noexcept { return bf16_to_float(*p); }
-    static F load_fp16(const std::uint16_t* p) noexcept { return fp16_to_float(*p); }
-    static void store_bf16(std::uint16_t* p, F x) noexcept { *p = float_to_bf16(x); }
-    static void store_fp16(std::uint16_t* p, F x) noexcept { *p = float_to_fp16(x); }
-    static F set1(float x) noexcept { return x; }
-    static F add(F a, F b) noexcept { return a + b; }
-    static F mul(F a, F b) noexcept { return a * b; }
-    static F div(F a, F b) noexcept { return a / b; }
-    static F sqrt(F a) noexcept { return std::sqrt(a); }
-    static F fmadd(F a, F b, F c) noexcept { return a * b + c; }  // unfused: see the file comment
-    // MAXPS's rule (b unless a > b), with a NaN in a kept: the SIMD variants' max, case by case.
-    static F max(F a, F b) noexcept {
-        if (a != a) return a;  // NaN
-        return a > b ? a : b;
-    }
-    static F sign(F x) noexcept {
-        if (x > 0.0f) return 1.0f;
-        if (x < 0.0f) return -1.0f;
-        if (x == 0.0f) return 0.0f;
-        return x;  // NaN
-    }
-
-    using Acc = double;
-    static Acc acc_zero() noexcept { return 0.0; }
-    static void acc_add_squares(Acc& acc, F x) noexcept {
-        const double d = x;
-        acc += d * d;  // exact product: the same single rounding as the SIMD variants' FMA
-    }
-    static double acc_total(const Acc& acc) noexcept { return acc; }
-};
 
 constexpr KernelTable kScalarTable = make_kernel_table<ScalarOps>();
 

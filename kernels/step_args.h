@@ -44,4 +44,24 @@ struct StepArgs {
 // Updates elements [begin, end). Per-element results do not depend on begin or end.
 using StepChunkFn = void (*)(const StepArgs& args, std::size_t begin, std::size_t end) noexcept;
 
+// The operands of a step whose moments are stored compressed (bf16 or int8; kernels/README.md,
+// "Compressed optimizer states"). step.moments are unused (null); the chunk functions decode a
+// block of 2048 elements into fp32, run the fp32 step on it and encode it back.
+struct StateStepArgs {
+    StepArgs step;
+    // Moment k's stored elements (uint16_t bf16 bits or uint8_t int8 codes), from element 0.
+    void* stored[kStepMoments];
+    float* scales[kStepMoments];  // int8: one per block, from element 0's block; else null
+    int moment_count;             // the kept moments
+    std::uint32_t unsigned_mask;  // bit k: moment k is never negative (int8: unsigned code)
+    std::uint64_t first_index;    // the global flat index of element 0; a multiple of 2048
+    std::uint64_t rounding_seed;  // bf16: the Philox key of the stochastic rounding
+    // bf16: the Philox streams of moment pairs 0 (moments 0, 1) and 1 (moment 2) at this step.
+    std::uint64_t rounding_streams[2];
+};
+
+// Updates elements [begin, end); begin is a multiple of 2048 (a block boundary).
+using StateStepChunkFn = void (*)(const StateStepArgs& args, std::size_t begin,
+                                  std::size_t end) noexcept;
+
 }  // namespace zinf::kernels::detail

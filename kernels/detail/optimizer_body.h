@@ -82,21 +82,29 @@ void store_copy(void* copy, std::size_t index, typename V::F p) noexcept {
     }
 }
 
-// One vector of elements at `index`. The operation order is the contract that the reference in
-// tests/kernels/optimizer_reference.h mirrors (and kernels/cuda/adam.cu copies); change them
-// together. kAmsgrad (Adam, AdamW only) keeps max_exp_avg_sq = max(max_exp_avg_sq, v) and divides
-// by its square root instead of v's, as torch.optim.Adam(amsgrad=True) does.
-template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
-void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, float* exp_avg_sq,
-                float* max_exp_avg_sq, const void* grads, void* copy, std::size_t index) noexcept {
+// The registers of one vector of elements: the parameters, the gradient as loaded (unscaled),
+// and the moments the kind keeps (the others unused).
+template <class V>
+struct LaneValues {
+    typename V::F p, g, m, v, v_max;
+};
+
+// The update of one vector of elements in registers: p and the kept moments in place. The
+// operation order is the contract that the reference in tests/kernels/optimizer_reference.h
+// mirrors (and kernels/cuda/adam.cu copies); change them together. kAmsgrad (Adam, AdamW only)
+// keeps v_max = max(v_max, v) and divides by its square root instead of v's, as
+// torch.optim.Adam(amsgrad=True) does.
+template <class V, int kKind, bool kAmsgrad>
+[[gnu::always_inline]] inline void update_lanes(const VectorConstants<V>& k,
+                                                LaneValues<V>& x) noexcept {
     using F = typename V::F;
     static_assert(!kAmsgrad || kKind == kKindAdam || kKind == kKindAdamW);
-    F g = V::mul(load_grad<V, kGrad>(grads, index), k.grad_scale);
-    F p = V::load(params + index);
+    F g = V::mul(x.g, k.grad_scale);
+    F p = x.p;
     if constexpr (kKind == kKindAdam || kKind == kKindAdamW) {
         if constexpr (kKind == kKindAdam) g = V::fmadd(k.l2_weight_decay, p, g);
-        F m = V::load(exp_avg + index);
-        F v = V::load(exp_avg_sq + index);
+        F m = x.m;
+        F v = x.v;
         if (k.torch_rounding) {
             // torch: exp_avg.mul_(b1).add_(g, alpha=1-b1) (Vectorized fmadd);
             // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2): (value*g)*g + self, contracted.
@@ -108,8 +116,8 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
         }
         F second_moment = v;
         if constexpr (kAmsgrad) {
-            second_moment = V::max(V::load(max_exp_avg_sq + index), v);
-            V::store(max_exp_avg_sq + index, second_moment);
+            second_moment = V::max(x.v_max, v);
+            x.v_max = second_moment;
         }
         if (k.torch_rounding) {
             // torch: denom = (sqrt(v) / sqrt(bc2)).add_(eps); p.mul_(1 - lr*wd);
@@ -122,26 +130,43 @@ void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, floa
             if constexpr (kKind == kKindAdamW) p = V::mul(p, k.decay_factor);
             p = V::fmadd(k.step_size, V::div(m, denom), p);
         }
-        V::store(exp_avg + index, m);
-        V::store(exp_avg_sq + index, v);
+        x.m = m;
+        x.v = v;
     } else if constexpr (kKind == kKindAdagrad) {
         g = V::fmadd(k.l2_weight_decay, p, g);
-        F v = V::load(exp_avg_sq + index);
-        v = V::fmadd(g, g, v);
+        const F v = V::fmadd(g, g, x.v);
         const F denom = V::add(V::sqrt(v), k.eps);
         p = V::fmadd(k.step_size, V::div(g, denom), p);
-        V::store(exp_avg_sq + index, v);
+        x.v = v;
     } else {
         static_assert(kKind == kKindLion);
-        F m = V::load(exp_avg + index);
+        const F m = x.m;
         const F c = V::fmadd(k.beta1, m, V::mul(k.one_minus_beta1, g));
         p = V::mul(p, k.decay_factor);
         p = V::fmadd(k.step_size, V::sign(c), p);
-        m = V::fmadd(k.beta2, m, V::mul(k.one_minus_beta2, g));
-        V::store(exp_avg + index, m);
+        x.m = V::fmadd(k.beta2, m, V::mul(k.one_minus_beta2, g));
     }
-    V::store(params + index, p);
-    store_copy<V, kCopy>(copy, index, p);
+    x.p = p;
+}
+
+// One vector of fp32 elements at `index`: update_lanes between loads and stores.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void step_lanes(const VectorConstants<V>& k, float* params, float* exp_avg, float* exp_avg_sq,
+                float* max_exp_avg_sq, const void* grads, void* copy, std::size_t index) noexcept {
+    constexpr bool kUsesExpAvg = kKind != kKindAdagrad;
+    constexpr bool kUsesExpAvgSq = kKind != kKindLion;
+    LaneValues<V> x{};
+    x.g = load_grad<V, kGrad>(grads, index);
+    x.p = V::load(params + index);
+    if constexpr (kUsesExpAvg) x.m = V::load(exp_avg + index);
+    if constexpr (kUsesExpAvgSq) x.v = V::load(exp_avg_sq + index);
+    if constexpr (kAmsgrad) x.v_max = V::load(max_exp_avg_sq + index);
+    update_lanes<V, kKind, kAmsgrad>(k, x);
+    if constexpr (kUsesExpAvg) V::store(exp_avg + index, x.m);
+    if constexpr (kUsesExpAvgSq) V::store(exp_avg_sq + index, x.v);
+    if constexpr (kAmsgrad) V::store(max_exp_avg_sq + index, x.v_max);
+    V::store(params + index, x.p);
+    store_copy<V, kCopy>(copy, index, x.p);
 }
 
 // Where each built-in kind keeps its moments in StepArgs::moments (the order of its

@@ -14,11 +14,12 @@ namespace zinf::bench {
 // 16-bit, copy is null or a 16-bit array written from the new params.
 struct BoundArgs {
     float* params;
-    float* exp_avg;
-    float* exp_avg_sq;
+    void* exp_avg;     // state_bytes wide elements: fp32, 16-bit (bf16 states) or 8-bit (int8)
+    void* exp_avg_sq;  // as exp_avg
     const void* grads;
     bool grads_16bit;
     std::uint16_t* copy;
+    int state_bytes;  // 4, 2 or 1: the moments' element size (the int8 scales are not moved)
     float zero;  // 0 at run time: x += g * 0 keeps the data while the compiler must do the work
 };
 

@@ -23,6 +23,18 @@ struct Avx2Ops {
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0x08);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
     }
+    static F load_8bit(const std::uint8_t* p) noexcept {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    }
+    static void store_8bit(std::uint8_t* p, F x) noexcept {
+        const __m256i c = _mm256_and_si256(_mm256_cvttps_epi32(x), _mm256_set1_epi32(0xff));
+        const __m256i bytes =
+            _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
+        const __m256i gathered =
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(gathered));
+    }
 };
 
 }  // namespace

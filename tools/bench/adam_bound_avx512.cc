@@ -26,6 +26,14 @@ struct Avx512Ops {
         const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(x), 16);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
     }
+    static F load_8bit(const std::uint8_t* p) noexcept {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+    }
+    static void store_8bit(std::uint8_t* p, F x) noexcept {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                         _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(x)));
+    }
 };
 
 }  // namespace

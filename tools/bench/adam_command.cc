@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "src/base/aligned.h"
 #include "src/base/log.h"
 #include "src/base/optimizer_descriptor.h"
+#include "src/base/state_dtype.h"
 #include "tools/bench/adam_bound.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/stats.h"
@@ -33,6 +35,7 @@ struct AdamOptions {
     std::uint64_t params_numel = 256'000'000;
     OptimizerKind kind = OptimizerKind::kAdamW;
     DType grad_dtype = DType::kFloat32;
+    StateDType state_dtype = StateDType::kFp32;
     std::string variant = "auto";
     int threads = 2;
     int pairs = 5;
@@ -50,6 +53,9 @@ void declare_flags(cli::Args& args) {
     }
     args.add("optimizer", "adamw", names);
     args.add("grad-dtype", "fp32", "gradient dtype: fp32, bf16 or fp16");
+    args.add("state-dtype", "fp32",
+             "moments stored as fp32, bf16 (stochastic rounding) or int8 (blockwise, one\n"
+             "fp32 scale per 2048); the bound moves the same bytes");
     args.add("variant", "auto",
              "auto, avx512, avx2 or scalar. auto takes ZINF_CPU_ISA when set, else the\n"
              "best this CPU has; naming a variant the CPU lacks is an error");
@@ -78,6 +84,9 @@ Result<AdamOptions> parse_options(const cli::Args& args) {
     o.grad_dtype = dtype == "fp32"   ? DType::kFloat32
                    : dtype == "bf16" ? DType::kBFloat16
                                      : DType::kFloat16;
+    ZINF_ASSIGN_OR_RETURN(const std::string state,
+                          args.get_choice("state-dtype", {"fp32", "bf16", "int8"}));
+    o.state_dtype = *find_state_dtype(state);
     ZINF_ASSIGN_OR_RETURN(o.variant,
                           args.get_choice("variant", {"auto", "avx512", "avx2", "scalar"}));
     ZINF_ASSIGN_OR_RETURN(const std::int64_t threads, args.get_int("threads", 0, 4096));
@@ -168,9 +177,11 @@ struct AdamArrays {
     std::size_t numel = 0;
     bool two_states = false;  // the optimizer keeps two moments (its descriptor says), else one
     std::size_t grad_bytes = 0;
-    std::size_t bytes_per_param = 0;
+    std::size_t state_bytes = 4;  // per moment element: 4 fp32, 2 bf16, 1 int8
+    double bytes_per_param = 0;   // int8's scales make it fractional
     double bytes_per_step = 0;
-    AlignedBuffer params, state1, state2, grads, copy;  // state2 and copy may be empty
+    // state2, copy and the int8 scales may be empty.
+    AlignedBuffer params, state1, state2, grads, copy, scales1, scales2;
     double first_touch_s = 0;
 };
 
@@ -180,16 +191,17 @@ struct AdamArrays {
 void first_touch(const AdamOptions& o, const kernels::ChunkLoop& loop, AdamArrays& a) {
     const std::size_t n = a.numel;
     float* p = a.params.as<float>();
-    float* s1 = a.state1.as<float>();
-    float* s2 = a.two_states ? a.state2.as<float>() : nullptr;
+    std::byte* s1 = a.state1.data();
+    std::byte* s2 = a.two_states ? a.state2.data() : nullptr;
     auto* copy_data = o.bf16_copy ? a.copy.as<std::uint16_t>() : nullptr;
     loop.run(kernels::chunk_count_for(n), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kernels::kChunkNumel;
         const std::size_t end = std::min(n, begin + kernels::kChunkNumel);
         for (std::size_t i = begin; i < end; ++i) {
             p[i] = hashed_unit(i, 1);
-            s1[i] = 0.0f;
-            if (s2 != nullptr) s2[i] = 0.0f;
+            // Zero bytes are 0 in every state dtype.
+            std::memset(s1 + i * a.state_bytes, 0, a.state_bytes);
+            if (s2 != nullptr) std::memset(s2 + i * a.state_bytes, 0, a.state_bytes);
             const float g = 1e-2f * hashed_unit(i, 2);
             switch (o.grad_dtype) {
                 case DType::kFloat32:
@@ -214,12 +226,26 @@ Result<AdamArrays> allocate_arrays(const AdamOptions& o, const kernels::ChunkLoo
     const std::size_t n = a.numel;
     a.two_states = optimizer_descriptor(o.kind).kept_moment_count(false) == 2;
     a.grad_bytes = dtype_size_bytes(o.grad_dtype);
-    a.bytes_per_param = (a.two_states ? 24 : 16) + a.grad_bytes + (o.bf16_copy ? 2 : 0);
-    a.bytes_per_step = static_cast<double>(a.bytes_per_param) * static_cast<double>(n);
+    a.state_bytes = state_element_size_bytes(o.state_dtype);
+    const int moments = a.two_states ? 2 : 1;
+    // Each moment read and written: its elements and (int8) one fp32 scale per 2048.
+    const double moment_bytes =
+        2.0 * static_cast<double>(state_moment_size_bytes(o.state_dtype, kStateBlockNumel)) /
+        static_cast<double>(kStateBlockNumel);
+    a.bytes_per_param = 8.0 + moments * moment_bytes + static_cast<double>(a.grad_bytes) +
+                        (o.bf16_copy ? 2.0 : 0.0);
+    a.bytes_per_step = a.bytes_per_param * static_cast<double>(n);
+    const std::size_t scale_bytes = state_scale_count(o.state_dtype, n) * sizeof(float);
     ZINF_ASSIGN_OR_RETURN(a.params, allocate_stream(n * sizeof(float)));
-    ZINF_ASSIGN_OR_RETURN(a.state1, allocate_stream(n * sizeof(float)));
+    ZINF_ASSIGN_OR_RETURN(a.state1, allocate_stream(n * a.state_bytes));
+    if (scale_bytes > 0) {
+        ZINF_ASSIGN_OR_RETURN(a.scales1, allocate_stream(scale_bytes));
+    }
     if (a.two_states) {
-        ZINF_ASSIGN_OR_RETURN(a.state2, allocate_stream(n * sizeof(float)));
+        ZINF_ASSIGN_OR_RETURN(a.state2, allocate_stream(n * a.state_bytes));
+        if (scale_bytes > 0) {
+            ZINF_ASSIGN_OR_RETURN(a.scales2, allocate_stream(scale_bytes));
+        }
     }
     ZINF_ASSIGN_OR_RETURN(a.grads, allocate_stream(n * a.grad_bytes));
     if (o.bf16_copy) {
@@ -239,11 +265,12 @@ public:
         : kernels_(k),
           numel_(a.numel),
           bound_args_{a.params.as<float>(),
-                      a.state1.as<float>(),
-                      a.two_states ? a.state2.as<float>() : nullptr,
+                      a.state1.data(),
+                      a.two_states ? a.state2.data() : nullptr,
                       a.grads.data(),
                       a.grad_bytes == 2,
                       o.bf16_copy ? a.copy.as<std::uint16_t>() : nullptr,
+                      static_cast<int>(a.state_bytes),
                       0.0f},
           grad_view_{a.grads.data(), numel_, o.grad_dtype},
           param_copy_(o.bf16_copy ? kernels::ParamCopy::bf16({bound_args_.copy, numel_})
@@ -254,8 +281,15 @@ public:
         hp_.beta2 = optimizer_descriptor(o.kind).default_beta2;
         hp_.torch_rounding = o.torch_rounding;
         state_.params = {bound_args_.params, numel_};
-        state_.moments[0] = {bound_args_.exp_avg, numel_};
-        if (a.two_states) state_.moments[1] = {bound_args_.exp_avg_sq, numel_};
+        state_.dtype = o.state_dtype;
+        state_.rounding_seed = 1;
+        const std::size_t scale_count = state_scale_count(o.state_dtype, numel_);
+        state_.moments[0] = {a.state1.data(), numel_ * a.state_bytes};
+        if (scale_count > 0) state_.scales[0] = {a.scales1.as<float>(), scale_count};
+        if (a.two_states) {
+            state_.moments[1] = {a.state2.data(), numel_ * a.state_bytes};
+            if (scale_count > 0) state_.scales[1] = {a.scales2.as<float>(), scale_count};
+        }
     }
 
     // Seconds of one bound pass.
@@ -282,7 +316,7 @@ private:
     std::size_t numel_;
     BoundArgs bound_args_;
     kernels::OptimizerParams hp_;
-    kernels::OptimizerState state_;
+    kernels::StoredState state_;
     kernels::GradView grad_view_;
     kernels::ParamCopy param_copy_;
     Status step_status_;
@@ -290,18 +324,22 @@ private:
 
 void print_header(const AdamOptions& o, const AdamKernels& k, const AdamArrays& a) {
     std::printf(
-        "zinfinity-bench adam: %s%s, %llu params, grads %s, %s, variant %s (asked: %s), %d "
-        "threads\n",
+        "zinfinity-bench adam: %s%s, %llu params, grads %s, states %s, %s, variant %s (asked: "
+        "%s), %d threads\n",
         std::string(optimizer_kind_name(o.kind)).c_str(),
         o.torch_rounding ? " (torch rounding)" : "", static_cast<unsigned long long>(a.numel),
         std::string(dtype_name(o.grad_dtype)).c_str(),
+        std::string(state_dtype_name(o.state_dtype)).c_str(),
         o.bf16_copy ? "bf16 param copy" : "no param copy",
         std::string(kernels::isa_name(k.isa)).c_str(), o.variant.c_str(), k.kernel.threads());
     std::printf("cpu: %s\n", kernels::cpu_features().to_string().c_str());
-    std::printf("bytes/param: %zu (%d fp32 streams read and written in place, %s grads read%s)\n",
-                a.bytes_per_param, a.two_states ? 3 : 2,
-                std::string(dtype_name(o.grad_dtype)).c_str(),
-                o.bf16_copy ? ", bf16 copy written" : "");
+    std::printf(
+        "bytes/param: %.3f (fp32 master and %d %s moment stream%s read and written in place%s, "
+        "%s grads read%s)\n",
+        a.bytes_per_param, a.two_states ? 2 : 1,
+        std::string(state_dtype_name(o.state_dtype)).c_str(), a.two_states ? "s" : "",
+        o.state_dtype == StateDType::kInt8 ? " with their scales" : "",
+        std::string(dtype_name(o.grad_dtype)).c_str(), o.bf16_copy ? ", bf16 copy written" : "");
     std::printf(
         "bound: the same streams with plain %s loads/stores and no arithmetic, same %zu-element "
         "chunks and threads\n",
@@ -365,7 +403,7 @@ Result<PairFigures> measure_pairs(const AdamOptions& o, const AdamKernels& k, co
 Status report(const AdamOptions& o, const AdamKernels& k, const AdamArrays& a,
               const PairFigures& f) {
     const double ratio = median(f.ratios);
-    const auto per_param = static_cast<double>(a.bytes_per_param);
+    const double per_param = a.bytes_per_param;
     std::printf("\nmedian bound:  %7.2f GB/s = %.3fe9 params/s\n", median(f.bound_gbs),
                 median(f.bound_gbs) * 1e9 / per_param / 1e9);
     std::printf("median kernel: %7.2f GB/s = %.3fe9 params/s (%s, %d threads)\n",
@@ -407,6 +445,9 @@ int run_adam(int argc, char** argv) {
         "compares it with the memory-bandwidth bound measured in the same run: a kernel\n"
         "that moves exactly the step's bytes (Adam: 4 fp32 streams read, 3 written in\n"
         "place, 28 B/param; 26 with bf16 grads; +2 with --bf16-copy) with no arithmetic.\n"
+        "--state-dtype bf16 or int8 stores the moments in 2 or 1 B (+ a 4 B scale per\n"
+        "2048 for int8): 20 or about 16 B/param with fp32 grads, and the bound moves\n"
+        "the moments at that width.\n"
         "Bound and step alternate in --pairs pairs; the summary gives medians and the\n"
         "median per-pair ratio, and the scalar variant's figure beside.\n\n"
         "Figures: GB/s (decimal, 1e9 bytes/s) and parameters per second.");

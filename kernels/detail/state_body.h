@@ -1,0 +1,440 @@
+// Private: the optimizer step over compressed moments (bf16 with stochastic rounding, int8
+// blockwise), written once over a vector-operations type V and instantiated by each
+// optimizer_states_<isa>.cc unit with its own V (the same rules as optimizer_body.h: only
+// templates here, no non-template inline functions, no standard-library algorithms).
+//
+// Every element runs update_lanes (the fp32 step's element code) on its decoded moments, in
+// registers, in the same pass that reads and writes memory, so that the loads of the next
+// elements overlap the arithmetic. bf16: one pass, with the Philox words of each 64 elements
+// made just before them. int8 (blocks of 2048 elements, kStateBlockNumel, of the global flat
+// index): pass 1 decodes, updates and writes the new fp32 moments to a 24 KiB buffer (L1) while
+// keeping their largest magnitude; pass 2 encodes the buffer with that scale.
+//
+// V adds to optimizer_body.h's operations: U (the running-maximum vector) with
+// max_magnitude_zero(), max_magnitude(acc, x) and reduce_max_magnitude(acc) (the largest |x|,
+// a NaN anywhere as the quiet NaN 0x7fc00000: the same bits in every variant);
+// load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
+// (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
+// inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x,
+// words) (float_to_bf16_stochastic with word >> kShift); philox_words(out, seed, stream,
+// first_index, count): the Philox words of elements first_index .. first_index + count,
+// first_index and count multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit
+// uses std::fma), so that every variant gives the same bits.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/detail/optimizer_body.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/assert.h"
+
+namespace zinf::kernels::detail {
+
+// The Philox words are made this many at a time (the AVX-512 width times Philox's four words).
+inline constexpr std::size_t kRoundingBatch = 64;
+inline constexpr std::size_t kBlock = kStateBlockNumel;
+static_assert(kBlock % kRoundingBatch == 0);
+
+// The encode tables of kernels/state_codec.h's encode_ratio for vector code. The step within an
+// octave is the number of midpoints (kOctaveMidpoints) at or below the mantissa; with the
+// mantissa's top kIndexBits bits as an index, `below` counts the midpoints under that interval
+// and `first`, `second` are the (at most two) midpoints inside it, as their 23 mantissa bits less
+// one (so that a signed `mantissa bits > entry` is `mantissa >= midpoint`), INT32_MAX where none.
+// `base` adds code_max - 8 * 127 to `below` and subtracts the index's top three bits, so that with
+// bits >> 20 = 8 * exponent + those three bits a code is
+//   (bits >> 20) + base[index] + [bits' mantissa >= first] + [... >= second],
+// before the clamps to [0, code_max] and the smallest code's own threshold.
+template <int kIndexBits>
+struct OctaveStepTables {
+    static constexpr int kSize = 1 << kIndexBits;
+    std::int32_t base[kSize];
+    std::int32_t first[kSize];
+    std::int32_t second[kSize];
+};
+
+template <int kIndexBits>
+constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
+    static_assert(kIndexBits >= 3);
+    OctaveStepTables<kIndexBits> t{};
+    constexpr int kShift = 23 - kIndexBits;
+    for (int index = 0; index < t.kSize; ++index) {
+        int below = 0;
+        t.first[index] = 0x7fffffff;
+        t.second[index] = 0x7fffffff;
+        for (const float midpoint : kOctaveMidpoints) {
+            const auto mantissa =
+                static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(midpoint) & 0x007fffffu);
+            if ((mantissa >> kShift) < index) ++below;
+            if ((mantissa >> kShift) != index) continue;
+            (t.first[index] == 0x7fffffff ? t.first[index] : t.second[index]) = mantissa - 1;
+        }
+        t.base[index] = below + code_max - kCodeStepsPerOctave * 127 - (index >> (kIndexBits - 3));
+    }
+    return t;
+}
+
+// ---- Which moment sits where ----
+
+// The moments a built-in kind keeps (StateStepArgs::moment_count): Adam and AdamW exp_avg,
+// exp_avg_sq (and max_exp_avg_sq with amsgrad), Adagrad its sum, Lion exp_avg.
+template <int kKind, bool kAmsgrad>
+inline constexpr int kKeptMoments = kKind == kKindAdagrad || kKind == kKindLion
+                                        ? 1
+                                        : (kAmsgrad ? 3 : 2);
+
+// The unsigned (never negative) moments as a bit mask: everything but exp_avg. It is what the
+// descriptors' non_negative say (StateStepArgs::unsigned_mask, asserted per chunk), made a
+// constant so that the codes are chosen at compile time.
+template <int kKind, bool kAmsgrad>
+inline constexpr std::uint32_t kUnsignedMask = kKind == kKindAdagrad ? 1u
+                                               : kKind == kKindLion  ? 0u
+                                                                     : (kAmsgrad ? 6u : 2u);
+
+// Slot s's register among LaneValues (MomentSlots' order).
+template <class V, int kKind, int kSlot>
+[[gnu::always_inline]] inline typename V::F& slot_value(LaneValues<V>& x) noexcept {
+    if constexpr (kKind == kKindAdagrad) return x.v;
+    if constexpr (kKind != kKindAdagrad && kSlot == 0) return x.m;
+    if constexpr (kKind != kKindAdagrad && kSlot == 1) return x.v;
+    if constexpr (kKind != kKindAdagrad && kSlot == 2) return x.v_max;
+}
+
+// f(std::integral_constant<int, s>) for s = 0 .. kCount - 1.
+template <int kCount, class Fn>
+[[gnu::always_inline]] inline void for_slots(Fn&& f) noexcept {
+    [&]<int... kSlots>(std::integer_sequence<int, kSlots...>) {
+        (f(std::integral_constant<int, kSlots>{}), ...);
+    }
+    (std::make_integer_sequence<int, kCount>{});
+}
+
+// Where a run of elements lives: the step's arrays, or the zero-padded copies of a tail.
+struct StateLanePointers {
+    float* params;
+    const void* grads;
+    void* copy;
+    void* stored[kStepMoments];  // uint16_t bf16 bits or uint8_t int8 codes
+};
+
+template <class V>
+StateLanePointers lane_pointers(const StateStepArgs& a) noexcept {
+    return {
+        a.step.params, a.step.grads, a.step.param_copy, {a.stored[0], a.stored[1], a.stored[2]}};
+}
+
+// The last n < kLanes elements of a run, from element j, copied into zero-padded lanes and back:
+// every element sees the same vector code wherever it sits.
+template <class V, int kGrad, int kCopy>
+struct TailLanes {
+    static constexpr std::size_t kLanes = V::kLanes;
+    alignas(64) float params[kLanes] = {};
+    alignas(64) float grads[kLanes] = {};  // fp32, or 16-bit elements in the first half
+    alignas(64) std::uint16_t copy[kLanes] = {};
+    alignas(64) std::uint16_t stored[kStepMoments][kLanes] = {};
+
+    StateLanePointers pointers() noexcept {
+        return {params, grads, copy, {stored[0], stored[1], stored[2]}};
+    }
+    void load(const StateLanePointers& at, std::size_t j, std::size_t n, std::size_t state_bytes,
+              int kept) noexcept {
+        using G = typename GradElement<kGrad>::Type;
+        std::memcpy(params, at.params + j, n * sizeof(float));
+        std::memcpy(grads, static_cast<const G*>(at.grads) + j, n * sizeof(G));
+        for (int s = 0; s < kept; ++s) {
+            std::memcpy(stored[s], static_cast<const std::byte*>(at.stored[s]) + j * state_bytes,
+                        n * state_bytes);
+        }
+    }
+    void store(const StateLanePointers& at, std::size_t j, std::size_t n, std::size_t state_bytes,
+               int kept) const noexcept {
+        std::memcpy(at.params + j, params, n * sizeof(float));
+        if constexpr (kCopy != kCopyNone) {
+            std::memcpy(static_cast<std::uint16_t*>(at.copy) + j, copy, n * sizeof(std::uint16_t));
+        }
+        for (int s = 0; s < kept; ++s) {
+            std::memcpy(static_cast<std::byte*>(at.stored[s]) + j * state_bytes, stored[s],
+                        n * state_bytes);
+        }
+    }
+};
+
+// Software prefetch, kPrefetchAhead elements ahead of the 64 elements from i, of every array a
+// step reads or writes. The arithmetic between two elements' loads is long (decode, Philox,
+// encode), so out-of-order execution alone keeps too few cache misses in flight, and the
+// hardware streamers restart at every 4 KiB page; a prefetch never faults, so reading past the
+// end of a span is harmless.
+inline constexpr std::size_t kPrefetchAhead = 1024;
+
+template <int kGrad, int kCopy>
+[[gnu::always_inline]] inline void prefetch_run(const StateLanePointers& at, std::size_t i,
+                                                std::size_t state_bytes, int kept) noexcept {
+    using G = typename GradElement<kGrad>::Type;
+    constexpr std::size_t kLine = 64;
+    constexpr std::size_t kRun = kRoundingBatch;
+    const std::size_t j = i + kPrefetchAhead;
+    for (std::size_t b = 0; b < kRun * sizeof(float); b += kLine) {
+        __builtin_prefetch(reinterpret_cast<const char*>(at.params + j) + b, 1);
+    }
+    for (std::size_t b = 0; b < kRun * sizeof(G); b += kLine) {
+        __builtin_prefetch(reinterpret_cast<const char*>(static_cast<const G*>(at.grads) + j) + b);
+    }
+    for (int s = 0; s < kept; ++s) {
+        const char* stored = static_cast<const char*>(at.stored[s]) + j * state_bytes;
+        for (std::size_t b = 0; b < kRun * state_bytes; b += kLine)
+            __builtin_prefetch(stored + b, 1);
+    }
+    if constexpr (kCopy != kCopyNone) {
+        const char* copy = reinterpret_cast<const char*>(static_cast<std::uint16_t*>(at.copy) + j);
+        for (std::size_t b = 0; b < kRun * sizeof(std::uint16_t); b += kLine) {
+            __builtin_prefetch(copy + b, 1);
+        }
+    }
+}
+
+// ---- bf16: one pass, the rounding words made per 64 elements ----
+
+// One vector at element i: decode, update_lanes, round back with the words at w (words[pair]
+// holds pair's words of the current 64 elements).
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+[[gnu::always_inline]] inline void bf16_lanes(const VectorConstants<V>& k,
+                                              const StateLanePointers& at, std::size_t i,
+                                              const std::uint32_t (*words)[kRoundingBatch],
+                                              std::size_t w) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    LaneValues<V> x{};
+    x.g = load_grad<V, kGrad>(at.grads, i);
+    x.p = V::load(at.params + i);
+    for_slots<kKept>([&](auto s) {
+        slot_value<V, kKind, s>(x) =
+            V::load_bf16(static_cast<const std::uint16_t*>(at.stored[s]) + i);
+    });
+    update_lanes<V, kKind, kAmsgrad>(k, x);
+    for_slots<kKept>([&](auto s) {
+        V::template store_bf16_stochastic<16 * (s % 2)>(
+            static_cast<std::uint16_t*>(at.stored[s]) + i, slot_value<V, kKind, s>(x),
+            words[s / 2] + w);
+    });
+    V::store(at.params + i, x.p);
+    store_copy<V, kCopy>(at.copy, i, x.p);
+}
+
+// The last rest < 64 elements of a chunk, from element i.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void bf16_tail(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
+               std::size_t rest, const std::uint32_t (*words)[kRoundingBatch]) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    std::size_t w = 0;
+    for (; w + V::kLanes <= rest; w += V::kLanes) {
+        bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words, w);
+    }
+    if (w == rest) return;
+    TailLanes<V, kGrad, kCopy> tail;
+    tail.load(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
+    bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, words, w);
+    tail.store(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
+}
+
+// The rounding words of elements i + offset .. i + offset + count (of the 64 from i), every
+// pair's.
+template <class V, int kKept>
+void bf16_words(const StateStepArgs& a, std::size_t i, std::uint32_t (*words)[kRoundingBatch],
+                std::size_t offset, std::size_t count) noexcept {
+    for (int pair = 0; 2 * pair < kKept; ++pair) {
+        V::philox_words(words[pair] + offset, a.rounding_seed, a.rounding_streams[pair],
+                        a.first_index + i + offset, count);
+    }
+}
+
+// The words of the next 64 elements are made while the current ones are updated, one Philox
+// batch of V (V::kPhiloxBatch words) after every kVectors / kPieces vectors: Philox is a long
+// chain of dependent multiplies, and placing its pieces between independent updates lets
+// out-of-order execution overlap the two (made all at once, the chain filled the window).
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::size_t kPiece = V::kPhiloxBatch;
+    constexpr std::size_t kPieces = kRoundingBatch / kPiece;
+    constexpr std::size_t kVectors = kRoundingBatch / V::kLanes;
+    static_assert(kRoundingBatch % kPiece == 0 && kPieces <= kVectors);
+    ZINF_ASSERT(a.moment_count == kKept);
+    const VectorConstants<V> k(a.step.c);
+    const StateLanePointers at = lane_pointers<V>(a);
+    alignas(64) std::uint32_t words[2][2][kRoundingBatch];  // [current or next][pair]
+    bf16_words<V, kKept>(a, begin, words[0], 0, kRoundingBatch);
+    int current = 0;
+    for (std::size_t i = begin; i < end; i += kRoundingBatch, current ^= 1) {
+        if (end - i < kRoundingBatch) {
+            bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, words[current]);
+            return;
+        }
+        const bool more = i + kRoundingBatch < end;
+        prefetch_run<kGrad, kCopy>(at, i, sizeof(std::uint16_t), kKept);
+        for (std::size_t v = 0; v < kVectors; ++v) {
+            const std::size_t w = v * V::kLanes;
+            bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words[current], w);
+            if (more && v % (kVectors / kPieces) == 0) {
+                const std::size_t piece = v / (kVectors / kPieces);
+                bf16_words<V, kKept>(a, i + kRoundingBatch, words[current ^ 1], piece * kPiece,
+                                     kPiece);
+            }
+        }
+    }
+}
+
+// ---- int8: per block, decode and update into an L1 buffer, then encode with the new scale ----
+
+// One block's new fp32 moments: 24 KiB of the caller's stack.
+struct Int8BlockBuffers {
+    alignas(64) float moments[kStepMoments][kBlock];
+};
+
+// One vector at element i (block offset o): decode, update_lanes, the new moments into the
+// buffers and their magnitudes into the running maxima (V::max_magnitude).
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+[[gnu::always_inline]] inline void int8_lanes(const VectorConstants<V>& k,
+                                              const StateLanePointers& at, std::size_t i,
+                                              const typename V::F* scales, Int8BlockBuffers& out,
+                                              std::size_t o, typename V::U* maxima) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    LaneValues<V> x{};
+    x.g = load_grad<V, kGrad>(at.grads, i);
+    x.p = V::load(at.params + i);
+    for_slots<kKept>([&](auto s) {
+        slot_value<V, kKind, s>(x) = V::template load_int8<((kMask >> s) & 1u) != 0>(
+            static_cast<const std::uint8_t*>(at.stored[s]) + i, scales[s]);
+    });
+    update_lanes<V, kKind, kAmsgrad>(k, x);
+    for_slots<kKept>([&](auto s) {
+        V::store(out.moments[s] + o, slot_value<V, kKind, s>(x));
+        maxima[s] = V::max_magnitude(maxima[s], slot_value<V, kKind, s>(x));
+    });
+    V::store(at.params + i, x.p);
+    store_copy<V, kCopy>(at.copy, i, x.p);
+}
+
+// Pass 1 over the block at b (n elements): every element updated, the new moments in `out`
+// (zero past n up to whole vectors), the largest magnitudes in `maxima`.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void int8_update_block(const StateStepArgs& a, const VectorConstants<V>& k, std::size_t b,
+                       std::size_t n, Int8BlockBuffers& out, typename V::U* maxima) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    const StateLanePointers at = lane_pointers<V>(a);
+    typename V::F scales[kStepMoments];
+    for (int s = 0; s < kKept; ++s) {
+        scales[s] = V::set1(a.scales[s][b / kBlock]);
+        maxima[s] = V::max_magnitude_zero();
+    }
+    std::size_t o = 0;
+    for (; o + kRoundingBatch <= n; o += kRoundingBatch) {
+        prefetch_run<kGrad, kCopy>(at, b + o, 1, kKept);
+        for (std::size_t w = o; w < o + kRoundingBatch; w += V::kLanes) {
+            int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + w, scales, out, w, maxima);
+        }
+    }
+    for (; o + V::kLanes <= n; o += V::kLanes) {
+        int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + o, scales, out, o, maxima);
+    }
+    if (o == n) return;
+    TailLanes<V, kGrad, kCopy> tail;
+    tail.load(at, b + o, n - o, 1, kKept);
+    typename V::U unused[kStepMoments];
+    int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, scales, out, o, unused);
+    tail.store(at, b + o, n - o, 1, kKept);
+    // The padding lanes must not reach the block's scale.
+    for (int s = 0; s < kKept; ++s) {
+        std::memset(out.moments[s] + n, 0, (o + V::kLanes - n) * sizeof(float));
+        maxima[s] = V::max_magnitude(maxima[s], V::load(out.moments[s] + o));
+    }
+}
+
+template <class V, bool kUnsigned>
+void encode_int8_block(const float* x, float inv_scale, std::size_t n,
+                       std::uint8_t* codes) noexcept {
+    constexpr std::size_t kLanes = V::kLanes;
+    const typename V::F inv = V::set1(inv_scale);
+    std::size_t j = 0;
+    for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
+        V::template store_int8_x4<kUnsigned>(codes + j, x + j, inv);
+    }
+    for (; j + kLanes <= n; j += kLanes) {
+        V::template store_int8<kUnsigned>(codes + j, V::load(x + j), inv);
+    }
+    if (j == n) return;
+    alignas(64) std::uint8_t tail[kLanes] = {};
+    V::template store_int8<kUnsigned>(tail, V::load(x + j), inv);
+    std::memcpy(codes + j, tail, n - j);
+}
+
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    ZINF_ASSERT(a.moment_count == kKept && a.unsigned_mask == kMask);
+    const VectorConstants<V> k(a.step.c);
+    Int8BlockBuffers buffers;
+    typename V::U maxima[kStepMoments];
+    for (std::size_t b = begin; b < end; b += kBlock) {
+        const std::size_t n = end - b < kBlock ? end - b : kBlock;
+        int8_update_block<V, kKind, kAmsgrad, kGrad, kCopy>(a, k, b, n, buffers, maxima);
+        for_slots<kKept>([&](auto s) {
+            // The largest magnitude, NaN as the one quiet NaN: the same bits in every variant.
+            const float scale = V::reduce_max_magnitude(maxima[s]);
+            a.scales[s][b / kBlock] = scale;
+            // kernels/state_codec.h's int8_inverse_scale: 0 unless the scale is a finite normal.
+            const float inv = scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
+            encode_int8_block<V, ((kMask >> s) & 1u) != 0>(
+                buffers.moments[s], inv, n, static_cast<std::uint8_t*>(a.stored[s]) + b);
+        });
+    }
+}
+
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy, int kState>
+void state_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
+    if constexpr (kState == kStateBf16) {
+        bf16_step_chunk<V, kKind, kAmsgrad, kGrad, kCopy>(a, begin, end);
+    } else {
+        int8_step_chunk<V, kKind, kAmsgrad, kGrad, kCopy>(a, begin, end);
+    }
+}
+
+template <class V, int kState, int kKind, bool kAmsgrad, int kGrad>
+constexpr void set_state_entries(StateKernelTable& t) noexcept {
+    auto& entries = t.step[kState][kKind][kAmsgrad ? 1 : 0][kGrad];
+    entries[kCopyNone] = &state_step_chunk<V, kKind, kAmsgrad, kGrad, kCopyNone, kState>;
+    entries[kCopyBf16] = &state_step_chunk<V, kKind, kAmsgrad, kGrad, kCopyBf16, kState>;
+    entries[kCopyFp16] = &state_step_chunk<V, kKind, kAmsgrad, kGrad, kCopyFp16, kState>;
+}
+
+template <class V, int kState, int kKind, bool kAmsgrad>
+constexpr void set_state_kind_entries(StateKernelTable& t) noexcept {
+    set_state_entries<V, kState, kKind, kAmsgrad, kGradFp32>(t);
+    set_state_entries<V, kState, kKind, kAmsgrad, kGradBf16>(t);
+    set_state_entries<V, kState, kKind, kAmsgrad, kGradFp16>(t);
+}
+
+template <class V, int kState>
+constexpr void set_state_dtype_entries(StateKernelTable& t) noexcept {
+    set_state_kind_entries<V, kState, kKindAdam, false>(t);
+    set_state_kind_entries<V, kState, kKindAdamW, false>(t);
+    set_state_kind_entries<V, kState, kKindAdagrad, false>(t);
+    set_state_kind_entries<V, kState, kKindLion, false>(t);
+    set_state_kind_entries<V, kState, kKindAdam, true>(t);
+    set_state_kind_entries<V, kState, kKindAdamW, true>(t);
+}
+
+template <class V>
+constexpr StateKernelTable make_state_kernel_table() noexcept {
+    StateKernelTable t{};
+    set_state_dtype_entries<V, kStateBf16>(t);
+    set_state_dtype_entries<V, kStateInt8>(t);
+    return t;
+}
+
+}  // namespace zinf::kernels::detail

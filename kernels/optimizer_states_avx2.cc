@@ -1,0 +1,206 @@
+// The AVX2 variant of the compressed-state step (kernels/detail/state_body.h): Avx2Ops plus the
+// int8 and bf16 codes and an 8-lane Philox. Built with the AVX2 unit's flags.
+#include "kernels/detail/ops_avx2.h"
+#include "kernels/detail/state_body.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/philox.h"
+
+namespace zinf::kernels::detail {
+namespace {
+
+struct Avx2StateOps : Avx2Ops {
+    // Words per philox_words batch (count and first_index are multiples of it).
+    static constexpr std::size_t kPhiloxBatch = 32;
+    static __m256i set1_u32(std::uint32_t x) noexcept {
+        return _mm256_set1_epi32(static_cast<int>(x));
+    }
+    static __m256i load_table(const std::int32_t* t) noexcept {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
+    }
+
+    // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
+    // any NaN above every number.
+    using U = __m256i;
+    static U max_magnitude_zero() noexcept { return _mm256_setzero_si256(); }
+    static U max_magnitude(U acc, F x) noexcept {
+        return _mm256_max_epu32(acc,
+                                _mm256_and_si256(_mm256_castps_si256(x), set1_u32(0x7fffffffu)));
+    }
+    static float reduce_max_magnitude(U acc) noexcept {
+        alignas(32) std::uint32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+        std::uint32_t m = 0;
+        for (const std::uint32_t lane : lanes) m = lane > m ? lane : m;
+        return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
+    }
+
+    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
+    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
+    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
+    template <bool kUnsigned>
+    static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+        const __m256i q = kUnsigned ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+        const __m256i c = kUnsigned ? q : _mm256_abs_epi32(q);
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        constexpr std::uint32_t kBias =
+            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
+        const F steps =
+            _mm256_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
+        const F step = _mm256_permutevar8x32_ps(steps, c);  // index c & 7
+        const __m256i power = _mm256_and_si256(
+            _mm256_add_epi32(_mm256_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
+        const F ratio = _mm256_mul_ps(step, _mm256_castsi256_ps(power));
+        // psignd: 0 where c is 0, else x unchanged (c >= 0).
+        __m256i x = _mm256_sign_epi32(_mm256_castps_si256(_mm256_mul_ps(scale, ratio)), c);
+        if constexpr (!kUnsigned) {
+            x = _mm256_xor_si256(x, _mm256_and_si256(q, set1_u32(0x80000000u)));
+        }
+        return _mm256_castsi256_ps(x);
+    }
+
+    // encode_int8's codes (int32 lanes): the octave from the exponent, the step
+    // from the tables of the mantissa's top three bits (two midpoints at most per interval).
+    template <bool kUnsigned>
+    static __m256i int8_codes(F x, F inv_scale) noexcept {
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr OctaveStepTables<3> kTables = make_octave_step_tables<3>(kCodeMax);
+        const __m256i bits = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(x, inv_scale)),
+                                              set1_u32(0x7fffffffu));
+        // 8 * exponent + the mantissa's top 3 bits; the permutes use those 3 bits.
+        const __m256i index = _mm256_srli_epi32(bits, 20);
+        const __m256i mantissa = _mm256_and_si256(bits, set1_u32(0x007fffffu));
+        __m256i c =
+            _mm256_add_epi32(index, _mm256_permutevar8x32_epi32(load_table(kTables.base), index));
+        // A true comparison is -1.
+        c = _mm256_sub_epi32(
+            c, _mm256_cmpgt_epi32(mantissa,
+                                  _mm256_permutevar8x32_epi32(load_table(kTables.first), index)));
+        c = _mm256_sub_epi32(
+            c, _mm256_cmpgt_epi32(mantissa,
+                                  _mm256_permutevar8x32_epi32(load_table(kTables.second), index)));
+        c = _mm256_min_epi32(c, _mm256_set1_epi32(kCodeMax));
+        // Below the smallest code's lower threshold: 0 or 1, whichever is nearer.
+        const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
+        const __m256i at_least_half = _mm256_castps_si256(
+            _mm256_cmp_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(half_smallest), _CMP_GE_OQ));
+        c = _mm256_max_epi32(c, _mm256_srli_epi32(at_least_half, 31));
+        if constexpr (!kUnsigned) {
+            const __m256i negative = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
+            c = _mm256_sub_epi32(_mm256_xor_si256(c, negative), negative);
+        }
+        return c;
+    }
+
+    template <bool kUnsigned>
+    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
+        const __m256i c = int8_codes<kUnsigned>(x, inv_scale);
+        const __m256i low = _mm256_and_si256(c, _mm256_set1_epi32(0xff));
+        const __m256i bytes =
+            _mm256_packus_epi16(_mm256_packus_epi32(low, low), _mm256_setzero_si256());
+        // Each 128-bit half now starts with its four codes; gather the two dwords.
+        const __m256i gathered =
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(gathered));
+    }
+
+    // Four vectors' codes packed into one 32-byte store (the codes fit their saturating packs).
+    template <bool kUnsigned>
+    static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
+        const __m256i c0 = int8_codes<kUnsigned>(load(x), inv_scale);
+        const __m256i c1 = int8_codes<kUnsigned>(load(x + 8), inv_scale);
+        const __m256i c2 = int8_codes<kUnsigned>(load(x + 16), inv_scale);
+        const __m256i c3 = int8_codes<kUnsigned>(load(x + 24), inv_scale);
+        __m256i bytes;
+        if constexpr (kUnsigned) {
+            bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+        } else {
+            bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+        }
+        // The packs interleave 128-bit halves: dwords (c0 lo, c1 lo, c2 lo, c3 lo, c0 hi, ...).
+        bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bytes);
+    }
+
+    // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.
+    template <int kShift>
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
+        const __m256i bits = _mm256_castps_si256(x);
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
+        const __m256i random = kShift == 0 ? _mm256_and_si256(w, _mm256_set1_epi32(0xffff))
+                                           : _mm256_srli_epi32(w, kShift);
+        const __m256i rounded = _mm256_add_epi32(bits, random);
+        const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        const __m256i high = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    }
+
+    // Philox4x32-10 state of four groups, one in the low half of each 64-bit lane (the high
+    // halves carry garbage that _mm256_mul_epu32 ignores), so that a round needs no blends.
+    struct PhiloxLanes {
+        __m256i c0, c1, c2, c3;
+    };
+
+    // One round; k0, k1 the round's key in every lane.
+    static void philox_round(PhiloxLanes& s, __m256i k0, __m256i k1) noexcept {
+        const __m256i p0 = _mm256_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
+        const __m256i p1 = _mm256_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
+        const __m256i c1_key = _mm256_xor_si256(s.c1, k0);  // off the multiply's path
+        const __m256i c3_key = _mm256_xor_si256(s.c3, k1);
+        s.c0 = _mm256_xor_si256(_mm256_shuffle_epi32(p1, 0xF5), c1_key);  // high halves down
+        s.c2 = _mm256_xor_si256(_mm256_shuffle_epi32(p0, 0xF5), c3_key);
+        s.c1 = p1;
+        s.c3 = p0;
+    }
+
+    // The 16 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 2, 1, 3) + base, in
+    // element order: two groups per 128-bit half after the 64-bit unpacks.
+    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
+        const __m256i w01 = _mm256_blend_epi32(s.c0, _mm256_shuffle_epi32(s.c1, 0xA0), 0xAA);
+        const __m256i w23 = _mm256_blend_epi32(s.c2, _mm256_shuffle_epi32(s.c3, 0xA0), 0xAA);
+        auto* dst = reinterpret_cast<__m256i*>(out);
+        _mm256_storeu_si256(dst, _mm256_unpacklo_epi64(w01, w23));
+        _mm256_storeu_si256(dst + 1, _mm256_unpackhi_epi64(w01, w23));
+    }
+
+    // Philox4x32-10 for 8 groups (32 elements) at a time, as two interleaved PhiloxLanes.
+    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+                             std::uint64_t first_index, std::size_t count) noexcept {
+        const __m256i lane_groups = _mm256_setr_epi32(0, 0, 2, 0, 1, 0, 3, 0);
+        for (std::size_t i = 0; i < count; i += 32) {
+            const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 8: no carry
+            const __m256i low = set1_u32(static_cast<std::uint32_t>(group));
+            const __m256i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
+            const __m256i s0 = set1_u32(static_cast<std::uint32_t>(stream));
+            const __m256i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            PhiloxLanes a{_mm256_add_epi32(low, lane_groups), high, s0, s1};
+            PhiloxLanes b{_mm256_add_epi32(a.c0, set1_u32(4)), high, s0, s1};
+            auto k0 = static_cast<std::uint32_t>(seed);
+            auto k1 = static_cast<std::uint32_t>(seed >> 32);
+            for (int round = 0; round < philox::kRounds; ++round) {
+                if (round > 0) {
+                    k0 += philox::kWeyl0;
+                    k1 += philox::kWeyl1;
+                }
+                philox_round(a, set1_u32(k0), set1_u32(k1));
+                philox_round(b, set1_u32(k0), set1_u32(k1));
+            }
+            store_philox_words(out + i, a);
+            store_philox_words(out + i + 16, b);
+        }
+    }
+};
+
+constexpr StateKernelTable kAvx2StateTable = make_state_kernel_table<Avx2StateOps>();
+
+}  // namespace
+
+const StateKernelTable& avx2_state_kernel_table() noexcept {
+    return kAvx2StateTable;
+}
+
+}  // namespace zinf::kernels::detail

@@ -1,0 +1,175 @@
+// The AVX-512 variant of the compressed-state step (kernels/detail/state_body.h): Avx512Ops plus
+// the int8 and bf16 codes and a 16-lane Philox. Built with the AVX-512 unit's flags; operation
+// for operation the AVX2 variant's.
+#include "kernels/detail/ops_avx512.h"
+#include "kernels/detail/state_body.h"
+#include "kernels/detail/state_table.h"
+#include "kernels/state_codec.h"
+#include "src/base/philox.h"
+
+namespace zinf::kernels::detail {
+namespace {
+
+struct Avx512StateOps : Avx512Ops {
+    // Words per philox_words batch (count and first_index are multiples of it).
+    static constexpr std::size_t kPhiloxBatch = 64;
+    static __m512i set1_u32(std::uint32_t x) noexcept {
+        return _mm512_set1_epi32(static_cast<int>(x));
+    }
+    static __m512i load_table(const std::int32_t* t) noexcept { return _mm512_loadu_si512(t); }
+
+    // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
+    // any NaN above every number.
+    using U = __m512i;
+    static U max_magnitude_zero() noexcept { return _mm512_setzero_si512(); }
+    static U max_magnitude(U acc, F x) noexcept {
+        return _mm512_max_epu32(acc,
+                                _mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
+    }
+    static float reduce_max_magnitude(U acc) noexcept {
+        const std::uint32_t m = _mm512_reduce_max_epu32(acc);
+        return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
+    }
+
+    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
+    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
+    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
+    template <bool kUnsigned>
+    static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m512i q = kUnsigned ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
+        const __m512i c = kUnsigned ? q : _mm512_abs_epi32(q);
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        constexpr std::uint32_t kBias =
+            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
+        const F steps =
+            _mm512_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0],
+                           kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
+                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
+        const F step = _mm512_permutexvar_ps(c, steps);  // index c & 15
+        const __m512i power = _mm512_and_si512(
+            _mm512_add_epi32(_mm512_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
+        const F ratio = _mm512_mul_ps(step, _mm512_castsi512_ps(power));
+        F x = _mm512_maskz_mul_ps(_mm512_test_epi32_mask(c, c), scale, ratio);
+        if constexpr (!kUnsigned) {
+            x = _mm512_castsi512_ps(
+                _mm512_mask_xor_epi32(_mm512_castps_si512(x), _mm512_movepi32_mask(q),
+                                      _mm512_castps_si512(x), set1_u32(0x80000000u)));
+        }
+        return x;
+    }
+
+    // encode_int8: the octave from the exponent, the step from the tables of the mantissa's top
+    // four bits (one midpoint at most per interval).
+    template <bool kUnsigned>
+    static void store_int8(std::uint8_t* p, F x, F inv_scale) noexcept {
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr OctaveStepTables<4> kTables = make_octave_step_tables<4>(kCodeMax);
+        static_assert(kTables.second[0] == 0x7fffffff);  // spot check: one midpoint at most
+        const __m512i bits = _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(x, inv_scale)),
+                                              set1_u32(0x7fffffffu));
+        const __m512i index = _mm512_srli_epi32(bits, 19);  // the permutes use its low 4 bits
+        const __m512i mantissa = _mm512_and_si512(bits, set1_u32(0x007fffffu));
+        const __mmask16 above = _mm512_cmpgt_epi32_mask(
+            mantissa, _mm512_permutexvar_epi32(index, load_table(kTables.first)));
+        const __m512i octave = _mm512_srli_epi32(bits, 20);  // 8 * exponent + top 3 bits
+        __m512i c =
+            _mm512_add_epi32(octave, _mm512_permutexvar_epi32(index, load_table(kTables.base)));
+        c = _mm512_mask_add_epi32(c, above, c, _mm512_set1_epi32(1));
+        c = _mm512_min_epi32(c, _mm512_set1_epi32(kCodeMax));
+        // Below the smallest code's lower threshold: 0 or 1, whichever is nearer.
+        const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
+        const __mmask16 at_least_half = _mm512_cmp_ps_mask(
+            _mm512_castsi512_ps(bits), _mm512_set1_ps(half_smallest), _CMP_GE_OQ);
+        c = _mm512_max_epi32(c, _mm512_maskz_mov_epi32(at_least_half, _mm512_set1_epi32(1)));
+        if constexpr (!kUnsigned) {
+            c = _mm512_mask_sub_epi32(c, _mm512_movepi32_mask(_mm512_castps_si512(x)),
+                                      _mm512_setzero_si512(), c);
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));  // low bytes
+    }
+
+    template <bool kUnsigned>
+    static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
+        for (int v = 0; v < 4; ++v) store_int8<kUnsigned>(p + 16 * v, load(x + 16 * v), inv_scale);
+    }
+
+    // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.
+    template <int kShift>
+    static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
+        const __m512i bits = _mm512_castps_si512(x);
+        const __m512i w = _mm512_loadu_si512(words);
+        const __m512i random = kShift == 0 ? _mm512_and_si512(w, _mm512_set1_epi32(0xffff))
+                                           : _mm512_srli_epi32(w, kShift);
+        const __m512i rounded = _mm512_add_epi32(bits, random);
+        const __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000));
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __m512i high = _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded, quiet), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+    }
+
+    // Philox4x32-10 state of eight groups, one in the low half of each 64-bit lane (the high
+    // halves carry garbage that _mm512_mul_epu32 ignores), so that a round needs no blends.
+    struct PhiloxLanes {
+        __m512i c0, c1, c2, c3;
+    };
+
+    // One round; k0, k1 the round's key in every lane.
+    static void philox_round(PhiloxLanes& s, __m512i k0, __m512i k1) noexcept {
+        const __m512i p0 = _mm512_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
+        const __m512i p1 = _mm512_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
+        constexpr int kXor3 = 0x96;
+        s.c0 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p1, _MM_PERM_DDBB), s.c1, k0, kXor3);
+        s.c2 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p0, _MM_PERM_DDBB), s.c3, k1, kXor3);
+        s.c1 = p1;
+        s.c3 = p0;
+    }
+
+    // The 32 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 4, 1, 5, 2, 6, 3, 7) +
+    // base, in element order: one group per 128-bit lane after the 64-bit unpacks.
+    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
+        const __m512i w01 = _mm512_mask_shuffle_epi32(s.c0, 0xAAAA, s.c1, _MM_PERM_CCAA);
+        const __m512i w23 = _mm512_mask_shuffle_epi32(s.c2, 0xAAAA, s.c3, _MM_PERM_CCAA);
+        _mm512_storeu_si512(out, _mm512_unpacklo_epi64(w01, w23));
+        _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi64(w01, w23));
+    }
+
+    // Philox4x32-10 for 16 groups (64 elements) at a time, as two interleaved PhiloxLanes.
+    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+                             std::uint64_t first_index, std::size_t count) noexcept {
+        const __m512i lane_groups =
+            _mm512_setr_epi32(0, 0, 4, 0, 1, 0, 5, 0, 2, 0, 6, 0, 3, 0, 7, 0);
+        for (std::size_t i = 0; i < count; i += 64) {
+            const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 16: no carry
+            const __m512i low = set1_u32(static_cast<std::uint32_t>(group));
+            const __m512i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
+            const __m512i s0 = set1_u32(static_cast<std::uint32_t>(stream));
+            const __m512i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
+            PhiloxLanes a{_mm512_add_epi32(low, lane_groups), high, s0, s1};
+            PhiloxLanes b{_mm512_add_epi32(a.c0, set1_u32(8)), high, s0, s1};
+            auto k0 = static_cast<std::uint32_t>(seed);
+            auto k1 = static_cast<std::uint32_t>(seed >> 32);
+            for (int round = 0; round < philox::kRounds; ++round) {
+                if (round > 0) {
+                    k0 += philox::kWeyl0;
+                    k1 += philox::kWeyl1;
+                }
+                philox_round(a, set1_u32(k0), set1_u32(k1));
+                philox_round(b, set1_u32(k0), set1_u32(k1));
+            }
+            store_philox_words(out + i, a);
+            store_philox_words(out + i + 32, b);
+        }
+    }
+};
+
+constexpr StateKernelTable kAvx512StateTable = make_state_kernel_table<Avx512StateOps>();
+
+}  // namespace
+
+const StateKernelTable& avx512_state_kernel_table() noexcept {
+    return kAvx512StateTable;
+}
+
+}  // namespace zinf::kernels::detail

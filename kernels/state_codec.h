@@ -1,0 +1,130 @@
+// The element codes of compressed optimizer states (src/base/state_dtype.h), defined once here in
+// scalar code: bf16 with stochastic rounding from Philox words, and the int8 logarithmic code
+// with one fp32 scale per block. The SIMD variants reproduce these functions bit for bit; the
+// span conversions at the end serve checkpoints, the swapper and tests.
+//
+// The int8 code (kernels/README.md, "Compressed optimizer states"): a magnitude code c in
+// [0, c_max] stands for 0 (c = 0) or scale * 2^((c - c_max) / 8), eight steps per octave, so a
+// value keeps about 4.4 % relative precision over 2^-15.75 (signed, c_max = 127, exp_avg) or
+// 2^-31.75 (unsigned, c_max = 255, exp_avg_sq and other never-negative moments) of its block's
+// largest magnitude. Signed codes keep the sign in the int8's two's complement (-127..127).
+// A value is quantized to the nearest code value (not the nearest logarithm), so the error is at
+// most half a step. This is the same idea as 8-bit Adam's dynamic-tree code (Dettmers et al.,
+// 2022: blockwise absmax, more codes near zero), in a form that needs no table search: the
+// octave is the fp32 exponent and the step within it eight comparisons.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/cast.h"
+#include "src/base/philox.h"
+#include "src/base/state_dtype.h"
+
+namespace zinf::kernels {
+
+inline constexpr int kCodeStepsPerOctave = 8;
+inline constexpr int kSignedCodeMax = 127;
+inline constexpr int kUnsignedCodeMax = 255;
+
+// 2^(k/8) for k = 0..7, rounded to fp32 (code values within an octave).
+inline constexpr float kOctaveSteps[kCodeStepsPerOctave] = {
+    0x1.000000p+0f, 0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
+    0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
+// (2^(k/8) + 2^((k+1)/8)) / 2 for k = 0..7, rounded to fp32: the nearest-value thresholds.
+inline constexpr float kOctaveMidpoints[kCodeStepsPerOctave] = {
+    0x1.0b95c2p+0f, 0x1.23cdb2p+0f, 0x1.3e36c6p+0f, 0x1.5b03cap+0f,
+    0x1.7a6c1ep+0f, 0x1.9cac26p+0f, 0x1.c205c4p+0f, 0x1.eac0c6p+0f};
+
+// Half the smallest nonzero code's ratio, 0.5 * code_ratio(1, c_max), written out so that the
+// SIMD units need no function to derive it (tests/kernels/state_codec_test.cc checks both).
+inline constexpr float kSignedHalfSmallest = 0x1.306fe0p-17f;
+inline constexpr float kUnsignedHalfSmallest = 0x1.306fe0p-33f;
+
+// 2^e as fp32 for e in [-126, 127]: exact.
+inline float exp2_int(int e) noexcept {
+    return bits_float(static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+// The value of magnitude code c in (0, code_max] relative to the scale: 2^((c - code_max) / 8),
+// exact in fp32 as kOctaveSteps[k] * 2^e.
+inline float code_ratio(int c, int code_max) noexcept {
+    const int level = c - code_max;  // <= 0
+    return kOctaveSteps[level & 7] * exp2_int(level >> 3);
+}
+
+// The magnitude code nearest to ratio r = |x| / scale (r >= 0; r a little above 1 from rounding
+// gives code_max; NaN gives code_max). A value at a threshold rounds up.
+inline int encode_ratio(float r, int code_max) noexcept {
+    const std::uint32_t bits = float_bits(r);
+    const int exponent = static_cast<int>(bits >> 23) - 127;
+    const float mantissa = bits_float((bits & 0x007fffffu) | 0x3f800000u);
+    int steps = 0;
+    for (const float threshold : kOctaveMidpoints) steps += mantissa >= threshold ? 1 : 0;
+    const int c = code_max + kCodeStepsPerOctave * exponent + steps;
+    if (c > code_max) return code_max;
+    if (c >= 1) return c;
+    // Below the smallest code's lower threshold: 0 or the smallest code, whichever is nearer.
+    return r >= (code_max == kSignedCodeMax ? kSignedHalfSmallest : kUnsignedHalfSmallest) ? 1 : 0;
+}
+
+// One int8 element: `is_unsigned` for never-negative moments (OptimizerDescriptor's
+// non_negative), whose sign is dropped. inv_scale is 1 / scale, or 0 when the scale is 0.
+inline std::uint8_t encode_int8(float x, float inv_scale, bool is_unsigned) noexcept {
+    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
+    const int c =
+        encode_ratio(magnitude * inv_scale, is_unsigned ? kUnsignedCodeMax : kSignedCodeMax);
+    if (is_unsigned || (float_bits(x) & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
+    return static_cast<std::uint8_t>(-c);  // two's complement of the negative code
+}
+
+inline float decode_int8(std::uint8_t code, float scale, bool is_unsigned) noexcept {
+    if (is_unsigned) return code == 0 ? 0.0f : scale * code_ratio(code, kUnsignedCodeMax);
+    const int q = static_cast<std::int8_t>(code);
+    if (q == 0) return 0.0f;
+    const float magnitude = scale * code_ratio(q < 0 ? -q : q, kSignedCodeMax);
+    return q < 0 ? -magnitude : magnitude;
+}
+
+// A block's scale is the largest magnitude of its new values; a NaN anywhere gives the one quiet
+// NaN 0x7fc00000 (so that every variant stores the same bits). Its inverse for encode_int8: 0
+// unless the scale is a finite normal number, so a block of zeros (or of denormals only, or with
+// an infinity) encodes without dividing by zero, and its finite values as code 0.
+inline constexpr std::uint32_t kCanonicalNanBits = 0x7fc00000u;
+inline float int8_inverse_scale(float scale) noexcept {
+    return scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
+}
+
+// bf16 with stochastic rounding: the 16 dropped bits plus a uniform 16-bit random number carry
+// into the kept ones with probability (dropped / 2^16), so E[result] = x exactly for every finite
+// x (denormals included). A NaN stays a quiet NaN of the same sign, as in float_to_bf16.
+inline std::uint16_t float_to_bf16_stochastic(float x, std::uint32_t random16) noexcept {
+    const std::uint32_t bits = float_bits(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+    return static_cast<std::uint16_t>((bits + (random16 & 0xffffu)) >> 16);
+}
+
+// The Philox stream of the rounding words of moment pair `pair` (moments 2 * pair and
+// 2 * pair + 1 take the low and the high 16 bits of each element's word) at `step`.
+inline constexpr std::uint64_t kRoundingStreamTag = 0x53520000u;  // 'SR' in the high half
+constexpr std::uint64_t rounding_stream(int pair, std::uint64_t step) noexcept {
+    return ((kRoundingStreamTag + static_cast<std::uint64_t>(pair)) << 32) ^ step;
+}
+// The rounding word of the element at global flat index `index`.
+inline std::uint32_t rounding_word(std::uint64_t seed, int pair, std::uint64_t step,
+                                   std::uint64_t index) noexcept {
+    return philox::element_word(seed, rounding_stream(pair, step), index);
+}
+
+// Span conversions, single-threaded, scalar, allocation-free. `values` starts at a block
+// boundary of the global flat index. encode_moment rounds bf16 to nearest even (a conversion, not
+// an optimizer step) and int8 to the nearest code with the block's largest magnitude as scale;
+// `scales` has state_scale_count(dtype, values.size()) elements (empty unless int8); `stored` has
+// state_element_size_bytes(dtype) * values.size() bytes. fp32 is a copy.
+void encode_moment(StateDType dtype, bool non_negative, std::span<const float> values,
+                   std::span<std::byte> stored, std::span<float> scales) noexcept;
+void decode_moment(StateDType dtype, bool non_negative, std::span<const std::byte> stored,
+                   std::span<const float> scales, std::span<float> values) noexcept;
+
+}  // namespace zinf::kernels
