@@ -1,6 +1,8 @@
 // The AVX-512 variant of the compressed-state step (kernels/detail/state_body.h): Avx512Ops plus
 // the int8 and bf16 codes and a 16-lane Philox. Built with the AVX-512 unit's flags; operation
 // for operation the AVX2 variant's.
+#include <cstddef>
+
 #include "kernels/detail/ops_avx512.h"
 #include "kernels/detail/state_body.h"
 #include "kernels/detail/state_table.h"
@@ -92,7 +94,9 @@ struct Avx512StateOps : Avx512Ops {
 
     template <bool kUnsigned>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
-        for (int v = 0; v < 4; ++v) store_int8<kUnsigned>(p + 16 * v, load(x + 16 * v), inv_scale);
+        for (std::ptrdiff_t v = 0; v < 4; ++v) {
+            store_int8<kUnsigned>(p + 16 * v, load(x + 16 * v), inv_scale);
+        }
     }
 
     // float_to_bf16_stochastic with word >> kShift (its low 16 bits) of each lane's word.

@@ -81,7 +81,8 @@ inline std::uint8_t encode_int8(float x, float inv_scale, bool is_unsigned) noex
 
 inline float decode_int8(std::uint8_t code, float scale, bool is_unsigned) noexcept {
     if (is_unsigned) return code == 0 ? 0.0f : scale * code_ratio(code, kUnsignedCodeMax);
-    const int q = static_cast<std::int8_t>(code);
+    // The code's two's-complement value (the signed code's byte).
+    const int q = code < 128 ? static_cast<int>(code) : static_cast<int>(code) - 256;
     if (q == 0) return 0.0f;
     const float magnitude = scale * code_ratio(q < 0 ? -q : q, kSignedCodeMax);
     return q < 0 ? -magnitude : magnitude;
