@@ -179,7 +179,10 @@ struct Stored {
     bool operator==(const Stored& o) const {
         for (std::size_t i = 0; i < kMaxMoments; ++i) {
             if (moments[i] != o.moments[i]) return false;
-            if (std::memcmp(scales[i].data(), o.scales[i].data(), scales[i].size() * 4) != 0)
+            // Bitwise (NaN scales too); memcmp is not given the null data of an empty vector.
+            if (scales[i].size() != o.scales[i].size()) return false;
+            if (!scales[i].empty() &&
+                std::memcmp(scales[i].data(), o.scales[i].data(), scales[i].size() * 4) != 0)
                 return false;
         }
         return std::memcmp(params.data(), o.params.data(), params.size() * 4) == 0 &&
