@@ -185,8 +185,7 @@ class ZinfinityEngine(torch.nn.Module):
         self.losses = 0.0
         rank, world = _C.launch()
         self.global_rank, self.world_size, self.dp_world_size = rank, world, world
-        self.local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get(
-            "OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        self.local_rank = _local_rank()
         self.device = torch.device("cpu")
         self.training_dataloader = (self.deepspeed_io(training_data, collate_fn=collate_fn)
                                     if training_data is not None else None)
@@ -436,6 +435,11 @@ class ZinfinityEngine(torch.nn.Module):
         return lr_scheduler
 
 
+def _local_rank():
+    """This process's rank on its node: the launcher's LOCAL_RANK (mpirun's name too), else 0."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+
+
 def _stop_on_sigterm(signum, frame):
     """SIGTERM (mpirun stopping the job, a scheduler) with no handler of the program's own:
     every open engine closes (its swap files removed), then the process dies of the signal."""
@@ -468,8 +472,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         config = config_params
     text, source, raw = _resolve_config(args, config)
     if args is not None and hasattr(args, "local_rank"):
-        args.local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get(
-            "OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        args.local_rank = _local_rank()
     _watch_sigterm()
     engine = ZinfinityEngine(model, text, source, raw, model_parameters=model_parameters,
                              optimizer=optimizer, lr_scheduler=lr_scheduler,

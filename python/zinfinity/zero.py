@@ -441,18 +441,21 @@ class Partitioner:
                     raise ValueError(f"parameter {self.names[i]} has shape {tuple(p.shape)}, "
                                      f"registered as {self.shapes[i]}: its shape changed")
 
-    def _gather_all_values(self):
-        """Every parameter's values in a tensor of its own (an evaluation pass of fetches; plain
-        fetches when a training forward awaits its backward: the engine is closing)."""
+    def _read_values(self, indices, closing=False):
+        """The values of parameters `indices`, each in a tensor of its own, fetched in an
+        evaluation pass (with `closing`, plain fetches when a training forward awaits its
+        backward: the engine is closing)."""
         try:
             self._c.begin_forward(False)
             opened = True
         except ValueError:
+            if not closing:
+                raise
             opened = False
         ok = False
         try:
             out = []
-            for i in range(len(self.params)):
+            for i in indices:
                 view = self._c.fetch(i)
                 out.append(_as_param(view, self.shapes[i], self.dtypes[i]).clone())
                 self._c.release(i)
@@ -462,22 +465,17 @@ class Partitioner:
             if opened:
                 self._c.end_forward(ok)
 
+    def _gather_all_values(self):
+        return self._read_values(range(len(self.params)), closing=True)
+
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         wanted = [(prefix + n, p) for n, p in module._parameters.items()
                   if p is not None and id(p) in self.ids and self._holds[id(p)] == 0]
         if not wanted or self._c is None:
             return
-        self._c.begin_forward(False)
-        ok = False
-        try:
-            for key, p in wanted:
-                i = self.ids[id(p)]
-                state_dict[key] = _as_param(self._c.fetch(i), self.shapes[i],
-                                            self.dtypes[i]).clone()
-                self._c.release(i)
-            ok = True
-        finally:
-            self._c.end_forward(ok)
+        values = self._read_values([self.ids[id(p)] for _, p in wanted])
+        for (key, _), value in zip(wanted, values):
+            state_dict[key] = value
 
     def gather_for_read(self, params):
         """GatheredParameters under an engine: whole values, read-only, until end_read."""
