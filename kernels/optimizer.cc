@@ -330,6 +330,73 @@ Status OptimizerKernel::step(const OptimizerParams& params, const StoredState& s
     return Status::ok();
 }
 
+StoredState stored_state_view(StateDType dtype, std::span<float> params,
+                              std::span<const std::span<std::byte>> moments,
+                              std::uint64_t rounding_seed) noexcept {
+    ZINF_ASSERT_LE(moments.size(), kMaxMoments);
+    StoredState s;
+    s.params = params;
+    s.dtype = dtype;
+    s.rounding_seed = rounding_seed;
+    for (std::size_t i = 0; i < moments.size(); ++i) {
+        const StoredMoment m = split_stored_moment(dtype, moments[i], params.size());
+        s.moments[i] = m.elements;
+        s.scales[i] = m.scales;
+    }
+    return s;
+}
+
+Status step_segments(const OptimizerKernel& kernel, const OptimizerParams& params,
+                     const StoredState& chunk, std::uint64_t chunk_offset,
+                     std::span<const StateSegment> segments, GradView grads,
+                     ParamCopy copy) noexcept {
+    const std::size_t numel = chunk.params.size();
+    if (chunk.dtype == StateDType::kFp32 || numel == 0) {
+        StoredState whole = chunk;
+        whole.first_index = chunk_offset;
+        return kernel.step(params, whole, grads, copy);
+    }
+    const StateSegment all{chunk_offset, numel, chunk_offset};
+    if (segments.empty()) segments = std::span<const StateSegment>(&all, 1);
+    const std::size_t eb = state_element_size_bytes(chunk.dtype);
+    const std::size_t gb = dtype_size_bytes(grads.dtype);
+    const std::uint64_t chunk_end = chunk_offset + numel;
+    // The first segment that ends after chunk_offset.
+    auto it = std::upper_bound(segments.begin(), segments.end(), chunk_offset,
+                               [](std::uint64_t at, const StateSegment& s) {
+                                   return at < s.offset + s.numel;
+                               });
+    std::uint64_t covered = chunk_offset;
+    for (; it != segments.end() && it->offset < chunk_end; ++it) {
+        const std::uint64_t lo = std::max(it->offset, chunk_offset);
+        const std::uint64_t hi = std::min(it->offset + it->numel, chunk_end);
+        ZINF_ASSERT_EQ(lo, covered);  // the segments cover the chunk without a gap
+        const auto rel = static_cast<std::size_t>(lo - chunk_offset);
+        const auto len = static_cast<std::size_t>(hi - lo);
+        ZINF_ASSERT(rel % kStateBlockNumel == 0);
+        StoredState part;
+        part.params = chunk.params.subspan(rel, len);
+        part.dtype = chunk.dtype;
+        part.rounding_seed = chunk.rounding_seed;
+        part.first_index = it->global_index + (lo - it->offset);
+        for (std::size_t i = 0; i < kMaxMoments; ++i) {
+            if (chunk.moments[i].empty()) continue;
+            part.moments[i] = chunk.moments[i].subspan(rel * eb, len * eb);
+            if (!chunk.scales[i].empty()) {
+                part.scales[i] = chunk.scales[i].subspan(rel / kStateBlockNumel,
+                                                         state_scale_count(chunk.dtype, len));
+            }
+        }
+        const GradView g{static_cast<const std::byte*>(grads.data) + rel * gb, len, grads.dtype};
+        ParamCopy c = ParamCopy::none();
+        if (copy.data != nullptr) c = ParamCopy{copy.data + rel, len, copy.dtype};
+        ZINF_TRY(kernel.step(params, part, g, c));
+        covered = hi;
+    }
+    ZINF_ASSERT_EQ(covered, chunk_end);
+    return Status::ok();
+}
+
 Result<OptimizerKind> register_optimizer(const OptimizerDescriptor& descriptor,
                                          const OptimizerKernelEntries& scalar,
                                          const OptimizerKernelEntries* avx2,

@@ -129,6 +129,16 @@ struct GradStats {
     double sum_squares = 0.0;
 };
 
+// A run of an optimizer domain (a rank's flat partition, or the whole flat layout) whose elements
+// have consecutive global flat indices: one parameter's slice on this rank, or several adjacent
+// ones. Compressed states key their blocks and rounding words on the global index, which does not
+// depend on the number of ranks (src/engine/offload_plan.h, state_segments).
+struct StateSegment {
+    std::uint64_t offset = 0;        // the first element's place in the domain
+    std::uint64_t numel = 0;         // a multiple of kStateBlockNumel
+    std::uint64_t global_index = 0;  // the first element's global flat index, ditto
+};
+
 // A CPU optimizer bound to one SIMD variant and one thread count for its life. Move-only.
 // step() and grad_stats() may be called from one thread at a time.
 class OptimizerKernel {
@@ -186,6 +196,24 @@ private:
     const detail::KernelTable* table_;
     ChunkLoop loop_;
 };
+
+// The StoredState of params.size() elements whose moments are laid out as the stores keep them
+// (src/base/state_dtype.h: elements, then the int8 scales; `moments[i]` of
+// state_moment_stored_bytes each, the kept ones only). first_index is left 0.
+StoredState stored_state_view(StateDType dtype, std::span<float> params,
+                              std::span<const std::span<std::byte>> moments,
+                              std::uint64_t rounding_seed) noexcept;
+
+// Steps elements [chunk_offset, chunk_offset + chunk.params.size()) of a domain cut into
+// `segments` (sorted by offset, covering the chunk, offsets and lengths multiples of
+// kStateBlockNumel; chunk_offset too): one kernel step per segment the chunk overlaps, with its
+// global index. `chunk` holds the chunk's stored state from its first element (its first_index is
+// ignored); grads and copy cover the chunk. Empty `segments`: the domain offset is the global
+// index. fp32 states take one fp32 step (no segments needed). Errors: the kernel's.
+Status step_segments(const OptimizerKernel& kernel, const OptimizerParams& params,
+                     const StoredState& chunk, std::uint64_t chunk_offset,
+                     std::span<const StateSegment> segments, GradView grads,
+                     ParamCopy copy = ParamCopy::none()) noexcept;
 
 // The arithmetic of an optimizer registered from outside kernels/: its chunk functions per
 // [amsgrad][gradient dtype][copy: none, bf16, fp16] (null where unsupported, e.g. amsgrad on an

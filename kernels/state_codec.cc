@@ -73,4 +73,39 @@ void decode_moment(StateDType dtype, bool non_negative, std::span<const std::byt
     }
 }
 
+StoredMoment split_stored_moment(StateDType dtype, std::span<std::byte> laid_out,
+                                 std::size_t numel) noexcept {
+    ZINF_ASSERT_EQ(laid_out.size(), state_moment_stored_bytes(dtype, numel));
+    StoredMoment m;
+    m.elements = laid_out.first(numel * state_element_size_bytes(dtype));
+    const std::size_t scales = state_scale_count(dtype, numel);
+    if (scales > 0) {
+        std::byte* at = laid_out.data() + state_scales_offset_bytes(dtype, numel);
+        ZINF_ASSERT(reinterpret_cast<std::uintptr_t>(at) % alignof(float) == 0);
+        m.scales = std::span<float>(reinterpret_cast<float*>(at), scales);
+    }
+    return m;
+}
+
+void encode_stored_moment(StateDType dtype, bool non_negative, std::span<const float> values,
+                          std::span<std::byte> laid_out) noexcept {
+    const StoredMoment m = split_stored_moment(dtype, laid_out, values.size());
+    // The padding between the elements and the scales is written too (no stale bytes on disk).
+    const std::size_t pad_from = m.elements.size();
+    const std::size_t pad_to = state_scales_offset_bytes(dtype, values.size());
+    if (m.scales.data() != nullptr && pad_to > pad_from) {
+        std::memset(laid_out.data() + pad_from, 0, pad_to - pad_from);
+    }
+    encode_moment(dtype, non_negative, values, m.elements, m.scales);
+}
+
+void decode_stored_moment(StateDType dtype, bool non_negative, std::span<const std::byte> laid_out,
+                          std::span<float> values) noexcept {
+    // split_stored_moment only reads through the spans it returns here.
+    const StoredMoment m = split_stored_moment(
+        dtype, std::span<std::byte>(const_cast<std::byte*>(laid_out.data()), laid_out.size()),
+        values.size());
+    decode_moment(dtype, non_negative, m.elements, m.scales, values);
+}
+
 }  // namespace zinf::kernels

@@ -128,4 +128,18 @@ void encode_moment(StateDType dtype, bool non_negative, std::span<const float> v
 void decode_moment(StateDType dtype, bool non_negative, std::span<const std::byte> stored,
                    std::span<const float> scales, std::span<float> values) noexcept;
 
+// A moment laid out as the stores keep it (src/base/state_dtype.h): its elements, then (int8)
+// its scales at state_scales_offset_bytes; `laid_out` has state_moment_stored_bytes(dtype, n)
+// bytes, 4-byte aligned. The two halves as spans, and the conversions above over the layout.
+struct StoredMoment {
+    std::span<std::byte> elements;
+    std::span<float> scales;
+};
+StoredMoment split_stored_moment(StateDType dtype, std::span<std::byte> laid_out,
+                                 std::size_t numel) noexcept;
+void encode_stored_moment(StateDType dtype, bool non_negative, std::span<const float> values,
+                          std::span<std::byte> laid_out) noexcept;
+void decode_stored_moment(StateDType dtype, bool non_negative, std::span<const std::byte> laid_out,
+                          std::span<float> values) noexcept;
+
 }  // namespace zinf::kernels

@@ -203,13 +203,20 @@ public:
                   std::uint64_t sub_group_size, std::uint64_t block_size, int queue_depth,
                   bool single_submit, bool overlap_events, int intra_op_parallelism,
                   const std::string& backend, bool pipeline_read, bool pipeline_write,
-                  bool verify_checksums, int threads) {
+                  bool verify_checksums, int threads, const std::string& state_dtype) {
         if (group_numels.empty() || sub_group_size == 0 || nvme_paths.empty()) {
             raise(Status::invalid_argument(
                 "NVMeOptimizer: needs parameters, a positive sub_group_size and an nvme_path"));
         }
         kind_ = kind_from(kind);
         amsgrad_ = amsgrad;
+        const std::optional<StateDType> dtype = find_state_dtype(state_dtype);
+        if (!dtype.has_value()) {
+            raise(Status::invalid_argument(str_cat("NVMeOptimizer: state_dtype \"", state_dtype,
+                                                   "\"; expected fp32, bf16 or int8")));
+        }
+        // Compressed states: sub-groups of whole blocks of 2048 elements.
+        if (*dtype != StateDType::kFp32) sub_group_size = align_up(sub_group_size, kStateBlockNumel);
         isa_ = take(kernels::resolve_isa("auto"));
         kernel_ = std::make_unique<kernels::OptimizerKernel>(
             take(kernels::OptimizerKernel::create(std::string_view("auto"), threads)));
@@ -232,7 +239,16 @@ public:
         stack.pipeline_read = pipeline_read;
         stack.pipeline_write = pipeline_write;
         stack.pool_name = "optimizer";
-        const swap::OptimizerStackLayout layout = take(swap::layout_optimizer_stack(stack));
+        stack.state_dtype = *dtype;
+        stack.rounding_seed = 0x7a696e66;  // one key for every run: results are reproducible
+        swap::OptimizerStackLayout layout = take(swap::layout_optimizer_stack(stack));
+        // Each group's elements get their own run of global indices (its own rounding words),
+        // from a block boundary.
+        std::uint64_t global = 0;
+        for (swap::OptimizerSwapperOptions& o : layout.swappers) {
+            if (*dtype != StateDType::kFp32) o.segments = {{0, o.numel, global}};
+            global += align_up(o.numel, kStateBlockNumel);
+        }
         pool_ = take(swap::create_optimizer_pool(layout, *engine_, nullptr, false));
         swappers_ = take(swap::create_optimizer_swappers(layout, *store_, *pool_, *kernel_));
         check(store_->commit());
@@ -348,6 +364,10 @@ public:
         return group < swappers_.size() ? swappers_[group]->sub_group_count() : 0;
     }
     std::string backend() const { return std::string(engine_->backend_name()); }
+    std::string state_dtype() const {
+        return swappers_.empty() ? std::string("fp32")
+                                 : std::string(state_dtype_name(swappers_[0]->options().state_dtype));
+    }
     std::uint64_t bytes_on_disk() const { return store_->data_bytes(); }
 
 private:
@@ -437,12 +457,12 @@ void bind_offload(py::module_& m) {
     py::class_<NvmeOptimizer>(m, "NvmeOptimizer")
         .def(py::init<const std::vector<std::uint64_t>&, const std::string&, bool,
                       const std::vector<std::string>&, std::uint64_t, std::uint64_t, int, bool,
-                      bool, int, const std::string&, bool, bool, bool, int>(),
+                      bool, int, const std::string&, bool, bool, bool, int, const std::string&>(),
              py::arg("group_numels"), py::arg("kind"), py::arg("amsgrad"), py::arg("nvme_paths"),
              py::arg("sub_group_size"), py::arg("block_size"), py::arg("queue_depth"),
              py::arg("single_submit"), py::arg("overlap_events"), py::arg("intra_op_parallelism"),
              py::arg("backend"), py::arg("pipeline_read"), py::arg("pipeline_write"),
-             py::arg("verify_checksums"), py::arg("threads"))
+             py::arg("verify_checksums"), py::arg("threads"), py::arg("state_dtype") = "fp32")
         .def("initialize", &NvmeOptimizer::initialize, py::arg("group"), py::arg("pieces"))
         .def("step", &NvmeOptimizer::step, py::arg("group"), py::arg("pieces"), py::arg("step"),
              py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
@@ -459,6 +479,7 @@ void bind_offload(py::module_& m) {
         .def("swap_files", &NvmeOptimizer::swap_files)
         .def("sub_group_count", &NvmeOptimizer::sub_group_count, py::arg("group"))
         .def_property_readonly("backend", &NvmeOptimizer::backend)
+        .def_property_readonly("state_dtype", &NvmeOptimizer::state_dtype)
         .def_property_readonly("bytes_on_disk", &NvmeOptimizer::bytes_on_disk);
 }
 

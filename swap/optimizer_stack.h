@@ -31,6 +31,11 @@ struct OptimizerStackOptions {
     bool pipeline_write = true;
     PartitionId first_partition = 0;  // the groups' partitions follow one another from here
     std::string pool_name = "offload_optimizer";
+    // How the moments are stored, and (compressed) the runs of global flat indices and the
+    // rounding key: OptimizerSwapperOptions' fields, for every group.
+    StateDType state_dtype = StateDType::kFp32;
+    std::vector<kernels::StateSegment> segments;
+    std::uint64_t rounding_seed = 0;
 };
 
 // What the stack needs, computed without allocating anything but the layout.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "kernels/state_codec.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
 
@@ -23,11 +24,21 @@ std::size_t OptimizerSwapper::state_count(kernels::OptimizerKind kind, bool amsg
     return optimizer_descriptor(kind).state_count(amsgrad);
 }
 
+std::uint64_t OptimizerSwapper::state_bytes(std::size_t state, std::uint64_t numel,
+                                            StateDType state_dtype) noexcept {
+    if (state == 0) return numel * sizeof(float);
+    return state_moment_stored_bytes(state_dtype, static_cast<std::size_t>(numel));
+}
+
 std::uint64_t OptimizerSwapper::buffer_size_bytes(std::uint64_t sub_group_numel,
-                                                  kernels::OptimizerKind kind, bool amsgrad) {
+                                                  kernels::OptimizerKind kind, bool amsgrad,
+                                                  StateDType state_dtype) {
     // Each state is its own partition at an aligned offset (see SwapStore's layout).
-    return state_count(kind, amsgrad) *
-           align_up(sub_group_numel * sizeof(float), kExtentAlignmentBytes);
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < state_count(kind, amsgrad); ++k) {
+        bytes += align_up(state_bytes(k, sub_group_numel, state_dtype), kExtentAlignmentBytes);
+    }
+    return bytes;
 }
 
 std::size_t OptimizerSwapper::buffers_needed(const OptimizerSwapperOptions& options) {
@@ -52,8 +63,22 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                                                 optimizer_kind_name(options.kind),
                                                 ", which has none"));
     }
-    const std::uint64_t need_bytes =
-        buffer_size_bytes(options.sub_group_numel, options.kind, options.amsgrad);
+    if (options.state_dtype != StateDType::kFp32) {
+        if (options.sub_group_numel % kStateBlockNumel != 0) {
+            return Status::invalid_argument(str_cat(
+                "optimizer swapper: ", state_dtype_name(options.state_dtype),
+                " states need sub_group_size a multiple of ", kStateBlockNumel, ", got ",
+                options.sub_group_numel));
+        }
+        if (!is_builtin(optimizer_descriptor(options.kind))) {
+            return Status::not_supported(str_cat("optimizer swapper: ",
+                                                 state_dtype_name(options.state_dtype),
+                                                 " states of ", optimizer_kind_name(options.kind),
+                                                 " (built-in optimizers only)"));
+        }
+    }
+    const std::uint64_t need_bytes = buffer_size_bytes(options.sub_group_numel, options.kind,
+                                                       options.amsgrad, options.state_dtype);
     if (pool.buffer_size_bytes() < need_bytes) {
         return Status::invalid_argument(
             str_cat("optimizer swapper: pinned pool '", pool.name(), "' has buffers of ",
@@ -73,9 +98,9 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
                                                    options.sub_group_numel);
     s->ticket_count_ = need_count;
     for (std::size_t g = 0; g < s->sub_group_count_; ++g) {
-        const std::uint64_t bytes = s->sub_group_numel(g) * sizeof(float);
         for (std::size_t k = 0; k < s->state_count_; ++k) {
-            ZINF_TRY(store.reserve(s->partition(g, k), bytes));
+            ZINF_TRY(store.reserve(s->partition(g, k),
+                                   state_bytes(k, s->sub_group_numel(g), options.state_dtype)));
         }
     }
     TensorSwapperOptions swapper_options;
@@ -151,15 +176,15 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
                                 const kernels::OptimizerParams& params, GradientSource& grads) {
     const std::uint64_t numel = sub_group_numel(sub_group);
     const std::uint64_t offset = sub_group_offset_numel(sub_group);
-    auto as_floats = [&](std::size_t k) {
-        std::span<std::byte> bytes = ticket.data(k);
-        ZINF_ASSERT_EQ(bytes.size(), numel * sizeof(float));
-        return std::span<float>(reinterpret_cast<float*>(bytes.data()), numel);
-    };
-    // The sub-group's partitions: the master, then the kept moments in the descriptor's order.
-    kernels::OptimizerState state;
-    state.params = as_floats(0);
-    for (std::size_t k = 1; k < state_count_; ++k) state.moments[k - 1] = as_floats(k);
+    std::span<std::byte> master = ticket.data(0);
+    ZINF_ASSERT_EQ(master.size(), numel * sizeof(float));
+    // The sub-group's partitions: the master, then the kept moments in the descriptor's order,
+    // as stored.
+    std::span<std::byte> moments[kMaxMoments];
+    for (std::size_t k = 1; k < state_count_; ++k) moments[k - 1] = ticket.data(k);
+    const kernels::StoredState state = kernels::stored_state_view(
+        options_.state_dtype, std::span<float>(reinterpret_cast<float*>(master.data()), numel),
+        std::span<const std::span<std::byte>>(moments, state_count_ - 1), options_.rounding_seed);
     ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, grads.gradients(sub_group, offset, numel));
     if (g.numel != numel || g.data == nullptr) {
         return Status::invalid_argument(str_cat("optimizer swapper: gradients of sub-group ",
@@ -168,7 +193,7 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
     }
     const kernels::ParamCopy copy = grads.param_copy(sub_group, offset, numel);
     const auto t0 = Clock::now();
-    ZINF_TRY(kernel_.step(params, state, g, copy));
+    ZINF_TRY(kernels::step_segments(kernel_, params, state, offset, options_.segments, g, copy));
     stats_.compute_seconds += seconds_since(t0);
     return grads.updated(sub_group, offset, state.params);
 }
@@ -257,10 +282,12 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
     if (status.is_ok()) status = ticket.wait();
     if (status.is_ok()) {
         std::memcpy(params.data(), ticket.data(0).data(), numel * sizeof(float));
+        const OptimizerDescriptor& d = optimizer_descriptor(options_.kind);
         for (std::size_t k = 0; k < moments.size(); ++k) {
             if (moments[k].empty()) continue;
             ZINF_ASSERT_EQ(moments[k].size(), numel);
-            std::memcpy(moments[k].data(), ticket.data(k + 1).data(), numel * sizeof(float));
+            kernels::decode_stored_moment(options_.state_dtype, d.moments[k].non_negative,
+                                          ticket.data(k + 1), moments[k]);
         }
     }
     drain();
@@ -280,6 +307,7 @@ Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const 
     Status status = n.has_value() ? Status::ok() : n.error();
     if (status.is_ok()) {
         ZINF_ASSERT_EQ(*n, state_count_);
+        const OptimizerDescriptor& d = optimizer_descriptor(options_.kind);
         auto put = [&](std::size_t k, std::span<const float> from) {
             std::span<std::byte> to = ticket.data(k);
             if (from.empty()) {
@@ -287,7 +315,12 @@ Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const 
                 return;
             }
             ZINF_ASSERT_EQ(from.size(), numel);
-            std::memcpy(to.data(), from.data(), numel * sizeof(float));
+            if (k == 0) {
+                std::memcpy(to.data(), from.data(), numel * sizeof(float));
+            } else {
+                kernels::encode_stored_moment(options_.state_dtype, d.moments[k - 1].non_negative,
+                                              from, to);
+            }
         };
         put(0, params);
         for (std::size_t k = 1; k < state_count_; ++k) {

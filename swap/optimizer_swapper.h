@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "kernels/optimizer.h"
 #include "swap/pinned_pool.h"
@@ -31,6 +32,13 @@ struct OptimizerSwapperOptions {
     // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.
     PartitionId first_partition = 0;
     std::chrono::milliseconds acquire_timeout{std::chrono::minutes(2)};
+    // How the moments are stored (offload_optimizer.state_dtype; the master stays fp32). bf16 and
+    // int8 need sub_group_numel a multiple of kStateBlockNumel.
+    StateDType state_dtype = StateDType::kFp32;
+    // Compressed states: the swapper's elements cut into runs of consecutive global flat indices
+    // (kernels::step_segments); empty: element i has global index i.
+    std::vector<kernels::StateSegment> segments;
+    std::uint64_t rounding_seed = 0;  // bf16: the Philox key of the stochastic rounding
 };
 
 // Where the step gets each sub-group's gradients (and, optionally, gives back the result).
@@ -86,7 +94,12 @@ public:
 
     // The pool buffer size one sub-group needs, and how many buffers a step holds at once.
     static std::uint64_t buffer_size_bytes(std::uint64_t sub_group_numel,
-                                           kernels::OptimizerKind kind, bool amsgrad = false);
+                                           kernels::OptimizerKind kind, bool amsgrad = false,
+                                           StateDType state_dtype = StateDType::kFp32);
+    // The bytes of state `state` (0 the master, then the moments) of a sub-group of `numel`
+    // elements in the swap store: fp32 for the master, the stored layout for the moments.
+    static std::uint64_t state_bytes(std::size_t state, std::uint64_t numel,
+                                     StateDType state_dtype) noexcept;
     static std::size_t buffers_needed(const OptimizerSwapperOptions& options);
     // 1 + the moments the optimizer keeps (its descriptor's): 3 for Adam/AdamW (4 with
     // amsgrad), 2 for Adagrad and Lion. In a sub-group: the master, then the moments in the

@@ -72,7 +72,8 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     Compute& compute, Communicator& communicator) {
     ZINF_TRY(check_options(options, device));
     ZINF_ASSIGN_OR_RETURN(auto partitioning, Partitioning::create(numels, communicator.world_size(),
-                                                                  communicator.rank()));
+                                                                  communicator.rank(),
+                                                                  options.partition_align_numel));
     std::unique_ptr<ParameterCoordinator> c(
         new ParameterCoordinator(partitioning, options, device, compute, communicator));
     for (std::size_t i = 0; i < partitioning.parameter_count(); ++i) {

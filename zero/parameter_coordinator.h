@@ -54,6 +54,9 @@ struct CoordinatorOptions {
     // coordinator) instead of a partition buffer, and domain().gradients is null; the optimizer
     // reads the gradients from the storage. Null: in memory.
     GradientStorage* gradient_storage = nullptr;
+    // Each parameter is padded to a multiple of world_size times this (Partitioning::create):
+    // kStateBlockNumel under compressed optimizer states, else Partitioning::kAlignNumel.
+    std::size_t partition_align_numel = Partitioning::kAlignNumel;
 };
 
 // The bytes one rank holds for the model's parameters and gradients, wherever they live (device,

@@ -23,7 +23,7 @@ std::size_t ParameterSlot::valid_numel(int rank) const noexcept {
 }
 
 Result<Partitioning> Partitioning::create(std::span<const std::size_t> numels, int world_size,
-                                          int rank) {
+                                          int rank, std::size_t align_numel) {
     if (world_size < 1) {
         return Status::invalid_argument("partitioning: world size must be at least 1, got " +
                                         std::to_string(world_size));
@@ -32,11 +32,17 @@ Result<Partitioning> Partitioning::create(std::span<const std::size_t> numels, i
         return Status::invalid_argument("partitioning: rank " + std::to_string(rank) +
                                         " outside [0, " + std::to_string(world_size) + ")");
     }
+    if (align_numel == 0 || align_numel % kAlignNumel != 0) {
+        return Status::invalid_argument("partitioning: alignment " + std::to_string(align_numel) +
+                                        " is not a positive multiple of " +
+                                        std::to_string(kAlignNumel) + " elements");
+    }
     Partitioning p;
     p.world_size_ = world_size;
     p.rank_ = rank;
+    p.align_numel_ = align_numel;
     p.slots_.reserve(numels.size());
-    const std::size_t unit = kAlignNumel * static_cast<std::size_t>(world_size);
+    const std::size_t unit = align_numel * static_cast<std::size_t>(world_size);
     for (const std::size_t numel : numels) {
         ZINF_ASSERT_GT(numel, 0u);
         ParameterSlot s;

@@ -49,13 +49,17 @@ public:
     // 16 elements: 64 bytes of fp32, 32 of bf16/fp16; keeps SIMD loads aligned.
     static constexpr std::size_t kAlignNumel = 16;
 
-    // `numels` in parameter order. Errors: kInvalidArgument for world_size < 1 or rank outside
-    // [0, world_size).
+    // `numels` in parameter order; each parameter is padded to a multiple of world_size *
+    // align_numel (a multiple of kAlignNumel: compressed optimizer states use
+    // kStateBlockNumel, so that every slice starts on a block of the global flat index).
+    // Errors: kInvalidArgument for world_size < 1, rank outside [0, world_size) or an
+    // align_numel that is not a positive multiple of kAlignNumel.
     static Result<Partitioning> create(std::span<const std::size_t> numels, int world_size,
-                                       int rank);
+                                       int rank, std::size_t align_numel = kAlignNumel);
 
     int world_size() const noexcept { return world_size_; }
     int rank() const noexcept { return rank_; }
+    std::size_t align_numel() const noexcept { return align_numel_; }
     std::size_t parameter_count() const noexcept { return slots_.size(); }
     const ParameterSlot& slot(std::size_t index) const;
     // Elements of one rank's flat partition (sum of slice_numel).
@@ -69,6 +73,7 @@ private:
     Partitioning() = default;
     int world_size_ = 1;
     int rank_ = 0;
+    std::size_t align_numel_ = kAlignNumel;
     std::vector<ParameterSlot> slots_;
     std::size_t partition_numel_ = 0;
     std::size_t full_numel_ = 0;

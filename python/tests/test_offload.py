@@ -245,3 +245,68 @@ def test_a_group_with_an_empty_parameter_steps(workdir):
     before = w.detach().clone()
     opt.step()
     assert not torch.equal(w, before)
+
+
+@pytest.mark.parametrize("state_dtype,ratio", [("bf16", 8 / 12), ("int8", 6.004 / 12)])
+def test_compressed_states_take_fewer_bytes_train_close_and_reproducibly(workdir, state_dtype,
+                                                                          ratio):
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 384), torch.nn.Tanh(),
+                                torch.nn.Linear(384, 4))
+    x = torch.randn(256, 128)
+    y = torch.randint(0, 4, (256,))
+
+    def run(dtype):
+        m = copy.deepcopy(model)
+        opt = NVMeOptimizer(m.parameters(), nvme_path=workdir, sub_group_size=16384, lr=3e-3,
+                            state_dtype=dtype)
+        losses = []
+        for _ in range(40):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return m, opt, losses
+
+    exact, exact_opt, exact_losses = run("fp32")
+    a, opt_a, losses_a = run(state_dtype)
+    b, _, losses_b = run(state_dtype)
+    assert opt_a.state_dtype == state_dtype and exact_opt.state_dtype == "fp32"
+    # Fewer bytes on disk, as the dtype says (the sub-groups are whole 2048-element blocks).
+    n = sum(p.numel() for p in model.parameters())
+    assert opt_a.bytes_on_disk < exact_opt.bytes_on_disk * (ratio + 0.05)
+    assert opt_a.bytes_on_disk >= n * 12 * ratio
+    # Run to run: the same bits (the rounding words are keyed by index and step).
+    assert losses_a == losses_b
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    # Close to the exact states' run, and not the same run (the compression took effect).
+    assert abs(losses_a[-1] - exact_losses[-1]) < 0.05 * exact_losses[0]
+    assert losses_a != exact_losses
+    # state_dict -> load_state_dict into a fresh optimizer continues bit for bit.
+    clone = copy.deepcopy(a)
+    again = NVMeOptimizer(clone.parameters(), nvme_path=workdir, sub_group_size=16384, lr=3e-3,
+                          state_dtype=state_dtype)
+    saved = opt_a.state_dict()
+    again.load_state_dict(saved)
+    # The moments read back are the stored values: written again, they read back unchanged.
+    back = again.state_dict()["state"]
+    for k, entry in saved["state"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(back[k][name], entry[name])
+    for m, o in ((a, opt_a), (clone, again)):
+        for _ in range(3):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for p, q in zip(a.parameters(), clone.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_compressed_states_refuse_torch_rounding_and_unknown_dtypes(workdir):
+    p = torch.randn(100, requires_grad=True)
+    with pytest.raises(ValueError, match="torch_rounding is defined for fp32 states only"):
+        NVMeOptimizer([p], nvme_path=workdir, state_dtype="int8", torch_rounding=True)
+    with pytest.raises(ValueError, match="state_dtype 'fp8'"):
+        NVMeOptimizer([p], nvme_path=workdir, state_dtype="fp8")

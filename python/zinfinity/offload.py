@@ -83,16 +83,24 @@ class NVMeOptimizer(torch.optim.Optimizer):
         pipeline_read, pipeline_write: overlap the next read / the last write with the update.
         verify_checksums: checksum every swap block (DeepSpeed has no such check; default on).
         torch_rounding: Adam and AdamW round every operation as torch.optim.Adam / AdamW do, so
-            a run equals torch's bit for bit on AVX2 / AVX-512 CPUs (default on: a model moved
-            from torch.optim.AdamW to NVMeOptimizer trains identically). False: the kernel's own
-            order, within a few ulps per step, which a long run amplifies like any other change.
+            a run equals torch's bit for bit on AVX2 / AVX-512 CPUs (default on with fp32
+            states: a model moved from torch.optim.AdamW to NVMeOptimizer trains identically).
+            False: the kernel's own order, within a few ulps per step, which a long run
+            amplifies like any other change. Not with compressed states.
         threads: threads of the kernel (0: every core).
+        state_dtype: how the moments are stored on disk (the fp32 master stays fp32), as the
+            engine's ``offload_optimizer.state_dtype``: "fp32" (exact, default; 12 B per
+            parameter for Adam), "bf16" (stochastic rounding, reproducible: 8 B) or "int8"
+            (blockwise logarithmic code, one fp32 scale per 2048 elements: about 6 B). Fewer
+            bytes make the I/O-bound step faster; ``state_dict()`` gives the decoded fp32
+            values, ``load_state_dict`` rounds them to this dtype. The sub-group size is
+            rounded up to a multiple of 2048.
     """
 
     def __init__(self, params, optimizer="adamw", nvme_path=None, sub_group_size=1 << 24,
                  aio=None, lr=None, betas=None, eps=None, weight_decay=None, amsgrad=False,
                  bias_correction=True, pipeline_read=True, pipeline_write=True,
-                 verify_checksums=True, threads=0, torch_rounding=True):
+                 verify_checksums=True, threads=0, torch_rounding=None, state_dtype="fp32"):
         kind = str(optimizer).lower()
         if kind not in _KINDS:
             raise ValueError(f"NVMeOptimizer: optimizer {optimizer!r}; expected one of {sorted(_KINDS)}")
@@ -105,6 +113,15 @@ class NVMeOptimizer(torch.optim.Optimizer):
                 raise FileNotFoundError(f"NVMeOptimizer: nvme_path {p!r} is not a directory")
         if int(sub_group_size) <= 0:
             raise ValueError(f"NVMeOptimizer: sub_group_size {sub_group_size} must be positive")
+        state_dtype = str(state_dtype).lower()
+        if state_dtype not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"NVMeOptimizer: state_dtype {state_dtype!r}; expected fp32, bf16 "
+                             "or int8")
+        if torch_rounding is None:
+            torch_rounding = state_dtype == "fp32"
+        elif torch_rounding and state_dtype != "fp32":
+            raise ValueError("NVMeOptimizer: torch_rounding is defined for fp32 states only; "
+                             f"state_dtype is {state_dtype!r}")
         if amsgrad and kind not in ("adam", "adamw"):
             raise ValueError(f"NVMeOptimizer: amsgrad is an Adam option, not {kind}'s")
         base = _KINDS[kind]
@@ -138,7 +155,8 @@ class NVMeOptimizer(torch.optim.Optimizer):
                 overlap_events=bool(a["overlap_events"]),
                 intra_op_parallelism=int(a["intra_op_parallelism"]), backend=str(a["backend"]),
                 pipeline_read=bool(pipeline_read), pipeline_write=bool(pipeline_write),
-                verify_checksums=bool(verify_checksums), threads=int(threads))
+                verify_checksums=bool(verify_checksums), threads=int(threads),
+                state_dtype=state_dtype)
         except BaseException:
             self._remove_dirs()
             raise
@@ -308,6 +326,18 @@ class NVMeOptimizer(torch.optim.Optimizer):
     def backend(self):
         self._check_open()
         return self._native.backend
+
+    @property
+    def state_dtype(self):
+        """How the moments are stored on disk: "fp32", "bf16" or "int8"."""
+        self._check_open()
+        return self._native.state_dtype
+
+    @property
+    def bytes_on_disk(self):
+        """Bytes of masters and states in the swap files."""
+        self._check_open()
+        return self._native.bytes_on_disk
 
     def close(self):
         """Removes the swap files and the run directory; the optimizer cannot step after."""

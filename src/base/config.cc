@@ -399,6 +399,9 @@ Status read_offload_optimizer(const Json& object, const std::string& path,
     ZINF_TRY(r.get_bool("pipeline_read", c.pipeline_read));
     ZINF_TRY(r.get_bool("pipeline_write", c.pipeline_write));
     ZINF_TRY(r.get_tristate("stream_gradients", c.stream_gradients));
+    std::string state_dtype(state_dtype_name(c.state_dtype));
+    ZINF_TRY(r.get_enum("state_dtype", state_dtype, {"fp32", "bf16", "int8"}));
+    c.state_dtype = *find_state_dtype(state_dtype);
     ZINF_TRY(r.finish());
     if (c.device == OffloadDevice::kNvme && c.nvme_path.empty()) {
         return Status::invalid_argument(

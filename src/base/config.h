@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/base/optimizer_descriptor.h"
+#include "src/base/state_dtype.h"
 #include "src/base/status.h"
 
 namespace zinf::config {
@@ -55,6 +56,9 @@ struct OffloadOptimizerConfig {
     // the swap files as backward produces it instead of staying in host memory. auto: only when
     // it does not fit in device.host_memory_budget beside the pinned buffers.
     Tristate stream_gradients = Tristate::kAuto;
+    // zinfinity: how the optimizer's moments are stored, here and on NVMe (the fp32 master stays
+    // fp32): fp32 (exact, the default), bf16 (stochastic rounding) or int8 (blockwise log code).
+    StateDType state_dtype = StateDType::kFp32;
 };
 
 // `zero_optimization`. Sizes in elements, as in DeepSpeed. Keys zinfinity does not implement

@@ -165,6 +165,7 @@ constexpr KeyInfo kKeys[] = {
     {"zero_optimization.offload_optimizer.pipeline_read", S::kImplemented, "", "read sub-group i+1 during the update of i (false)"},
     {"zero_optimization.offload_optimizer.pipeline_write", S::kImplemented, "", "write sub-group i-1 during the update of i (false)"},
     {"zero_optimization.offload_optimizer.stream_gradients", S::kZinfinity, "", "device nvme, stages 2-3, CPU device: true: gradients go to the swap files as backward produces them and stream back per sub-group, instead of a host buffer of the whole partition; false: the host buffer; \"auto\": the host buffer where it fits in device.host_memory_budget beside the pinned buffers, else streamed (\"auto\")"},
+    {"zero_optimization.offload_optimizer.state_dtype", S::kZinfinity, "", "how the optimizer's moments are stored, in host memory and on NVMe (the fp32 master stays fp32): \"fp32\" (exact), \"bf16\" (stochastic rounding: 12 -> 8 B per parameter on NVMe) or \"int8\" (blockwise logarithmic code, one fp32 scale per 2048 elements: about 6 B) (\"fp32\")"},
     {"zero_optimization.offload_optimizer.buffer_count", S::kWarned, "", "the swap buffers are sized from the pipeline (3 or 4 per sub-group window)"},
     {"zero_optimization.offload_optimizer.fast_init", S::kWarned, "", "initial states are always written in one pipelined pass"},
     {"zero_optimization.offload_optimizer.ratio", S::kWarned, "", "the whole optimizer domain is offloaded"},

@@ -88,6 +88,10 @@ inline bool has_bias_correction(const OptimizerDescriptor& d) noexcept {
 inline bool has_torch_rounding(const OptimizerDescriptor& d) noexcept {
     return d.has_torch_rounding;
 }
+// One of the built-in optimizers (they alone have compressed-state kernels).
+inline bool is_builtin(const OptimizerDescriptor& d) noexcept {
+    return static_cast<int>(d.kind) < kBuiltinOptimizerCount;
+}
 
 // Adds an optimizer; its kind field is ignored and the assigned kind is returned. Its names
 // must outlive the process (string literals). Call before

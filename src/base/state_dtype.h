@@ -57,4 +57,16 @@ constexpr std::size_t state_moment_size_bytes(StateDType dtype, std::size_t nume
     return numel * state_element_size_bytes(dtype) + state_scale_count(dtype, numel) * 4;
 }
 
+// Where a stored moment of `numel` elements keeps its scales (int8): after its elements, at the
+// next multiple of 4 bytes. A moment as the stores lay it out (host memory, swap files,
+// checkpoints): elements, padding to 4 bytes, scales; state_moment_stored_bytes in all.
+constexpr std::size_t state_scales_offset_bytes(StateDType dtype, std::size_t numel) noexcept {
+    return (numel * state_element_size_bytes(dtype) + 3) / 4 * 4;
+}
+constexpr std::size_t state_moment_stored_bytes(StateDType dtype, std::size_t numel) noexcept {
+    return dtype == StateDType::kInt8
+               ? state_scales_offset_bytes(dtype, numel) + state_scale_count(dtype, numel) * 4
+               : numel * state_element_size_bytes(dtype);
+}
+
 }  // namespace zinf

@@ -38,6 +38,13 @@ std::string exact(double v) {
     return buf;
 }
 
+// "12", "6.004": bytes per element, three decimals where not whole.
+std::string shortest(double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return buf;
+}
+
 }  // namespace
 
 // The model's ParameterSource and GradientSink, forwarding to the coordinator.
@@ -159,7 +166,8 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
     ZINF_ASSIGN_OR_RETURN(auto kernel,
                           kernels::OptimizerKernel::create(plan.cpu_isa, plan.cpu_threads));
     ZINF_ASSIGN_OR_RETURN(auto part,
-                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
+                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank,
+                                                     plan.partition_align_numel));
     std::unique_ptr<Engine> e(new Engine(config, std::move(plan), model, device, compute,
                                          communicator, std::move(kernel), options));
     e->prediction_ = std::move(prediction);
@@ -291,14 +299,14 @@ MemoryAccount Engine::memory_account() const {
     a.model_numel = part.model_numel();
     a.padding_numel = part.full_numel() - part.model_numel();
     a.b = dtype_size_bytes(plan_.dtype);
-    a.k = states_->layout().arrays() * sizeof(float);
+    a.k = plan_.state_bytes_per_element();
     a.held = coordinator_->memory_held();
     a.optimizer_states = states_->state_bytes();
     const double psi = static_cast<double>(a.model_numel);
     const double n = a.world_size;
     a.formula_parameters = static_cast<double>(a.b) * psi / (a.stage >= 3 ? n : 1.0);
     a.formula_gradients = static_cast<double>(a.b) * psi / (a.stage >= 2 ? n : 1.0);
-    a.formula_states = static_cast<double>(a.k) * psi / (a.stage >= 1 ? n : 1.0);
+    a.formula_states = a.k * psi / (a.stage >= 1 ? n : 1.0);
     return a;
 }
 
@@ -313,7 +321,7 @@ Result<std::string> Engine::memory_table() const {
                                            std::as_writable_bytes(std::span(all))));
     std::string s =
         str_cat("\n  model states per rank (seed formulas, stage ", a.stage, ", N = ", a.world_size,
-                ", Ψ = ", a.model_numel, ", b = ", a.b, ", K = ", a.k, "): parameters ",
+                ", Ψ = ", a.model_numel, ", b = ", a.b, ", K = ", shortest(a.k), "): parameters ",
                 mib3(a.formula_parameters), ", gradients ", mib3(a.formula_gradients),
                 ", optimizer states ", mib3(a.formula_states));
     for (std::size_t r = 0; r < ws; ++r) {

@@ -102,7 +102,7 @@ struct IoFigures {
 
 // One rank's model states by the ZeRO accounting beside the seed's formulas for its stage and
 // world size (Ψ = model_numel, b = bytes per parameter element, K = optimizer bytes per element:
-// the fp32 master and each fp32 moment): parameters b·Ψ, or b·Ψ/N under stage 3; gradients b·Ψ,
+// the fp32 master and each moment as stored, 12 for Adam in fp32, 8 in bf16, about 6 in int8): parameters b·Ψ, or b·Ψ/N under stage 3; gradients b·Ψ,
 // or b·Ψ/N under stages 2-3; optimizer states K·Ψ, or K·Ψ/N under stages 1-3. Held figures count
 // the padded layout, so they exceed the formula by at most the padding.
 struct MemoryAccount {
@@ -111,7 +111,7 @@ struct MemoryAccount {
     std::size_t model_numel = 0;
     std::size_t padding_numel = 0;  // padded layout minus model_numel (all ranks together)
     std::size_t b = 4;
-    std::size_t k = 12;
+    double k = 12;
     zero::MemoryHeld held;
     std::size_t optimizer_states = 0;
     double formula_parameters = 0;
@@ -306,14 +306,22 @@ private:
                                const std::string& nonce);
     Status find_shards(const std::string& dir, const std::string& tag, const std::string& temp,
                        const std::string& nonce) const;
-    Status load_states(const engine::CheckpointReader& r);
-    Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards, int saved_world,
-                              int saved_stage);
+    // How a checkpoint's states were laid out: its manifest's world_size, zero_stage,
+    // partition_align and state_dtype (the last two absent before compressed states: 16, fp32).
+    struct SavedShape {
+        int world = 1;
+        int stage = 0;
+        std::size_t align_numel = zero::Partitioning::kAlignNumel;
+        StateDType state_dtype = StateDType::kFp32;
+    };
+    bool same_layout(const SavedShape& saved) const noexcept;
+    Status load_states(const engine::CheckpointReader& r, const SavedShape& saved);
+    Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
+                              const SavedShape& saved);
     Result<std::vector<engine::CheckpointReader>> open_shards(const std::string& dir,
                                                               const std::string& tag,
-                                                              int& saved_world,
-                                                              int& saved_stage) const;
-    Status check_loadable(const engine::CheckpointReader& r, bool same_layout) const;
+                                                              SavedShape& saved) const;
+    Status check_loadable(const engine::CheckpointReader& r, bool same) const;
     Status restore_counters(const engine::CheckpointReader& r);
     Status stage_batch(const Batch& batch);
     // What every training forward does before the model's: the accumulation window and the

@@ -4,8 +4,9 @@
 // or stage by re-partitioning the saved layout element by element.
 //
 // Files of one rank (a whole checkpoint at world size 1, <tag>/rank<r> at N ranks):
-// master.fp32 and <moment>.fp32 per moment the optimizer keeps (its descriptor's names:
-// exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 for Adam with amsgrad), and
+// master.fp32 and <moment>.<state dtype> per moment the optimizer keeps (its descriptor's names:
+// exp_avg.fp32, exp_avg_sq.fp32, max_exp_avg_sq.fp32 for Adam with amsgrad; exp_avg.bf16, or
+// exp_avg.int8 with its block scales in exp_avg.int8_scales, under compressed states), and
 // parameters.<dtype>, each the rank's optimizer domain in order: under stages 1-3 its partition
 // (every parameter's slice r, padding included), under stage 0 the whole padded layout.
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/state_codec.h"
 #include "src/base/log.h"
 #include "src/engine/checkpoint_files.h"
 #include "src/engine/engine.h"
@@ -27,8 +29,12 @@ namespace {
 // The state files of a layout: the master, then each kept moment by its descriptor's name.
 constexpr std::size_t kMaxStateFiles = 1 + kMaxMoments;
 
-std::string state_file_name(const engine::StateLayout& l, std::size_t i) {
-    return i == 0 ? std::string("master.fp32") : str_cat(l.moment(i - 1).name, ".fp32");
+std::string state_file_name(const engine::StateLayout& l, std::size_t i, StateDType dtype) {
+    return i == 0 ? std::string("master.fp32")
+                  : str_cat(l.moment(i - 1).name, ".", state_dtype_name(dtype));
+}
+std::string scales_file_name(const engine::StateLayout& l, std::size_t i) {
+    return str_cat(l.moment(i - 1).name, ".int8_scales");
 }
 
 std::span<float> state_span(const engine::StateChunk& c, std::size_t i) {
@@ -72,6 +78,21 @@ struct SavedLayout {
     }
 };
 
+// One compressed moment of a chunk in its stored form (elements, int8 scales), for checkpoints.
+struct CodedChunk {
+    std::vector<std::byte> elements;
+    std::vector<float> scales;
+    CodedChunk(StateDType dtype, std::size_t chunk_numel)
+        : elements(chunk_numel * state_element_size_bytes(dtype)),
+          scales(state_scale_count(dtype, chunk_numel)) {}
+    std::span<std::byte> elements_of(StateDType dtype, std::size_t n) {
+        return std::span(elements).first(n * state_element_size_bytes(dtype));
+    }
+    std::span<float> scales_of(StateDType dtype, std::size_t n) {
+        return std::span(scales).first(state_scale_count(dtype, n));
+    }
+};
+
 // A file of one old shard read front to back at increasing offsets, skipping what this rank
 // does not need, so that its checksum is verified over every byte.
 class ShardCursor {
@@ -111,20 +132,39 @@ private:
 
 Status Engine::save_states(engine::CheckpointWriter& w) {
     const engine::StateLayout layout = states_->layout();
+    const StateDType sd = states_->state_dtype();
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
+    CodedChunk coded(sd, states_->chunk_numel());
     const std::size_t n_files = layout.arrays();
+    const bool int8 = sd == StateDType::kInt8;
     engine::CheckpointFile files[kMaxStateFiles];
+    engine::CheckpointFile scale_files[kMaxStateFiles];
     for (std::size_t i = 0; i < n_files; ++i) {
-        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(state_file_name(layout, i)));
-    }
-    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
-        ZINF_TRY(states_->read_chunk(k, c));
-        for (std::size_t i = 0; i < n_files; ++i) {
-            ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
+        ZINF_ASSIGN_OR_RETURN(files[i], w.begin_file(state_file_name(layout, i, sd)));
+        if (i > 0 && int8) {
+            ZINF_ASSIGN_OR_RETURN(scale_files[i], w.begin_file(scales_file_name(layout, i)));
         }
     }
-    for (std::size_t i = 0; i < n_files; ++i) ZINF_TRY(w.end_file(files[i]));
+    for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+        const std::size_t n = states_->chunk_length(k);
+        const engine::StateChunk c = buffers.chunk(n);
+        ZINF_TRY(states_->read_chunk(k, c));
+        for (std::size_t i = 0; i < n_files; ++i) {
+            if (i == 0 || sd == StateDType::kFp32) {
+                ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
+                continue;
+            }
+            // In the stored dtype: the values read back encode to the bits the store holds.
+            kernels::encode_moment(sd, layout.moment(i - 1).non_negative, state_span(c, i),
+                                   coded.elements_of(sd, n), coded.scales_of(sd, n));
+            ZINF_TRY(files[i].append(coded.elements_of(sd, n)));
+            if (int8) ZINF_TRY(scale_files[i].append(std::as_bytes(coded.scales_of(sd, n))));
+        }
+    }
+    for (std::size_t i = 0; i < n_files; ++i) {
+        ZINF_TRY(w.end_file(files[i]));
+        if (i > 0 && int8) ZINF_TRY(w.end_file(scale_files[i]));
+    }
     // The parameters (the optimizer domain), in their dtype.
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
@@ -139,23 +179,44 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
     return w.end_file(fp);
 }
 
-Status Engine::load_states(const engine::CheckpointReader& r) {
+Status Engine::load_states(const engine::CheckpointReader& r, const SavedShape& saved) {
     const engine::StateLayout layout = states_->layout();
+    const StateDType sd = saved.state_dtype;
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
-    const std::uint64_t state_bytes = static_cast<std::uint64_t>(states_->numel()) * 4;
+    CodedChunk coded(sd, states_->chunk_numel());
+    const auto numel = static_cast<std::uint64_t>(states_->numel());
     const std::size_t n_files = layout.arrays();
+    const bool int8 = sd == StateDType::kInt8;
     engine::CheckpointFile files[kMaxStateFiles];
+    engine::CheckpointFile scale_files[kMaxStateFiles];
     for (std::size_t i = 0; i < n_files; ++i) {
-        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(state_file_name(layout, i), state_bytes));
+        const std::uint64_t bytes = i == 0 ? numel * 4 : numel * state_element_size_bytes(sd);
+        ZINF_ASSIGN_OR_RETURN(files[i], r.open_file(state_file_name(layout, i, sd), bytes));
+        if (i > 0 && int8) {
+            ZINF_ASSIGN_OR_RETURN(scale_files[i],
+                                  r.open_file(scales_file_name(layout, i),
+                                              state_scale_count(sd, states_->numel()) * 4));
+        }
     }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-        const engine::StateChunk c = buffers.chunk(states_->chunk_length(k));
+        const std::size_t n = states_->chunk_length(k);
+        const engine::StateChunk c = buffers.chunk(n);
         for (std::size_t i = 0; i < n_files; ++i) {
-            ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
+            if (i == 0 || sd == StateDType::kFp32) {
+                ZINF_TRY(files[i].read(std::as_writable_bytes(state_span(c, i))));
+                continue;
+            }
+            ZINF_TRY(files[i].read(coded.elements_of(sd, n)));
+            if (int8) ZINF_TRY(scale_files[i].read(std::as_writable_bytes(coded.scales_of(sd, n))));
+            kernels::decode_moment(sd, layout.moment(i - 1).non_negative, coded.elements_of(sd, n),
+                                   coded.scales_of(sd, n), state_span(c, i));
         }
         ZINF_TRY(states_->write_chunk(k, engine::as_const(c)));
     }
-    for (std::size_t i = 0; i < n_files; ++i) ZINF_TRY(r.end_file(files[i]));
+    for (std::size_t i = 0; i < n_files; ++i) {
+        ZINF_TRY(r.end_file(files[i]));
+        if (i > 0 && int8) ZINF_TRY(r.end_file(scale_files[i]));
+    }
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
@@ -173,28 +234,75 @@ Status Engine::load_states(const engine::CheckpointReader& r) {
 // for this rank: for every chunk of this rank's domain, each parameter's elements are read from
 // the shard and offset where the saving layout put them; padding stays zero.
 Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
-                                  int saved_world, int saved_stage) {
+                                  const SavedShape& shape) {
     const auto& part = coordinator_->partitioning();
     std::vector<std::size_t> numels;
     for (std::size_t p = 0; p < part.parameter_count(); ++p) numels.push_back(part.slot(p).numel);
-    ZINF_ASSIGN_OR_RETURN(auto saved_part, zero::Partitioning::create(numels, saved_world, 0));
-    SavedLayout saved{std::move(saved_part), saved_stage >= 1, saved_stage >= 1 ? saved_world : 1};
+    ZINF_ASSIGN_OR_RETURN(auto saved_part,
+                          zero::Partitioning::create(numels, shape.world, 0, shape.align_numel));
+    SavedLayout saved{std::move(saved_part), shape.stage >= 1, shape.stage >= 1 ? shape.world : 1};
     const std::uint64_t saved_domain =
         saved.partitioned ? saved.part.partition_numel() : saved.part.full_numel();
     const engine::StateLayout layout = states_->layout();
+    const StateDType sd = shape.state_dtype;
+    const std::size_t sb = state_element_size_bytes(sd);
+    const bool int8 = sd == StateDType::kInt8;
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::string param_file = "parameters." + std::string(dtype_name(plan_.dtype));
-    // cursors[file][shard]: files [0, n_states) the states, n_states the parameters.
+    // cursors[file][shard]: files [0, n_states) the states, n_states the parameters; the int8
+    // moments' scales in scale_cursors[file][shard].
     const std::size_t n_states = layout.arrays();
+    // Bytes per element of file f as saved.
+    auto element_bytes = [&](std::size_t f) -> std::size_t {
+        return f == 0 ? 4 : f < n_states ? sb : eb;
+    };
     std::vector<std::vector<ShardCursor>> cursors(n_states + 1);
+    std::vector<std::vector<ShardCursor>> scale_cursors(n_states);
     for (std::size_t f = 0; f <= n_states; ++f) {
-        const std::string name = f < n_states ? state_file_name(layout, f) : param_file;
-        const std::uint64_t bytes = saved_domain * (f < n_states ? 4 : eb);
+        const std::string name = f < n_states ? state_file_name(layout, f, sd) : param_file;
+        const std::uint64_t bytes = saved_domain * element_bytes(f);
         for (int k = 0; k < saved.shards; ++k) {
             ZINF_ASSIGN_OR_RETURN(auto file, shards[k].open_file(name, bytes));
             cursors[f].emplace_back(std::move(file), bytes);
+            if (f > 0 && f < n_states && int8) {
+                const std::uint64_t scale_bytes =
+                    state_scale_count(sd, static_cast<std::size_t>(saved_domain)) * 4;
+                ZINF_ASSIGN_OR_RETURN(auto sf,
+                                      shards[k].open_file(scales_file_name(layout, f), scale_bytes));
+                scale_cursors[f].emplace_back(std::move(sf), scale_bytes);
+            }
         }
     }
+    // The int8 scale last read per (moment file, shard): runs of one block may come in pieces
+    // (this rank's chunks need not end on the saved blocks), and a cursor only moves forward.
+    std::vector<std::vector<std::pair<std::uint64_t, float>>> last_scale(
+        n_states, std::vector<std::pair<std::uint64_t, float>>(
+                      static_cast<std::size_t>(saved.shards), {~std::uint64_t{0}, 0.0f}));
+    std::vector<std::byte> coded;
+    // Elements [offset, offset + out.size()) of compressed moment file f of `shard`, decoded.
+    auto read_coded = [&](std::size_t f, int shard, std::uint64_t offset,
+                          std::span<float> out) -> Status {
+        coded.resize(out.size() * sb);
+        ZINF_TRY(cursors[f][shard].read_at(offset * sb, coded));
+        const bool non_negative = layout.moment(f - 1).non_negative;
+        for (std::size_t j = 0; j < out.size(); ++j) {
+            if (sd == StateDType::kBf16) {
+                std::uint16_t bits = 0;
+                std::memcpy(&bits, coded.data() + j * 2, 2);
+                out[j] = kernels::bf16_to_float(bits);
+                continue;
+            }
+            const std::uint64_t block = (offset + j) / kStateBlockNumel;
+            auto& [at, scale] = last_scale[f][static_cast<std::size_t>(shard)];
+            if (at != block) {
+                ZINF_TRY(scale_cursors[f][shard].read_at(
+                    block * 4, std::as_writable_bytes(std::span<float>(&scale, 1))));
+                at = block;
+            }
+            out[j] = kernels::decode_int8(static_cast<std::uint8_t>(coded[j]), scale, non_negative);
+        }
+        return Status::ok();
+    };
     const bool partitioned = coordinator_->plan().optimizer_partitioned;
     const auto rank = static_cast<std::size_t>(part.rank());
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
@@ -220,11 +328,15 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
                 const std::size_t n = std::min(hi - d, saved.run_length(p, e));
                 const auto [shard, offset] = saved.locate(p, e);
                 for (std::size_t f = 0; f <= n_states; ++f) {
+                    if (f > 0 && f < n_states && sd != StateDType::kFp32) {
+                        ZINF_TRY(read_coded(f, shard, offset, state_span(c, f).subspan(d - begin, n)));
+                        continue;
+                    }
                     std::span<std::byte> out =
                         f < n_states
                             ? std::as_writable_bytes(state_span(c, f).subspan(d - begin, n))
                             : std::span<std::byte>(params.data() + (d - begin) * eb, n * eb);
-                    ZINF_TRY(cursors[f][shard].read_at(offset * (f < n_states ? 4 : eb), out));
+                    ZINF_TRY(cursors[f][shard].read_at(offset * element_bytes(f), out));
                 }
                 d += n;
             }
@@ -236,6 +348,10 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
     for (std::size_t f = 0; f <= n_states; ++f) {
         for (std::size_t k = 0; k < cursors[f].size(); ++k)
             ZINF_TRY(cursors[f][k].finish(shards[k]));
+        if (f < n_states) {
+            for (std::size_t k = 0; k < scale_cursors[f].size(); ++k)
+                ZINF_TRY(scale_cursors[f][k].finish(shards[k]));
+        }
     }
     return Status::ok();
 }
@@ -260,6 +376,8 @@ void Engine::describe_states(engine::CheckpointWriter& w) const {
     w.set("zero_stage", std::to_string(plan_.stage));
     w.set("dtype", std::string(dtype_name(plan_.dtype)));
     w.set("master_dtype", "fp32");
+    w.set("state_dtype", std::string(state_dtype_name(plan_.state_dtype)));
+    w.set("partition_align", std::to_string(plan_.partition_align_numel));
     w.set("optimizer", std::string(optimizer_kind_name(plan_.optimizer.kind)));
     w.set("amsgrad", plan_.optimizer.amsgrad ? "1" : "0");
     w.set("domain_numel", std::to_string(plan_.domain_numel));
@@ -432,10 +550,10 @@ Result<std::string> Engine::read_checkpoint_extra(const std::string& dir, const 
     return bytes;
 }
 
-// The checkpoint fits this engine: the same model, dtype and optimizer; with `same_layout`,
+// The checkpoint fits this engine: the same model, dtype and optimizer; with `same` (layout),
 // also the same world size and domain. A different config digest is only a warning (a
 // learning-rate change is a legitimate resume).
-Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layout) const {
+Status Engine::check_loadable(const engine::CheckpointReader& r, bool same) const {
     const auto& part = coordinator_->partitioning();
     auto expect = [&](const char* key, const std::string& want) -> Status {
         ZINF_ASSIGN_OR_RETURN(auto got, r.get(key));
@@ -446,7 +564,7 @@ Status Engine::check_loadable(const engine::CheckpointReader& r, bool same_layou
         return Status::ok();
     };
     ZINF_TRY(expect("model_numel", std::to_string(part.model_numel())));
-    if (same_layout) {
+    if (same) {
         ZINF_TRY(expect("world_size", std::to_string(part.world_size())));
         ZINF_TRY(expect("domain_numel", std::to_string(plan_.domain_numel)));
     }
@@ -497,12 +615,19 @@ Status Engine::restore_counters(const engine::CheckpointReader& r) {
     return Status::ok();
 }
 
+// A checkpoint whose domain files are this rank's domain element for element.
+bool Engine::same_layout(const SavedShape& saved) const noexcept {
+    return saved.world == communicator_.world_size() &&
+           (saved.stage >= 1) == coordinator_->plan().optimizer_partitioned &&
+           saved.align_numel == plan_.partition_align_numel;
+}
+
 // Opens what this rank reads of <dir>/<tag>: the checkpoint itself (one rank saved it), or its
-// shards, checked against the manifest's nonce. Sets `saved_world` and `saved_stage`.
+// shards, checked against the manifest's nonce. Sets `saved` from its manifest.
+
 Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::string& dir,
                                                                   const std::string& tag,
-                                                                  int& saved_world,
-                                                                  int& saved_stage) const {
+                                                                  SavedShape& saved) const {
     ZINF_ASSIGN_OR_RETURN(auto top, engine::CheckpointReader::open(file_system(), dir, tag));
     ZINF_ASSIGN_OR_RETURN(auto world, top.get_u64("world_size"));
     ZINF_ASSIGN_OR_RETURN(auto stage, top.get_u64("zero_stage"));
@@ -510,8 +635,27 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
         return Status::corruption(str_cat("checkpoint ", top.path(), ": world_size ", world,
                                           ", zero_stage ", stage, " in its manifest"));
     }
-    saved_world = static_cast<int>(world);
-    saved_stage = static_cast<int>(stage);
+    saved.world = static_cast<int>(world);
+    saved.stage = static_cast<int>(stage);
+    // Checkpoints from before compressed states have neither key: fp32 states, 16-element
+    // alignment.
+    if (top.get("state_dtype").has_value()) {
+        ZINF_ASSIGN_OR_RETURN(auto name, top.get("state_dtype"));
+        const auto dtype = find_state_dtype(name);
+        if (!dtype.has_value()) {
+            return Status::corruption(
+                str_cat("checkpoint ", top.path(), ": state_dtype \"", name, "\" in its manifest"));
+        }
+        saved.state_dtype = *dtype;
+    }
+    if (top.get("partition_align").has_value()) {
+        ZINF_ASSIGN_OR_RETURN(auto align, top.get_u64("partition_align"));
+        if (align == 0 || align % zero::Partitioning::kAlignNumel != 0 || align > (1u << 20)) {
+            return Status::corruption(
+                str_cat("checkpoint ", top.path(), ": partition_align ", align, " in its manifest"));
+        }
+        saved.align_numel = static_cast<std::size_t>(align);
+    }
     std::vector<engine::CheckpointReader> out;
     if (world == 1) {
         out.push_back(std::move(top));
@@ -524,10 +668,9 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
             str_cat("checkpoint ", top.path(), ": ", shards, " shards for world size ", world));
     }
     // The same layout needs only this rank's shard; any other all of them (stage 0: one).
-    const bool same = saved_world == communicator_.world_size() &&
-                      (saved_stage >= 1) == coordinator_->plan().optimizer_partitioned;
+    const bool same = same_layout(saved);
     const int from = same ? communicator_.rank() : 0;
-    const int to = same ? from + 1 : (saved_stage >= 1 ? saved_world : 1);
+    const int to = same ? from + 1 : (saved.stage >= 1 ? saved.world : 1);
     for (int r = from; r < to; ++r) {
         ZINF_ASSIGN_OR_RETURN(
             auto shard, engine::CheckpointReader::open(file_system(), top.path(), shard_name(r)));
@@ -546,12 +689,10 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
-    int saved_world = 1, saved_stage = 0;
-    auto shards = open_shards(dir, tag, saved_world, saved_stage);
-    const bool same_layout = saved_world == communicator_.world_size() &&
-                             (saved_stage >= 1) == coordinator_->plan().optimizer_partitioned;
-    Status checked =
-        shards.has_value() ? check_loadable(shards->front(), same_layout) : shards.error();
+    SavedShape saved;
+    auto shards = open_shards(dir, tag, saved);
+    const bool same = shards.has_value() && same_layout(saved);
+    Status checked = shards.has_value() ? check_loadable(shards->front(), same) : shards.error();
     // Every rank loads, or none does: a rank that cannot read its shard stops them all here,
     // before any state changes.
     ZINF_ASSIGN_OR_RETURN(auto refused,
@@ -564,8 +705,14 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
                     " cannot load it (its error names why); not loaded"));
     }
     // From here on a failure leaves states half-restored.
-    Status s = same_layout ? load_states(shards->front())
-                           : load_repartitioned(*shards, saved_world, saved_stage);
+    if (saved.state_dtype != plan_.state_dtype && communicator_.rank() == 0) {
+        log::warning("checkpoint ", dir, "/", tag, ": optimizer states saved as ",
+                     state_dtype_name(saved.state_dtype),
+                     ", offload_optimizer.state_dtype is ", state_dtype_name(plan_.state_dtype),
+                     ": converted while loading (the moments are rounded to ",
+                     state_dtype_name(plan_.state_dtype), ")");
+    }
+    Status s = same ? load_states(shards->front(), saved) : load_repartitioned(*shards, saved);
     // publish_parameters is a collective: every rank enters it, or none does.
     ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
     if (s.is_ok() && any_failed) {
@@ -582,9 +729,9 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     }
     broken_.clear();
     times_.checkpoint_seconds += span.end();
-    if (!same_layout) {
-        log::info("checkpoint ", dir, "/", tag, ": saved by ", saved_world, " rank(s) at stage ",
-                  saved_stage, ", re-partitioned for ", communicator_.world_size(),
+    if (!same) {
+        log::info("checkpoint ", dir, "/", tag, ": saved by ", saved.world, " rank(s) at stage ",
+                  saved.stage, ", re-partitioned for ", communicator_.world_size(),
                   " rank(s) at stage ", plan_.stage);
     }
     log::info("checkpoint loaded: ", dir, "/", tag, " (step ", global_steps_, ")");

@@ -122,11 +122,14 @@ void predict_device_rest(const Sizer& s) {
         out.device.add(Holder::kParameters, "residency: device tier",
                        s.charged(s.plan.parameter_device_tier_bytes));
     }
-    const std::uint64_t arrays = StateLayout::of(s.plan.optimizer).arrays();
-    const std::uint64_t array_bytes = std::max<std::uint64_t>(s.plan.domain_numel * 4, 64);
+    const std::size_t arrays = StateLayout::of(s.plan.optimizer).arrays();
     if (s.plan.optimizer_states == Home::kDevice) {
+        std::uint64_t bytes = 0;
+        for (std::size_t i = 0; i < arrays; ++i) {
+            bytes += s.charged(in_memory_state_bytes(s.plan, i));
+        }
         out.device.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
-                       arrays * s.charged(array_bytes));
+                       bytes);
     }
     const std::uint64_t rows = s.config.batch.train_micro_batch_size_per_gpu;
     out.device.add(Holder::kBuffers, "batch inputs",
@@ -179,10 +182,12 @@ void predict_host(const Sizer& s) {
         out.pageable_host.add(Holder::kGradients, "host copy of the gradients", partition);
     }
     if (p.optimizer_states == Home::kHost) {
-        out.pageable_host.add(
-            Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
-            StateLayout::of(p.optimizer).arrays() *
-                std::max<std::uint64_t>(static_cast<std::uint64_t>(p.domain_numel) * 4, 64));
+        std::uint64_t bytes = 0;
+        for (std::size_t i = 0; i < StateLayout::of(p.optimizer).arrays(); ++i) {
+            bytes += in_memory_state_bytes(p, i);
+        }
+        out.pageable_host.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
+                              bytes);
     }
     if (p.parameter_update == ParameterUpdate::kThroughCoordinator && p.dtype != DType::kFloat32) {
         out.pageable_host.add(Holder::kBuffers, "host 16-bit parameters",
@@ -222,8 +227,16 @@ void predict_nvme(const Sizer& s) {
         s.out.nvme.add(Holder::kParameters, "parameter partitions", bytes);
     }
     if (p.optimizer_states == Home::kNvme) {
+        // Each sub-group's master and moments as stored (OptimizerSwapper's partitions).
+        std::uint64_t bytes = 0;
+        for (std::uint64_t at = 0; at < p.domain_numel; at += p.sub_group_numel) {
+            const std::uint64_t n = std::min<std::uint64_t>(p.sub_group_numel, p.domain_numel - at);
+            for (std::size_t k = 0; k < p.state_count; ++k) {
+                bytes += swap::OptimizerSwapper::state_bytes(k, n, p.state_dtype);
+            }
+        }
         s.out.nvme.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
-                       static_cast<std::uint64_t>(p.domain_numel) * 4 * p.state_count);
+                       bytes);
     }
     if (p.gradients == Home::kNvme) {
         s.out.nvme.add(Holder::kGradients, "streamed gradients",
@@ -313,7 +326,7 @@ Result<MemoryPrediction> predict_memory(const config::EngineConfig& config, cons
     ZINF_ASSERT_GT(inputs.device_alignment_bytes, 0u);
     ZINF_ASSIGN_OR_RETURN(
         auto part, zero::Partitioning::create(plan_inputs.parameter_numels, plan_inputs.world_size,
-                                              plan_inputs.rank));
+                                              plan_inputs.rank, plan.partition_align_numel));
     MemoryPrediction out;
     out.device_budget_bytes = plan_inputs.device_budget_bytes;
     out.host_budget_bytes = plan.host_budget_bytes;

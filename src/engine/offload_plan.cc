@@ -2,6 +2,7 @@
 #include "src/engine/offload_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "src/base/log.h"
 #include "src/base/units.h"
@@ -114,6 +115,41 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
     return Status::ok();
 }
 
+// The domain cut into runs of consecutive global flat indices (OffloadPlan::state_segments):
+// one per parameter slice of this rank (partitioned) or per padded parameter (the full layout),
+// adjacent runs merged.
+std::vector<kernels::StateSegment> state_segments(const zero::Partitioning& part,
+                                                  bool partitioned) {
+    std::vector<kernels::StateSegment> out;
+    std::uint64_t global = 0;  // G_p: the earlier parameters rounded up to whole blocks
+    for (std::size_t i = 0; i < part.parameter_count(); ++i) {
+        const zero::ParameterSlot& slot = part.slot(i);
+        kernels::StateSegment seg;
+        seg.offset = partitioned ? slot.partition_offset_numel : slot.full_offset_numel;
+        seg.numel = partitioned ? slot.slice_numel : slot.padded_numel;
+        seg.global_index =
+            global + (partitioned ? static_cast<std::uint64_t>(part.rank()) * slot.slice_numel : 0);
+        ZINF_ASSERT(seg.numel % kStateBlockNumel == 0 && seg.offset % kStateBlockNumel == 0);
+        global += align_up(slot.numel, kStateBlockNumel);
+        if (!out.empty() && out.back().offset + out.back().numel == seg.offset &&
+            out.back().global_index + out.back().numel == seg.global_index) {
+            out.back().numel += seg.numel;
+        } else {
+            out.push_back(seg);
+        }
+    }
+    return out;
+}
+
+// The Philox key of bf16 states' stochastic rounding: the config's seed, mixed (splitmix64's
+// finaliser) so that it differs from the model's initialisation streams.
+std::uint64_t rounding_seed_of(std::uint64_t seed) noexcept {
+    std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 // offload_optimizer "nvme": the swapper's sub-groups and its pinned buffers (one group: the
 // rank's optimizer domain), sized as every NVMe optimizer is (swap::layout_optimizer_stack).
 Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first_partition,
@@ -129,6 +165,9 @@ Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first
     so.pipeline_write = oo.pipeline_write;
     so.first_partition = static_cast<swap::PartitionId>(first_partition);
     so.pool_name = "offload_optimizer";
+    so.state_dtype = plan.state_dtype;
+    so.segments = plan.state_segments;
+    so.rounding_seed = plan.rounding_seed;
     ZINF_ASSIGN_OR_RETURN(plan.optimizer_stack, swap::layout_optimizer_stack(so));
     plan.optimizer_store.paths = oo.nvme_path;
     plan.optimizer_store.verify_checksums = config.swap.verify_checksums;
@@ -183,8 +222,10 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     // The optimizer's unit of work: sub_group_size elements (a multiple of 16 in memory, for
     // the kernels' alignment; the NVMe swapper takes it as given), at most the domain. 0 is
     // DeepSpeed's "one parameter per sub-group": here, sub-groups of the largest partition.
-    const std::uint64_t sgs =
+    std::uint64_t sgs =
         zc.sub_group_size_numel != 0 ? zc.sub_group_size_numel : plan.largest_partition_numel;
+    // Compressed states: whole blocks of the global flat index (the domain is made of them).
+    if (plan.state_dtype != StateDType::kFp32) sgs = align_up(std::max<std::uint64_t>(sgs, 1), kStateBlockNumel);
     plan.sub_group_numel =
         plan.optimizer_states == Home::kNvme
             ? static_cast<std::size_t>(
@@ -298,8 +339,12 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
     plan.dtype = config.bf16.enabled   ? DType::kBFloat16
                  : config.fp16.enabled ? DType::kFloat16
                                        : DType::kFloat32;
+    plan.state_dtype = zc.offload_optimizer.state_dtype;
+    if (plan.state_dtype != StateDType::kFp32) plan.partition_align_numel = kStateBlockNumel;
+    plan.coordinator.partition_align_numel = plan.partition_align_numel;
     ZINF_ASSIGN_OR_RETURN(auto part,
-                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank));
+                          zero::Partitioning::create(in.parameter_numels, in.world_size, in.rank,
+                                                     plan.partition_align_numel));
     plan.model_numel = part.model_numel();
     plan.domain_numel =
         plan.stage_plan.optimizer_partitioned ? part.partition_numel() : part.full_numel();
@@ -312,6 +357,10 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
     plan.cpu_threads = config.cpu_optimizer.threads;
     plan.state_count =
         swap::OptimizerSwapper::state_count(plan.optimizer.kind, plan.optimizer.amsgrad);
+    if (plan.state_dtype != StateDType::kFp32) {
+        plan.state_segments = state_segments(part, plan.stage_plan.optimizer_partitioned);
+        plan.rounding_seed = rounding_seed_of(config.seed);
+    }
 
     place_states(config, in, plan);
 
@@ -337,6 +386,28 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
             plan.sub_group_numel, "); raise it to at least ", pinned));
     }
     return plan;
+}
+
+namespace {
+// "12", "8", "6.004": whole numbers plain, others to three places.
+std::string bytes_per_element_text(double b) {
+    char buf[32];
+    if (b == static_cast<double>(static_cast<std::uint64_t>(b))) {
+        std::snprintf(buf, sizeof buf, "%.0f", b);
+    } else {
+        std::snprintf(buf, sizeof buf, "%.3f", b);
+    }
+    return buf;
+}
+}  // namespace
+
+double OffloadPlan::state_bytes_per_element() const noexcept {
+    if (domain_numel == 0) return 4.0 * static_cast<double>(state_count);
+    std::uint64_t bytes = static_cast<std::uint64_t>(domain_numel) * 4;
+    for (std::size_t i = 1; i < state_count; ++i) {
+        bytes += state_moment_size_bytes(state_dtype, domain_numel);
+    }
+    return static_cast<double>(bytes) / static_cast<double>(domain_numel);
 }
 
 std::string OffloadPlan::describe() const {
@@ -370,9 +441,13 @@ std::string OffloadPlan::describe() const {
                  gradients_copied_to_host ? " (copied to host memory for the optimizer)" : "", ", ",
                  format_bytes(domain_numel * eb), " in the optimizer domain");
     if (!gradients_reason.empty()) s += str_cat(" (", gradients_reason, ")");
-    s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " state",
-                 state_count == 2 ? "" : "s", optimizer.amsgrad ? " with amsgrad's maximum" : "",
-                 ", ", format_bytes(static_cast<std::uint64_t>(domain_numel) * 4 * state_count),
+    s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " ",
+                 state_dtype_name(state_dtype), " state", state_count == 2 ? "" : "s",
+                 optimizer.amsgrad ? " with amsgrad's maximum" : "", ", ",
+                 bytes_per_element_text(state_bytes_per_element()),
+                 " B per parameter, ",
+                 format_bytes(static_cast<std::uint64_t>(
+                     static_cast<double>(domain_numel) * state_bytes_per_element())),
                  "): ", home_name(optimizer_states), ", sub-groups of ", sub_group_numel,
                  " elements");
     if (optimizer_states == Home::kNvme) {

@@ -79,7 +79,22 @@ struct OffloadPlan {
     std::size_t domain_numel = 0;  // elements the optimizer updates on this rank
     std::size_t largest_partition_numel = 0;
     std::size_t sub_group_numel = 0;  // the optimizer's (and the checkpoint's) unit of work
-    std::size_t state_count = 0;      // fp32 arrays per element: master + moments
+    std::size_t state_count = 0;      // arrays per element: the fp32 master + the moments
+    // offload_optimizer.state_dtype: how the moments are stored (the master stays fp32).
+    StateDType state_dtype = StateDType::kFp32;
+    // Each parameter is padded to a multiple of world_size times this: kStateBlockNumel under
+    // compressed states (every rank's slice starts on a block of the global flat index, so that
+    // N ranks store the values one rank does), else Partitioning::kAlignNumel.
+    std::size_t partition_align_numel = zero::Partitioning::kAlignNumel;
+    // Compressed states: the domain cut into runs of consecutive global flat indices. The global
+    // flat index of element j of parameter p is G_p + j, G_p the sum of the earlier parameters'
+    // sizes rounded up to kStateBlockNumel: the same for any number of ranks. Empty for fp32.
+    std::vector<kernels::StateSegment> state_segments;
+    // bf16 states: the Philox key of the stochastic rounding (from the config's seed).
+    std::uint64_t rounding_seed = 0;
+    // Bytes per domain element of the optimizer's states as stored (master and moments, the
+    // int8 scales included): 12 for Adam in fp32, 8 in bf16, about 6 in int8.
+    double state_bytes_per_element() const noexcept;
     std::uint64_t parameter_host_tier_bytes = 0;    // offload_param nvme: pinned host tier
     std::uint64_t parameter_device_tier_bytes = 0;  // offload_param nvme: device tier
     std::uint64_t optimizer_pinned_bytes() const noexcept { return optimizer_stack.pinned_bytes; }

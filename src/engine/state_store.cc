@@ -4,19 +4,22 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/state_codec.h"
 #include "src/base/log.h"
 
 namespace zinf::engine {
 namespace {
 
 // The states in one flat array each, in host-addressable memory: what the device and host
-// stores share. They differ only in where the arrays come from.
+// stores share. They differ only in where the arrays come from. The master is fp32; each moment is
+// stored as plan.state_dtype says, laid out as src/base/state_dtype.h describes (elements, then
+// the int8 scales).
 class InMemoryStateStore : public StateStore {
 public:
     Status initialize(swap::ParamSource& initial) override {
         for (std::size_t k = 0; k < chunk_count(); ++k) {
             const std::size_t at = k * chunk_numel();
-            ZINF_TRY(initial.fill(k, at, std::span<float>(data_[0] + at, chunk_length(k))));
+            ZINF_TRY(initial.fill(k, at, std::span<float>(master() + at, chunk_length(k))));
         }
         return Status::ok();
     }
@@ -26,13 +29,10 @@ public:
         for (std::size_t k = 0; k < chunk_count(); ++k) {
             const std::size_t at = k * chunk_numel();
             const std::size_t n = chunk_length(k);
-            kernels::OptimizerState state;
-            state.params = {data_[0] + at, n};
-            for (std::size_t i = 0; i < layout().moment_count; ++i) {
-                state.moments[i] = {data_[i + 1] + at, n};
-            }
+            const kernels::StoredState state = chunk_state(at, n);
             ZINF_ASSIGN_OR_RETURN(const kernels::GradView g, io.gradients(k, at, n));
-            ZINF_TRY(kernel_.step(params, state, g, io.param_copy(k, at, n)));
+            ZINF_TRY(kernels::step_segments(kernel_, params, state, at, segments_, g,
+                                            io.param_copy(k, at, n)));
             ZINF_TRY(io.updated(k, at, state.params));
         }
         return Status::ok();
@@ -41,9 +41,12 @@ public:
     Status read_chunk(std::size_t k, const StateChunk& out) override {
         check_chunk(k, out);
         const std::size_t at = k * chunk_numel();
-        copy_out(data_[0] + at, out.master);
+        const kernels::StoredState state = chunk_state(at, chunk_length(k));
+        if (!out.master.empty()) std::memcpy(out.master.data(), state.params.data(), out.master.size_bytes());
         for (std::size_t i = 0; i < layout().moment_count; ++i) {
-            copy_out(data_[i + 1] + at, out.moments[i]);
+            if (out.moments[i].empty()) continue;
+            kernels::decode_moment(dtype_, layout().moment(i).non_negative, state.moments[i],
+                                   state.scales[i], out.moments[i]);
         }
         return Status::ok();
     }
@@ -51,9 +54,12 @@ public:
     Status write_chunk(std::size_t k, const ConstStateChunk& in) override {
         check_chunk(k, in);
         const std::size_t at = k * chunk_numel();
-        copy_in(in.master, data_[0] + at);
+        const kernels::StoredState state = chunk_state(at, chunk_length(k));
+        if (!in.master.empty()) std::memcpy(state.params.data(), in.master.data(), in.master.size_bytes());
         for (std::size_t i = 0; i < layout().moment_count; ++i) {
-            copy_in(in.moments[i], data_[i + 1] + at);
+            if (in.moments[i].empty()) continue;
+            kernels::encode_moment(dtype_, layout().moment(i).non_negative, in.moments[i],
+                                   state.moments[i], state.scales[i]);
         }
         return Status::ok();
     }
@@ -63,34 +69,55 @@ protected:
     static constexpr std::size_t kStateArrays = 1 + kMaxMoments;
 
     InMemoryStateStore(const OffloadPlan& plan, const kernels::OptimizerKernel& kernel)
-        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
-          kernel_(kernel) {}
+        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer),
+                     plan.state_dtype),
+          kernel_(kernel),
+          dtype_(plan.state_dtype),
+          segments_(plan.state_segments),
+          rounding_seed_(plan.rounding_seed) {}
 
     // Allocates (zeroed) every array the layout keeps with `allocate(buffer, bytes, what)` and
     // points the store at them.
     template <typename Buffer, typename Allocate>
     Status allocate_arrays(Buffer (&arrays)[kStateArrays], const OffloadPlan& plan,
                            const char* where, Allocate allocate) {
-        const std::size_t bytes = std::max<std::size_t>(plan.domain_numel * 4, 64);
         for (std::size_t i = 0; i < layout().arrays(); ++i) {
             const std::string_view name =
                 i == 0 ? std::string_view("fp32 master parameters") : layout().moment(i - 1).name;
-            ZINF_TRY(allocate(arrays[i], bytes, str_cat(where, " ", name)));
-            data_[i] = arrays[i].template as<float>();
+            ZINF_TRY(allocate(arrays[i], in_memory_state_bytes(plan, i), str_cat(where, " ", name)));
+            data_[i] = arrays[i].template as<std::byte>();
         }
         return Status::ok();
     }
 
 private:
-    static void copy_out(const float* from, std::span<float> to) noexcept {
-        if (!to.empty()) std::memcpy(to.data(), from, to.size_bytes());
-    }
-    static void copy_in(std::span<const float> from, float* to) noexcept {
-        if (!from.empty()) std::memcpy(to, from.data(), from.size_bytes());
+    float* master() const noexcept { return reinterpret_cast<float*>(data_[0]); }
+
+    // Elements [at, at + n) of every array, as the kernel takes them.
+    kernels::StoredState chunk_state(std::size_t at, std::size_t n) const noexcept {
+        kernels::StoredState s;
+        s.params = std::span<float>(master() + at, n);
+        s.dtype = dtype_;
+        s.rounding_seed = rounding_seed_;
+        const std::size_t eb = state_element_size_bytes(dtype_);
+        for (std::size_t i = 0; i < layout().moment_count; ++i) {
+            s.moments[i] = std::span<std::byte>(data_[i + 1] + at * eb, n * eb);
+            if (dtype_ == StateDType::kInt8) {
+                ZINF_ASSERT(at % kStateBlockNumel == 0);
+                auto* scales = reinterpret_cast<float*>(
+                    data_[i + 1] + state_scales_offset_bytes(dtype_, numel()));
+                s.scales[i] = std::span<float>(scales + at / kStateBlockNumel,
+                                               state_scale_count(dtype_, n));
+            }
+        }
+        return s;
     }
 
     const kernels::OptimizerKernel& kernel_;
-    float* data_[kStateArrays] = {};  // the master, then the kept moments
+    StateDType dtype_;
+    std::vector<kernels::StateSegment> segments_;
+    std::uint64_t rounding_seed_;
+    std::byte* data_[kStateArrays] = {};  // the master, then the kept moments
 };
 
 // offload_optimizer "none": the states in device memory, counted against the device budget. The
@@ -148,7 +175,8 @@ private:
 class NvmeStateStore final : public StateStore {
 public:
     NvmeStateStore(const OffloadPlan& plan, swap::OptimizerSwapper& swapper)
-        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer)),
+        : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer),
+                     plan.state_dtype),
           swapper_(swapper) {
         ZINF_ASSERT_EQ(swapper.options().sub_group_numel, plan.sub_group_numel);
         ZINF_ASSERT_EQ(swapper.sub_group_count(), chunk_count());
@@ -212,7 +240,15 @@ std::size_t StateStore::chunk_length(std::size_t k) const noexcept {
 }
 
 std::uint64_t StateStore::state_bytes() const noexcept {
-    return layout_.arrays() * numel_ * sizeof(float);
+    return numel_ * sizeof(float) +
+           layout_.moment_count * state_moment_stored_bytes(dtype_, numel_);
+}
+
+std::uint64_t in_memory_state_bytes(const OffloadPlan& plan, std::size_t i) noexcept {
+    const std::uint64_t bytes =
+        i == 0 ? static_cast<std::uint64_t>(plan.domain_numel) * sizeof(float)
+               : state_moment_stored_bytes(plan.state_dtype, plan.domain_numel);
+    return std::max<std::uint64_t>(bytes, 64);
 }
 
 template <typename Chunk>

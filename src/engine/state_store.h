@@ -89,6 +89,9 @@ public:
     // The elements of chunk k.
     std::size_t chunk_length(std::size_t k) const noexcept;
     const StateLayout& layout() const noexcept { return layout_; }
+    // How the moments are stored (offload_optimizer.state_dtype). read_chunk and write_chunk
+    // convert from and to fp32: bf16 and int8 values survive a round trip bit for bit.
+    StateDType state_dtype() const noexcept { return dtype_; }
     // Bytes of states held (in the store's home).
     std::uint64_t state_bytes() const noexcept;
 
@@ -110,8 +113,9 @@ public:
     virtual double last_read_wait_seconds() const noexcept { return 0.0; }
 
 protected:
-    StateStore(std::size_t numel, std::size_t chunk_numel, StateLayout layout) noexcept
-        : numel_(numel), chunk_numel_(chunk_numel), layout_(layout) {}
+    StateStore(std::size_t numel, std::size_t chunk_numel, StateLayout layout,
+               StateDType dtype) noexcept
+        : numel_(numel), chunk_numel_(chunk_numel), layout_(layout), dtype_(dtype) {}
     // Asserts that each span of a chunk has chunk_length(k) elements, or none when not kept.
     template <typename Chunk>
     void check_chunk(std::size_t k, const Chunk& c) const;
@@ -120,7 +124,12 @@ private:
     std::size_t numel_;
     std::size_t chunk_numel_;
     StateLayout layout_;
+    StateDType dtype_;
 };
+
+// Bytes of state array i (0 the fp32 master, then the kept moments as plan.state_dtype stores
+// them) in a device or host store: what they allocate and the memory prediction counts.
+std::uint64_t in_memory_state_bytes(const OffloadPlan& plan, std::size_t i) noexcept;
 
 // The store the plan asks for: device memory (plan.optimizer_states kDevice; a host-addressable
 // device), host memory (kHost) or NVMe (kNvme: `swapper`, borrowed, must be non-null). `device`

@@ -1,12 +1,15 @@
 // `zinfinity-bench optimizer`: the NVMe-offloaded optimizer step (swap::OptimizerSwapper)
 // against the I/O-bound limit measured in the same run: an I/O-only pass that reads and writes
 // the same bytes in the same pattern without the optimizer. Alternates (I/O-only, step) pairs
-// and prints medians, with checksum verification on and then off.
+// and prints medians, with checksum verification on and then off. With --state-dtype bf16 or
+// int8 it also runs fp32 states beside them, pair by pair, and prints the speed-up against the
+// ratio of bytes per parameter.
 #include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +49,7 @@ struct Options {
     io::AioOptions aio;
     std::string cpu_isa = "auto";  // as cpu_optimizer.isa
     int cpu_threads = 0;
+    StateDType state_dtype = StateDType::kFp32;  // offload_optimizer.state_dtype
 };
 
 class BenchParams final : public swap::ParamSource {
@@ -113,7 +117,7 @@ struct Phase {
 };
 
 // Set up a phase: the store and its swapper, committed, and the states initialized (timed).
-Result<Phase> set_up_phase(const Stack& stack, bool verify) {
+Result<Phase> set_up_phase(const Stack& stack, bool verify, const char* what = "") {
     Phase ph;
     swap::SwapStoreOptions so;
     so.paths = stack.paths;
@@ -125,7 +129,7 @@ Result<Phase> set_up_phase(const Stack& stack, bool verify) {
     ph.swapper = std::move(swappers.front());
     ZINF_TRY(ph.store->commit());
 
-    std::printf("\nchecksums %s (swap.verify_checksums = %s)\n", verify ? "on" : "off",
+    std::printf("\n%schecksums %s (swap.verify_checksums = %s)\n", what, verify ? "on" : "off",
                 verify ? "true" : "false");
     BenchParams init;
     const auto t0 = std::chrono::steady_clock::now();
@@ -222,7 +226,7 @@ Result<PhaseResult> run_phase(const Options& o, bool verify, int pairs, const St
 
 // The engine, the kernel and the stack's pool, as swap/optimizer_stack.h lays them out for one
 // group of o.params elements.
-Result<Stack> set_up_stack(const Options& o) {
+Result<Stack> set_up_stack(const Options& o, StateDType dtype) {
     ZINF_ASSIGN_OR_RETURN(kernels::OptimizerKernel kernel,
                           kernels::OptimizerKernel::create(o.cpu_isa, o.cpu_threads));
     io::EngineOptions eo;
@@ -235,14 +239,141 @@ Result<Stack> set_up_stack(const Options& o) {
     so.pipeline_read = o.pipeline_read;
     so.pipeline_write = o.pipeline_write;
     so.pool_name = "optimizer";
+    so.state_dtype = dtype;
+    so.rounding_seed = 1234;
     ZINF_ASSIGN_OR_RETURN(swap::OptimizerStackLayout layout, swap::layout_optimizer_stack(so));
     ZINF_ASSIGN_OR_RETURN(auto pool, swap::create_optimizer_pool(layout, *engine, nullptr,
                                                                  /*register_with_device=*/false));
     return Stack{o.paths, std::move(kernel), std::move(engine), std::move(layout), std::move(pool)};
 }
 
+// Bytes per parameter on disk: the fp32 master and AdamW's two moments as stored.
+double bytes_per_param(StateDType dtype, std::uint64_t sub_group) {
+    double b = 0;
+    for (std::size_t k = 0; k < 3; ++k) {
+        b += static_cast<double>(swap::OptimizerSwapper::state_bytes(k, sub_group, dtype));
+    }
+    return b / static_cast<double>(sub_group);
+}
+
+// --state-dtype bf16|int8: fp32 states and compressed ones, each in its own store, measured in
+// the same pairs (the order rotating pair by pair, and I/O-only before or after the step),
+// checksums on. Prints each against its I/O-only pass and the compressed step's speed-up
+// against the ratio of bytes per parameter.
+Status run_compare(const Options& o, BenchGrads& grads) {
+    const StateDType dtypes[2] = {StateDType::kFp32, o.state_dtype};
+    // The compressed store in its own directory under each path (a swap directory holds one
+    // run), made here and removed at the end, after the stores below.
+    struct SubDirs {
+        std::vector<std::string> made;
+        ~SubDirs() {
+            std::error_code ec;
+            for (const auto& d : made) {
+                // What a swap directory keeps after its run: the lock file.
+                std::filesystem::remove(std::filesystem::path(d) / "zinfinity-swap.lock", ec);
+                std::filesystem::remove(d, ec);
+            }
+        }
+    } sub_dirs;
+    std::vector<Stack> stacks;
+    std::vector<Phase> phases;
+    for (const StateDType d : dtypes) {
+        ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o, d));
+        if (d != StateDType::kFp32) {
+            for (auto& p : stack.paths) {
+                p = (std::filesystem::path(p) / str_cat("zinf-bench-", state_dtype_name(d))).string();
+                std::error_code ec;
+                if (std::filesystem::create_directory(p, ec)) sub_dirs.made.push_back(p);
+                if (ec) return Status::io_error(str_cat("creating ", p, ": ", ec.message()), ec.value());
+            }
+        }
+        stacks.push_back(std::move(stack));
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+        const std::string what = str_cat(state_dtype_name(dtypes[i]), " states: ");
+        ZINF_ASSIGN_OR_RETURN(Phase ph, set_up_phase(stacks[i], true, what.c_str()));
+        phases.push_back(std::move(ph));
+    }
+    kernels::OptimizerParams hp;
+    hp.kind = kernels::OptimizerKind::kAdamW;
+    hp.lr = 1e-4;
+    hp.weight_decay = 0.01;
+    std::uint64_t steps[2] = {0, 0};
+    for (std::size_t i = 0; i < 2; ++i) {  // unmeasured: pools and the disk settle
+        hp.step = ++steps[i];
+        ZINF_TRY(phases[i].swapper->step(hp, grads));
+    }
+    PairTimes t[2];
+    std::printf("\nalternated pairs (fp32 and %s states, checksums on):\n",
+                std::string(state_dtype_name(o.state_dtype)).c_str());
+    for (int pair = 0; pair < o.pairs; ++pair) {
+        for (int j = 0; j < 2; ++j) {
+            if (g_interrupted.load()) return Status::internal("interrupted");
+            const std::size_t i = static_cast<std::size_t>((pair + j) % 2);
+            Phase& ph = phases[i];
+            for (int k = 0; k < 2; ++k) {
+                const bool do_io = (k == 0) == (pair % 2 == 0);
+                ph.store->reset_stats();
+                if (do_io) {
+                    ZINF_TRY(ph.swapper->io_only_pass());
+                    t[i].io_s.push_back(ph.swapper->last_step_stats().seconds);
+                } else {
+                    hp.step = ++steps[i];
+                    ZINF_TRY(ph.swapper->step(hp, grads));
+                    const auto& st = ph.swapper->last_step_stats();
+                    t[i].step_s.push_back(st.seconds);
+                    t[i].compute_s.push_back(st.compute_seconds);
+                    t[i].sum_s.push_back(static_cast<double>(ph.store->stats().checksum_ns) * 1e-9);
+                }
+            }
+        }
+        std::printf("  pair %d: fp32 step %.2f s (I/O-only %.2f s)   %s step %.2f s (I/O-only %.2f "
+                    "s)   speed-up %.3f\n",
+                    pair + 1, t[0].step_s.back(), t[0].io_s.back(),
+                    std::string(state_dtype_name(o.state_dtype)).c_str(), t[1].step_s.back(),
+                    t[1].io_s.back(), t[0].step_s.back() / t[1].step_s.back());
+        std::fflush(stdout);
+    }
+    PhaseResult r[2];
+    for (std::size_t i = 0; i < 2; ++i) {
+        std::printf("\n%s states (%.3f B per parameter on disk):\n",
+                    std::string(state_dtype_name(dtypes[i])).c_str(),
+                    bytes_per_param(dtypes[i], o.sub_group));
+        r[i] = report_phase(o, true, o.pairs, phases[i], t[i]);
+    }
+    std::vector<double> speedups;
+    for (int pair = 0; pair < o.pairs; ++pair) {
+        speedups.push_back(t[0].step_s[static_cast<std::size_t>(pair)] /
+                           t[1].step_s[static_cast<std::size_t>(pair)]);
+    }
+    const double ceiling =
+        bytes_per_param(StateDType::kFp32, o.sub_group) / bytes_per_param(o.state_dtype, o.sub_group);
+    const double speedup = median(speedups);
+    const bool fp32_io_bound = r[0].compute_s < 0.5 * r[0].io_only_s;
+    std::printf(
+        "\n%s vs fp32 states: step speed-up %.3f (median of per-pair ratios); byte-ratio ceiling "
+        "%.3f; %.3f of the ceiling (target >= 0.90: %s)%s\n",
+        std::string(state_dtype_name(o.state_dtype)).c_str(), speedup, ceiling, speedup / ceiling,
+        speedup / ceiling >= 0.9 ? "met" : "NOT met",
+        fp32_io_bound ? "" : "; the fp32 step is not I/O-bound here (Adam over half its I/O time)");
+    std::printf("%s step vs its own I/O-only pass: %.3f (target >= 0.90: %s)\n",
+                std::string(state_dtype_name(o.state_dtype)).c_str(),
+                r[1].io_only_s / r[1].step_s, r[1].io_only_s / r[1].step_s >= 0.9 ? "met" : "NOT met");
+    return Status::ok();
+}
+
 Status run(const Options& o) {
-    ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o));
+    if (o.state_dtype != StateDType::kFp32) {
+        BenchGrads grads(o.sub_group, o.grads_bf16);
+        std::printf("zinfinity-bench optimizer: %.3g parameters, AdamW, %s gradients, fp32 and %s "
+                    "states, sub-groups of %.3g parameters in %zu path(s): %s%s\n",
+                    static_cast<double>(o.params), o.grads_bf16 ? "bf16" : "fp32",
+                    std::string(state_dtype_name(o.state_dtype)).c_str(),
+                    static_cast<double>(o.sub_group), o.paths.size(), o.paths.front().c_str(),
+                    o.paths.size() > 1 ? " ..." : "");
+        return run_compare(o, grads);
+    }
+    ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o, StateDType::kFp32));
     const kernels::OptimizerKernel& kernel = stack.kernel;
     const io::Engine* engine = stack.engine.get();
     const swap::PinnedPool* pool = stack.pool.get();
@@ -303,6 +434,10 @@ void declare_flags(cli::Args& args) {
     args.add("threads", "1", "aio.thread_count: I/O threads (each with its own ring)");
     args.add("isa", "auto", "CPU optimizer variant: auto, avx512, avx2, scalar");
     args.add("cpu-threads", "0", "CPU optimizer threads (0: all cores)");
+    args.add("state-dtype", "fp32",
+             "offload_optimizer.state_dtype: fp32; bf16 or int8 also run fp32 states in the same "
+             "pairs and print the speed-up against the byte ratio (checksums on; sub-group size "
+             "rounded up to a multiple of 2048)");
 }
 
 // Parse: the flags in the order they are checked; the first bad one is the error.
@@ -336,6 +471,12 @@ Result<Options> parse_options(const cli::Args& args) {
     o.aio.queue_depth = static_cast<int>(depth);
     o.aio.intra_op_parallelism = static_cast<int>(threads);
     o.cpu_threads = static_cast<int>(cpu_threads);
+    ZINF_ASSIGN_OR_RETURN(const std::string state_dtype,
+                          args.get_choice("state-dtype", {"fp32", "bf16", "int8"}));
+    o.state_dtype = *find_state_dtype(state_dtype);
+    if (o.state_dtype != StateDType::kFp32) {
+        o.sub_group = align_up(o.sub_group, kStateBlockNumel);
+    }
     return o;
 }
 
