@@ -477,3 +477,51 @@ def test_load_state_dict_after_initialize_is_refused_not_lost(workdir):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     engine.close()
     model.load_state_dict(weights)  # torch's own again once the engine is closed
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_compressed_optimizer_states_train_reproducibly_and_resume_bitwise(workdir, state_dtype):
+    data = batches(12)
+    nvme = os.path.join(workdir, "nvme")
+    ckpt = os.path.join(workdir, "ckpt")
+    os.makedirs(nvme)
+
+    def cfg(stage, opt, param=None):
+        c = config(nvme, stage, opt, param)
+        c["optimizer"]["params"]["torch_rounding"] = False
+        c["zero_optimization"].setdefault("offload_optimizer", {})["state_dtype"] = state_dtype
+        return c
+
+    exact = config(nvme, 3, "nvme", "nvme")
+    exact["optimizer"]["params"]["torch_rounding"] = False
+    reference = train(mlp(), exact, data)
+    engines = []
+    first = train(mlp(), cfg(3, "nvme", "nvme"), data, engines)
+    figures = engines[0].figures()
+    engines[0].close()
+    assert figures["optimizer_states"] == "nvme"
+    # The states are compressed (the run is not the fp32 one), close to it, and every placement
+    # trains the same bits (the blocks and rounding words follow the global index).
+    assert first != reference
+    assert abs(first[-1] - reference[-1]) < 0.05 * reference[0]
+    for stage, opt in ((1, "cpu"), (2, "nvme"), (3, None)):
+        assert train(mlp(), cfg(stage, opt), data) == first, (stage, opt)
+
+    # A checkpoint at step 6 resumes bitwise; its moments are saved in their dtype.
+    engine, _, _, _ = zinfinity.initialize(model=mlp(), config=cfg(3, "nvme", "nvme"))
+    for x, y in data[:6]:
+        engine.backward(nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+    assert engine.save_checkpoint(ckpt)
+    engine.close()
+    assert os.path.exists(os.path.join(ckpt, "global_step6", f"exp_avg.{state_dtype}"))
+    engine, _, _, _ = zinfinity.initialize(model=mlp(seed=99), config=cfg(3, "nvme", "nvme"))
+    engine.load_checkpoint(ckpt)
+    resumed = []
+    for x, y in data[6:]:
+        loss = nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        resumed.append(loss.item())
+    engine.close()
+    assert resumed == first[6:]

@@ -946,6 +946,22 @@ Status check_placement(const EngineConfig& c) {
             "\"cpu\" only, got \"",
             c.device.type, "\"; use \"nvme\" or \"none\""));
     }
+    const StateDType state_dtype = zc.offload_optimizer.state_dtype;
+    if (state_dtype != StateDType::kFp32) {
+        const OptimizerDescriptor& d = optimizer_descriptor(c.optimizer.type);
+        if (!is_builtin(d)) {
+            return Status::not_supported(str_cat(
+                "zero_optimization.offload_optimizer.state_dtype: \"", state_dtype_name(state_dtype),
+                "\" has kernels for the built-in optimizers (", optimizer_names_where(&is_builtin),
+                ") only; ", d.display_name, " keeps fp32 states"));
+        }
+        if (c.optimizer.torch_rounding) {
+            return Status::invalid_argument(str_cat(
+                "zero_optimization.offload_optimizer.state_dtype: \"", state_dtype_name(state_dtype),
+                "\" with optimizer.params.torch_rounding: torch.optim's rounding is defined for "
+                "fp32 states only; drop one of them"));
+        }
+    }
     return Status::ok();
 }
 

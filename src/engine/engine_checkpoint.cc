@@ -709,8 +709,11 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         log::warning("checkpoint ", dir, "/", tag, ": optimizer states saved as ",
                      state_dtype_name(saved.state_dtype),
                      ", offload_optimizer.state_dtype is ", state_dtype_name(plan_.state_dtype),
-                     ": converted while loading (the moments are rounded to ",
-                     state_dtype_name(plan_.state_dtype), ")");
+                     ": converted while loading (",
+                     plan_.state_dtype == StateDType::kFp32
+                         ? std::string("decoded exactly")
+                         : str_cat("the moments rounded to ", state_dtype_name(plan_.state_dtype)),
+                     ")");
     }
     Status s = same ? load_states(shards->front(), saved) : load_repartitioned(*shards, saved);
     // publish_parameters is a collective: every rank enters it, or none does.

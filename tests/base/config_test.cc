@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "src/base/log.h"
 #include "tests/support/test_seed.h"
 
 namespace zinf::config {
@@ -130,6 +131,35 @@ TEST(ConfigTest, OffloadRules) {
     EXPECT_EQ(c->zero.offload_optimizer.nvme_path[0], "/c");
     EXPECT_TRUE(c->zero.offload_optimizer.pipeline_read);
     EXPECT_EQ(c->warnings.size(), 1u);  // ratio
+}
+
+TEST(ConfigTest, StateDtype) {
+    auto plain = load_text(R"({"zero_optimization": {"stage": 1}})");
+    ASSERT_TRUE(plain.has_value());
+    EXPECT_EQ(plain->zero.offload_optimizer.state_dtype, StateDType::kFp32);
+    for (const char* name : {"fp32", "bf16", "int8"}) {
+        auto c = load_text(str_cat(R"({"zero_optimization": {"stage": 2, "offload_optimizer": )",
+                                   R"({"device": "cpu", "state_dtype": ")", name, R"("}}})"));
+        ASSERT_TRUE(c.has_value()) << c.error().to_string();
+        EXPECT_EQ(state_dtype_name(c->zero.offload_optimizer.state_dtype), name);
+        EXPECT_TRUE(c->warnings.empty());
+    }
+    const std::string bad = error_of(
+        R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"state_dtype": "fp8"}}})");
+    EXPECT_NE(bad.find("zero_optimization.offload_optimizer.state_dtype"), std::string::npos)
+        << bad;
+    EXPECT_NE(bad.find("int8"), std::string::npos) << bad;
+    // torch.optim's rounding is defined over fp32 states only.
+    const std::string torch = error_of(
+        R"({"optimizer": {"type": "AdamW", "params": {"torch_rounding": true}},
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"state_dtype": "bf16"}}})");
+    EXPECT_NE(torch.find("state_dtype"), std::string::npos) << torch;
+    EXPECT_NE(torch.find("torch_rounding"), std::string::npos) << torch;
+    // Every built-in optimizer has compressed kernels (Adagrad's sum takes the unsigned code).
+    auto adagrad = load_text(
+        R"({"optimizer": {"type": "Adagrad"},
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"state_dtype": "int8"}}})");
+    EXPECT_TRUE(adagrad.has_value()) << adagrad.error().to_string();
 }
 
 TEST(ConfigTest, BatchArithmetic) {

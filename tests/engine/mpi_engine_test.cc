@@ -390,6 +390,94 @@ TEST(MpiEngine, ShardedCheckpointResumesBitwiseAndRepartitions) {
     expect_same_parameters(at3, single);
 }
 
+// Compressed optimizer states (offload_optimizer.state_dtype) key their blocks and rounding
+// words on the global flat index, and the partitions are padded to whole blocks: N ranks store
+// and train the bits one rank accumulating their micro-batches does, at every stage and
+// placement. A sharded checkpoint of them resumes bitwise and re-partitions for one rank, and
+// loads into fp32 states too (converted).
+TEST(MpiEngine, CompressedStatesTrainTheSameBitsOnNRanksAsOnOne) {
+    const int n = world();
+    const double tolerance = (n & (n - 1)) == 0 ? 0.0 : 1e-4;
+    test::TempDir nvme("mpi-nvme");
+    const std::string zeros[] = {
+        R"("zero_optimization": {"stage": 0, "offload_optimizer": {"state_dtype": "@DT@"}},)",
+        R"("zero_optimization": {"stage": 1, "offload_optimizer": {"state_dtype": "@DT@"}},)",
+        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "state_dtype": "@DT@"}},)",
+        R"("zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu", "state_dtype": "@DT@"}},)",
+        R"("zero_optimization": {"stage": 2, "sub_group_size": 4096, "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@", "state_dtype": "@DT@"}},)",
+    };
+    for (const char* dtype : {"bf16", "int8"}) {
+        std::vector<float> first_losses;
+        for (const std::string& z : zeros) {
+            // Each run its own swap directory: both are alive at once.
+            std::string zero = with_nvme(z, nvme.path() + "/ranks");
+            std::string zero_one = with_nvme(z, nvme.path() + "/one");
+            zero.replace(zero.find("@DT@"), 4, dtype);
+            zero_one.replace(zero_one.find("@DT@"), 4, dtype);
+            std::filesystem::create_directories(nvme.path() + "/ranks");
+            std::filesystem::create_directories(nvme.path() + "/one");
+            SCOPED_TRACE(zero);
+            RankRun ranks(load(config_text(zero, 1, 0.05), n), true);
+            RankRun one(load(config_text(zero_one, static_cast<std::uint64_t>(n), 0.05), 1),
+                        false);
+            ASSERT_TRUE(ranks.train_until(5).is_ok());
+            ASSERT_TRUE(one.train_until(5).is_ok());
+            EXPECT_EQ(ranks.engine().plan().state_dtype, find_state_dtype(dtype).value());
+            ASSERT_EQ(one.losses.size(), 5u * n);
+            for (std::size_t s = 0; s < 5; ++s) {
+                double sum = 0;
+                for (int r = 0; r < n; ++r) sum += one.losses[s * n + r];
+                const auto want = static_cast<float>(sum / n);
+                if (tolerance == 0) {
+                    EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want}))
+                        << "step " << s;
+                } else {
+                    EXPECT_NEAR(ranks.losses[s], want, tolerance * want) << "step " << s;
+                }
+            }
+            expect_same_parameters(ranks, one, tolerance);
+            // Every stage and placement: the same bits.
+            if (first_losses.empty()) {
+                first_losses = ranks.losses;
+            } else {
+                EXPECT_EQ(test_support::bits(ranks.losses), test_support::bits(first_losses));
+            }
+        }
+        // Compressed states train differently from fp32 ones (the option took effect).
+        RankRun exact(load(config_text(kStages[1], 1, 0.05), n), true);
+        ASSERT_TRUE(exact.train_until(5).is_ok());
+        EXPECT_NE(test_support::bits(exact.losses), test_support::bits(first_losses));
+
+        // A sharded checkpoint at step 3: resumed on N ranks bitwise; one rank and fp32 states
+        // re-partition (and convert).
+        std::string zero2 = zeros[1];
+        zero2.replace(zero2.find("@DT@"), 4, dtype);
+        RankRun first(load(config_text(zero2, 1, 0.05), n), true);
+        SharedDir dir(first.engine().communicator());
+        ASSERT_TRUE(first.train_until(3).is_ok());
+        ASSERT_TRUE(first.engine().save_checkpoint(dir.path(), "step3").is_ok());
+        EXPECT_TRUE(std::filesystem::exists(dir.path() + "/step3/rank0/exp_avg." + dtype));
+        EXPECT_EQ(std::filesystem::exists(dir.path() + "/step3/rank0/exp_avg.int8_scales"),
+                  std::string(dtype) == "int8");
+        ASSERT_TRUE(first.train_until(6).is_ok());
+        RankRun resumed(load(config_text(zero2, 1, 0.05), n), true);
+        ASSERT_TRUE(resumed.engine().load_checkpoint(dir.path(), "step3").is_ok());
+        ASSERT_TRUE(resumed.train_until(6).is_ok());
+        EXPECT_EQ(test_support::bits(resumed.losses),
+                  test_support::bits(
+                      std::vector<float>(first.losses.begin() + 3, first.losses.end())));
+        expect_same_parameters(resumed, first);
+        RankRun single(load(config_text(zero2, static_cast<std::uint64_t>(n), 0.05), 1), false);
+        ASSERT_TRUE(single.engine().load_checkpoint(dir.path(), "step3").is_ok());
+        ASSERT_TRUE(single.train_until(6).is_ok());
+        expect_same_parameters(first, single, tolerance);
+        RankRun as_fp32(load(config_text(kStages[1], 1, 0.05), n), true);
+        ASSERT_TRUE(as_fp32.engine().load_checkpoint(dir.path(), "step3").is_ok());
+        EXPECT_EQ(as_fp32.engine().global_steps(), 3u);
+        ASSERT_TRUE(as_fp32.train_until(6).is_ok());
+    }
+}
+
 // One rank that cannot write its shard: every rank reports the failure, the checkpoint never
 // appears, and `latest` still names the previous one, whose files are intact.
 TEST(MpiEngine, AShardThatFailsLeavesLatestOnThePreviousCheckpoint) {

@@ -107,6 +107,16 @@ TEST(RegisteredOptimizer, TheConfigThePlanAndTheSummaryKnowIt) {
     EXPECT_NE(refused.error().message().find("amsgrad: only Adam and AdamW have it"),
               std::string::npos)
         << refused.error().to_string();
+    // Compressed states have kernels for the built-in optimizers only: refused by the key.
+    const auto compressed = config::load_from_string(
+        sgd_config(R"("zero_optimization": {"stage": 1, "offload_optimizer": )"
+                   R"({"state_dtype": "int8"}},)"),
+        o, "test.json");
+    ASSERT_FALSE(compressed.has_value());
+    EXPECT_EQ(compressed.error().code(), StatusCode::kNotSupported);
+    EXPECT_NE(compressed.error().message().find("offload_optimizer.state_dtype"),
+              std::string::npos)
+        << compressed.error().to_string();
 }
 
 // The device, host and NVMe state stores (the last through the swapper, with the parameters and

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/state_codec.h"
 #include "src/device/cpu_device.h"
 #include "src/engine/offload.h"
 #include "tests/engine/engine_test_support.h"
@@ -28,6 +29,7 @@ struct StoreCase {
     Home home;
     const char* zero;  // spliced into the small config; @NVME@ is the test's directory
     bool amsgrad = false;
+    StateDType state_dtype = StateDType::kFp32;  // offload_optimizer.state_dtype
 };
 
 const StoreCase kStores[] = {
@@ -49,11 +51,28 @@ const StoreCase kStores[] = {
      R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
      R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)",
      true},
+    // Compressed moments (src/base/state_dtype.h) in every store.
+    {"device_bf16", Home::kDevice, R"("zero_optimization": {"stage": 1, "sub_group_size": 1000},)",
+     false, StateDType::kBf16},
+    {"host_int8", Home::kHost,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "cpu"}},)",
+     false, StateDType::kInt8},
+    {"nvme_bf16", Home::kNvme,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)",
+     false, StateDType::kBf16},
+    {"nvme_int8_amsgrad", Home::kNvme,
+     R"("zero_optimization": {"stage": 1, "sub_group_size": 1000,)"
+     R"( "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}},)",
+     true, StateDType::kInt8},
 };
 
 config::EngineConfig config_of(const StoreCase& c, const std::string& nvme_dir) {
     std::vector<std::string> overrides;
     if (c.amsgrad) overrides.push_back("optimizer.params.amsgrad=true");
+    overrides.push_back(str_cat("zero_optimization.offload_optimizer.state_dtype=",
+                                state_dtype_name(c.state_dtype)));
     return load_config(with_nvme(small_config(c.zero), nvme_dir), overrides);
 }
 
@@ -116,7 +135,9 @@ struct Rig {
         if (plan.needs_io) {
             const Status dirs = check_swap_directories(config);
             ZINF_ASSERT_MSG(dirs.is_ok(), dirs.to_string());
-            auto part = std::move(zero::Partitioning::create(in.parameter_numels, 1, 0)).value();
+            auto part = std::move(zero::Partitioning::create(in.parameter_numels, 1, 0,
+                                                             plan.partition_align_numel))
+                            .value();
             auto off = Offload::create(plan, part, *kernel, *device);
             ZINF_ASSERT_MSG(off.has_value(), off.error().to_string());
             offload = std::move(off).value();
@@ -168,21 +189,55 @@ TEST_P(StateStoreConformance, StepsAreBitwiseTheWholeDomainStepOfTheKernel) {
     ASSERT_GT(rig.store->chunk_count(), 1u);  // several chunks, the last one short
     Initial initial;
     ASSERT_TRUE(rig.store->initialize(initial));
-    // The reference: the same kernel over the whole domain at once.
+    // The reference: the same kernel over the whole domain at once (compressed: over the
+    // plan's runs of global indices, the moments stored whole and decoded at the end).
     const std::size_t n = rig.store->numel();
+    const StateDType dtype = GetParam().state_dtype;
+    EXPECT_EQ(rig.store->state_dtype(), dtype);
+    EXPECT_EQ(rig.plan.state_segments.empty(), dtype == StateDType::kFp32);
     EXPECT_EQ(rig.store->layout().moment_count, GetParam().amsgrad ? 3u : 2u);
+    const std::size_t kept = rig.store->layout().moment_count;
     std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), vmax(GetParam().amsgrad ? n : 0, 0.0f);
+    std::vector<float>* values[3] = {&m, &v, &vmax};
+    std::vector<std::byte> stored[3];
+    std::vector<float> scales[3];
+    for (std::size_t i = 0; i < kept; ++i) {
+        stored[i].resize(n * state_element_size_bytes(dtype));
+        scales[i].resize(state_scale_count(dtype, n));
+    }
     ASSERT_TRUE(initial.fill(0, 0, p));
     for (std::uint64_t s = 1; s <= 3; ++s) {
         kernels::OptimizerParams params = rig.plan.optimizer;
         params.step = s;
         Gradients g(n, s);
         ASSERT_TRUE(rig.store->step(params, g));
-        kernels::OptimizerState state;
-        state.params = p;
-        state.moments = {std::span<float>(m), std::span<float>(v), std::span<float>(vmax)};
-        ASSERT_TRUE(rig.kernel->step(params, state, kernels::GradView::fp32(g.grads())));
+        if (dtype == StateDType::kFp32) {
+            kernels::OptimizerState state;
+            state.params = p;
+            state.moments = {std::span<float>(m), std::span<float>(v), std::span<float>(vmax)};
+            ASSERT_TRUE(rig.kernel->step(params, state, kernels::GradView::fp32(g.grads())));
+        } else {
+            kernels::StoredState state;
+            state.params = p;
+            state.dtype = dtype;
+            state.rounding_seed = rig.plan.rounding_seed;
+            for (std::size_t i = 0; i < kept; ++i) {
+                state.moments[i] = stored[i];
+                state.scales[i] = scales[i];
+            }
+            ASSERT_TRUE(kernels::step_segments(*rig.kernel, params, state, 0,
+                                               rig.plan.state_segments,
+                                               kernels::GradView::fp32(g.grads())));
+        }
         EXPECT_EQ(test_support::bits(g.published()), test_support::bits(p)) << "step " << s;
+    }
+    if (dtype != StateDType::kFp32) {
+        for (std::size_t i = 0; i < kept; ++i) {
+            kernels::decode_moment(dtype, rig.store->layout().moment(i).non_negative, stored[i],
+                                   scales[i], *values[i]);
+        }
+        // The moments are stored compressed: they take fewer bytes than fp32 ones.
+        EXPECT_LT(rig.store->state_bytes(), (1 + kept) * n * sizeof(float));
     }
     const auto states = rig.read_all();
     EXPECT_EQ(test_support::bits(states.master), test_support::bits(p));
