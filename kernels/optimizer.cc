@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/detail/kernel_table.h"
+#include "kernels/detail/state_args.h"
 #include "kernels/detail/state_table.h"
 #include "kernels/state_codec.h"
 #include "src/base/log.h"
@@ -57,14 +58,6 @@ const detail::StateKernelTable& state_kernel_table(Isa isa) noexcept {
     return detail::scalar_state_kernel_table();
 }
 
-// The copy's index in the tables (0 none, 1 bf16, 2 fp16), its size asserted.
-int copy_index_for(ParamCopy copy, std::size_t numel) noexcept {
-    if (copy.data == nullptr) return 0;
-    ZINF_ASSERT_EQ(copy.numel, numel);
-    ZINF_ASSERT(copy.dtype != DType::kFloat32);
-    return copy.dtype == DType::kBFloat16 ? 1 : 2;
-}
-
 // An fp32 StoredState as the fp32 step's view of it.
 OptimizerState fp32_state_of(const StoredState& stored) noexcept {
     OptimizerState state;
@@ -79,8 +72,17 @@ OptimizerState fp32_state_of(const StoredState& stored) noexcept {
     return state;
 }
 
-// The sizes, alignment and first index a compressed StoredState must have (asserted).
-void assert_stored_state(const StoredState& state, std::size_t kept) noexcept {
+}  // namespace
+
+// kernels/detail/state_args.h: shared with the CUDA step.
+int detail::copy_index_for(ParamCopy copy, std::size_t numel) noexcept {
+    if (copy.data == nullptr) return 0;
+    ZINF_ASSERT_EQ(copy.numel, numel);
+    ZINF_ASSERT(copy.dtype != DType::kFloat32);
+    return copy.dtype == DType::kBFloat16 ? 1 : 2;
+}
+
+void detail::assert_stored_state(const StoredState& state, std::size_t kept) noexcept {
     const std::size_t numel = state.params.size();
     ZINF_ASSERT(state.first_index % kStateBlockNumel == 0);
     for (std::size_t i = 0; i < kMaxMoments; ++i) {
@@ -96,9 +98,9 @@ void assert_stored_state(const StoredState& state, std::size_t kept) noexcept {
     }
 }
 
-// The operands of a compressed step but for the chunk range.
-detail::StateStepArgs state_step_args(const OptimizerParams& params, const StoredState& state,
-                                      GradView grads, ParamCopy copy, std::size_t kept) noexcept {
+detail::StateStepArgs detail::state_step_args(const OptimizerParams& params,
+                                              const StoredState& state, GradView grads,
+                                              ParamCopy copy, std::size_t kept) noexcept {
     const OptimizerDescriptor& d = optimizer_descriptor(params.kind);
     detail::StateStepArgs args{};
     args.step.params = state.params.data();
@@ -117,8 +119,6 @@ detail::StateStepArgs state_step_args(const OptimizerParams& params, const Store
     args.rounding_streams[1] = rounding_stream(1, params.step);
     return args;
 }
-
-}  // namespace
 
 detail::StepConstants detail::step_constants(const OptimizerParams& p) noexcept {
     detail::StepConstants c{};
@@ -304,10 +304,10 @@ Status OptimizerKernel::step(const OptimizerParams& params, const StoredState& s
     ZINF_TRY(validate(params));
     const std::size_t numel = state.params.size();
     const std::size_t kept = optimizer_descriptor(params.kind).kept_moment_count(params.amsgrad);
-    assert_stored_state(state, kept);
+    detail::assert_stored_state(state, kept);
     ZINF_ASSERT_EQ(grads.numel, numel);
     if (numel > 0) ZINF_ASSERT(grads.data != nullptr);
-    const int copy_index = copy_index_for(copy, numel);
+    const int copy_index = detail::copy_index_for(copy, numel);
     // As the fp32 step: Adam without weight decay takes AdamW's path.
     OptimizerKind kind = params.kind;
     if (kind == OptimizerKind::kAdam && params.weight_decay == 0.0) kind = OptimizerKind::kAdamW;
@@ -322,7 +322,7 @@ Status OptimizerKernel::step(const OptimizerParams& params, const StoredState& s
             .step[static_cast<int>(state.dtype) - 1][index][params.amsgrad ? 1 : 0]
                  [static_cast<int>(grads.dtype)][copy_index];
     ZINF_ASSERT(fn != nullptr);
-    const detail::StateStepArgs args = state_step_args(params, state, grads, copy, kept);
+    const detail::StateStepArgs args = detail::state_step_args(params, state, grads, copy, kept);
     loop_.run(chunk_count_for(numel), [&](std::size_t chunk) {
         const std::size_t begin = chunk * kChunkNumel;
         fn(args, begin, std::min(begin + kChunkNumel, numel));

@@ -205,6 +205,23 @@ TEST(MemoryPrediction, BoundsTheMeasuredPeakOfFashionMnistNvme) {
     expect_tight(mlp_peaks(shipped("fashion-mnist-nvme.json", dir.path(), kSynthetic), 3));
 }
 
+// Compressed moments on the device (stage 0, the CPU device): the prediction counts their stored
+// bytes, still bounds the measured peak, and is smaller than fp32 states' by the moments' saving.
+TEST(MemoryPrediction, BoundsTheMeasuredPeakWithCompressedStates) {
+    test::TempDir dir("peak");
+    auto with = [&](const char* dtype) {
+        std::vector<std::string> o = kSynthetic;
+        o.push_back(std::string("zero_optimization.offload_optimizer.state_dtype=") + dtype);
+        return shipped("fashion-mnist.json", dir.path(), o);
+    };
+    const auto fp32 = mlp_peaks(with("fp32"), 2);
+    const auto int8 = mlp_peaks(with("int8"), 2);
+    expect_tight(int8);
+    // The MLP's 1.86 M parameters: two moments of 4 B each become 1 B (plus a scale per 2048).
+    EXPECT_LT(int8.first + 5'000'000, fp32.first);
+    EXPECT_LT(int8.second + 5'000'000, fp32.second);
+}
+
 TEST(MemoryPrediction, BoundsTheMeasuredPeakOfGptSmall) {
     test::TempDir dir("peak");
     expect_tight(gpt_peaks(
