@@ -146,7 +146,8 @@ TEST(MemoryScaling, MeasureOverlapStaysWithinTheBudgets) {
     ASSERT_EQ(c.exit_code, 0) << out;
     std::printf("--measure-overlap, 540 MiB of optimizer states: peak RSS %.1f MiB\n",
                 c.peak_rss_mib);
-    EXPECT_NE(out.find("optimizer states (fp32 master + 2 states, 540.52 MiB): nvme"),
+    EXPECT_NE(out.find("optimizer states (fp32 master + 2 fp32 states, 12 B per parameter, "
+                       "540.52 MiB): nvme"),
               std::string::npos)
         << out;
     EXPECT_LE(c.peak_rss_mib, 128.0 + 128.0 + 512.0) << out;
