@@ -145,52 +145,142 @@ struct Avx2StateOps : Avx2Ops {
         __m256i c0, c1, c2, c3;
     };
 
+    // What philox_words needs of (seed, stream), made once per chunk. Philox's counter is
+    // (group low, group high, stream low, stream high) and only the group's low word differs
+    // between the elements of a chunk, so the lanes of the first three rounds that do not depend
+    // on it are constants here: round 0 multiplies only the group, round 1 only its c2, and
+    // round 2's c3 is fixed. The round keys are vectors in memory, operands of the XORs (made
+    // per round, their broadcasts cost as many shuffle-port micro-ops as the round's shuffles).
+    struct PhiloxSchedule {
+        __m256i key0[philox::kRounds];  // round r's key words in every lane
+        __m256i key1[philox::kRounds];
+        __m256i last_key0;  // the last round's key words in the low halves, zero above
+        __m256i last_key1;
+        __m256i round0_c2;  // stream high ^ key1[0]
+        __m256i round1_c0;  // lo(M1 * stream low) ^ key0[1]
+        __m256i round1_c2;  // hi(M0 * round 0's c0) ^ key1[1]
+        __m256i round2_c2;  // lo(M0 * round 0's c0) ^ key1[2]
+        std::uint64_t seed, stream;
+        std::uint32_t group_high;  // the groups' high word these constants hold for
+    };
+
+    // The schedule for groups whose high word is (first_index / 4) >> 32.
+    static PhiloxSchedule philox_schedule(std::uint64_t seed, std::uint64_t stream,
+                                          std::uint64_t first_index) noexcept {
+        PhiloxSchedule s;
+        s.seed = seed;
+        s.stream = stream;
+        s.group_high = static_cast<std::uint32_t>(first_index >> 34);
+        auto k0 = static_cast<std::uint32_t>(seed);
+        auto k1 = static_cast<std::uint32_t>(seed >> 32);
+        std::uint32_t key0[philox::kRounds], key1[philox::kRounds];
+        for (int round = 0; round < philox::kRounds; ++round) {
+            if (round > 0) {
+                k0 += philox::kWeyl0;
+                k1 += philox::kWeyl1;
+            }
+            key0[round] = k0;
+            key1[round] = k1;
+            s.key0[round] = set1_u32(k0);
+            s.key1[round] = set1_u32(k1);
+        }
+        s.last_key0 = _mm256_set1_epi64x(k0);
+        s.last_key1 = _mm256_set1_epi64x(k1);
+        const auto s0 = static_cast<std::uint32_t>(stream);
+        const auto s1 = static_cast<std::uint32_t>(stream >> 32);
+        const std::uint64_t round0_p1 = std::uint64_t{philox::kMultiplier1} * s0;
+        const auto round0_c0 = static_cast<std::uint32_t>(round0_p1 >> 32) ^ s.group_high ^ key0[0];
+        const std::uint64_t round1_p0 = std::uint64_t{philox::kMultiplier0} * round0_c0;
+        s.round0_c2 = set1_u32(s1 ^ key1[0]);
+        s.round1_c0 = set1_u32(static_cast<std::uint32_t>(round0_p1) ^ key0[1]);
+        s.round1_c2 = set1_u32(static_cast<std::uint32_t>(round1_p0 >> 32) ^ key1[1]);
+        s.round2_c2 = set1_u32(static_cast<std::uint32_t>(round1_p0) ^ key1[2]);
+        return s;
+    }
+
+    static __m256i mul0(__m256i c) noexcept {
+        return _mm256_mul_epu32(c, set1_u32(philox::kMultiplier0));
+    }
+    static __m256i mul1(__m256i c) noexcept {
+        return _mm256_mul_epu32(c, set1_u32(philox::kMultiplier1));
+    }
+    static __m256i high_down(__m256i product) noexcept {
+        return _mm256_shuffle_epi32(product, 0xF5);
+    }
+
+    // Rounds 0 to 2 of the groups whose low words are c0 (one in each 64-bit lane's low half).
+    static PhiloxLanes philox_first_rounds(__m256i c0, const PhiloxSchedule& s) noexcept {
+        const __m256i round0_p0 = mul0(c0);
+        const __m256i round0_c2 = _mm256_xor_si256(high_down(round0_p0), s.round0_c2);
+        // After round 0: c0 and c1 are constants, c3 is round0_p0.
+        const __m256i round1_p1 = mul1(round0_c2);
+        const __m256i round1_c0 = _mm256_xor_si256(high_down(round1_p1), s.round1_c0);
+        const __m256i round1_c2 = _mm256_xor_si256(round0_p0, s.round1_c2);
+        // After round 1: c1 is round1_p1, c3 a constant.
+        const __m256i round2_p0 = mul0(round1_c0);
+        const __m256i round2_p1 = mul1(round1_c2);
+        PhiloxLanes out;
+        out.c0 = _mm256_xor_si256(high_down(round2_p1), _mm256_xor_si256(round1_p1, s.key0[2]));
+        out.c1 = round2_p1;
+        out.c2 = _mm256_xor_si256(high_down(round2_p0), s.round2_c2);
+        out.c3 = round2_p0;
+        return out;
+    }
+
     // One round; k0, k1 the round's key in every lane.
     static void philox_round(PhiloxLanes& s, __m256i k0, __m256i k1) noexcept {
-        const __m256i p0 = _mm256_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
-        const __m256i p1 = _mm256_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
+        const __m256i p0 = mul0(s.c0);
+        const __m256i p1 = mul1(s.c2);
         const __m256i c1_key = _mm256_xor_si256(s.c1, k0);  // off the multiply's path
         const __m256i c3_key = _mm256_xor_si256(s.c3, k1);
-        s.c0 = _mm256_xor_si256(_mm256_shuffle_epi32(p1, 0xF5), c1_key);  // high halves down
-        s.c2 = _mm256_xor_si256(_mm256_shuffle_epi32(p0, 0xF5), c3_key);
+        s.c0 = _mm256_xor_si256(high_down(p1), c1_key);
+        s.c2 = _mm256_xor_si256(high_down(p0), c3_key);
         s.c1 = p1;
         s.c3 = p0;
     }
 
-    // The 16 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 2, 1, 3) + base, in
-    // element order: two groups per 128-bit half after the 64-bit unpacks.
-    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
-        const __m256i w01 = _mm256_blend_epi32(s.c0, _mm256_shuffle_epi32(s.c1, 0xA0), 0xAA);
-        const __m256i w23 = _mm256_blend_epi32(s.c2, _mm256_shuffle_epi32(s.c3, 0xA0), 0xAA);
+    // The last round, and its 16 words in element order: the 64-bit lanes hold groups (0, 2, 1,
+    // 3) + base, so that two groups sit in each 128-bit half after the 64-bit unpacks. Words
+    // (c0, c1) of a lane are (hi1 ^ c1 ^ k0, lo1): the product with its halves swapped, XORed
+    // with c1 ^ k0 in the low half only (and c2, c3 alike).
+    static void philox_last_round(std::uint32_t* out, const PhiloxLanes& s,
+                                  const PhiloxSchedule& schedule) noexcept {
+        const __m256i p0 = mul0(s.c0);
+        const __m256i p1 = mul1(s.c2);
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i c1_key =
+            _mm256_xor_si256(_mm256_blend_epi32(s.c1, zero, 0xAA), schedule.last_key0);
+        const __m256i c3_key =
+            _mm256_xor_si256(_mm256_blend_epi32(s.c3, zero, 0xAA), schedule.last_key1);
+        const __m256i w01 = _mm256_xor_si256(_mm256_shuffle_epi32(p1, 0xB1), c1_key);
+        const __m256i w23 = _mm256_xor_si256(_mm256_shuffle_epi32(p0, 0xB1), c3_key);
         auto* dst = reinterpret_cast<__m256i*>(out);
         _mm256_storeu_si256(dst, _mm256_unpacklo_epi64(w01, w23));
         _mm256_storeu_si256(dst + 1, _mm256_unpackhi_epi64(w01, w23));
     }
 
     // Philox4x32-10 for 8 groups (32 elements) at a time, as two interleaved PhiloxLanes.
-    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+    static void philox_words(std::uint32_t* out, const PhiloxSchedule& schedule,
                              std::uint64_t first_index, std::size_t count) noexcept {
         const __m256i lane_groups = _mm256_setr_epi32(0, 0, 2, 0, 1, 0, 3, 0);
+        PhiloxSchedule other;  // for groups past a multiple of 2^32 groups (2^34 elements)
         for (std::size_t i = 0; i < count; i += 32) {
             const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 8: no carry
-            const __m256i low = set1_u32(static_cast<std::uint32_t>(group));
-            const __m256i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
-            const __m256i s0 = set1_u32(static_cast<std::uint32_t>(stream));
-            const __m256i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
-            PhiloxLanes a{_mm256_add_epi32(low, lane_groups), high, s0, s1};
-            PhiloxLanes b{_mm256_add_epi32(a.c0, set1_u32(4)), high, s0, s1};
-            auto k0 = static_cast<std::uint32_t>(seed);
-            auto k1 = static_cast<std::uint32_t>(seed >> 32);
-            for (int round = 0; round < philox::kRounds; ++round) {
-                if (round > 0) {
-                    k0 += philox::kWeyl0;
-                    k1 += philox::kWeyl1;
-                }
-                philox_round(a, set1_u32(k0), set1_u32(k1));
-                philox_round(b, set1_u32(k0), set1_u32(k1));
+            const PhiloxSchedule* s = &schedule;
+            if (static_cast<std::uint32_t>(group >> 32) != schedule.group_high) [[unlikely]] {
+                other = philox_schedule(schedule.seed, schedule.stream, first_index + i);
+                s = &other;
             }
-            store_philox_words(out + i, a);
-            store_philox_words(out + i + 16, b);
+            const __m256i low =
+                _mm256_add_epi32(set1_u32(static_cast<std::uint32_t>(group)), lane_groups);
+            PhiloxLanes a = philox_first_rounds(low, *s);
+            PhiloxLanes b = philox_first_rounds(_mm256_add_epi32(low, set1_u32(4)), *s);
+            for (int round = 3; round < philox::kRounds - 1; ++round) {
+                philox_round(a, s->key0[round], s->key1[round]);
+                philox_round(b, s->key0[round], s->key1[round]);
+            }
+            philox_last_round(out + i, a, *s);
+            philox_last_round(out + i + 16, b, *s);
         }
     }
 };

@@ -119,51 +119,132 @@ struct Avx512StateOps : Avx512Ops {
         __m512i c0, c1, c2, c3;
     };
 
+    // What philox_words needs of (seed, stream), made once per chunk: as the AVX2 unit's, the
+    // round keys as vectors and the first three rounds' lanes that do not depend on the group's
+    // low word.
+    struct PhiloxSchedule {
+        __m512i key0[philox::kRounds];  // round r's key words in every lane
+        __m512i key1[philox::kRounds];
+        __m512i round0_c2;  // stream high ^ key1[0]
+        __m512i round1_c0;  // lo(M1 * stream low) ^ key0[1]
+        __m512i round1_c2;  // hi(M0 * round 0's c0) ^ key1[1]
+        __m512i round2_c2;  // lo(M0 * round 0's c0) ^ key1[2]
+        std::uint64_t seed, stream;
+        std::uint32_t group_high;  // the groups' high word these constants hold for
+    };
+
+    // The schedule for groups whose high word is (first_index / 4) >> 32.
+    static PhiloxSchedule philox_schedule(std::uint64_t seed, std::uint64_t stream,
+                                          std::uint64_t first_index) noexcept {
+        PhiloxSchedule s;
+        s.seed = seed;
+        s.stream = stream;
+        s.group_high = static_cast<std::uint32_t>(first_index >> 34);
+        auto k0 = static_cast<std::uint32_t>(seed);
+        auto k1 = static_cast<std::uint32_t>(seed >> 32);
+        std::uint32_t key0[philox::kRounds], key1[philox::kRounds];
+        for (int round = 0; round < philox::kRounds; ++round) {
+            if (round > 0) {
+                k0 += philox::kWeyl0;
+                k1 += philox::kWeyl1;
+            }
+            key0[round] = k0;
+            key1[round] = k1;
+            s.key0[round] = set1_u32(k0);
+            s.key1[round] = set1_u32(k1);
+        }
+        const auto s0 = static_cast<std::uint32_t>(stream);
+        const auto s1 = static_cast<std::uint32_t>(stream >> 32);
+        const std::uint64_t round0_p1 = std::uint64_t{philox::kMultiplier1} * s0;
+        const auto round0_c0 = static_cast<std::uint32_t>(round0_p1 >> 32) ^ s.group_high ^ key0[0];
+        const std::uint64_t round1_p0 = std::uint64_t{philox::kMultiplier0} * round0_c0;
+        s.round0_c2 = set1_u32(s1 ^ key1[0]);
+        s.round1_c0 = set1_u32(static_cast<std::uint32_t>(round0_p1) ^ key0[1]);
+        s.round1_c2 = set1_u32(static_cast<std::uint32_t>(round1_p0 >> 32) ^ key1[1]);
+        s.round2_c2 = set1_u32(static_cast<std::uint32_t>(round1_p0) ^ key1[2]);
+        return s;
+    }
+
+    static __m512i mul0(__m512i c) noexcept {
+        return _mm512_mul_epu32(c, set1_u32(philox::kMultiplier0));
+    }
+    static __m512i mul1(__m512i c) noexcept {
+        return _mm512_mul_epu32(c, set1_u32(philox::kMultiplier1));
+    }
+    static __m512i high_down(__m512i product) noexcept {
+        return _mm512_shuffle_epi32(product, _MM_PERM_DDBB);
+    }
+    static constexpr int kXor3 = 0x96;  // ternary logic a ^ b ^ c
+
+    // Rounds 0 to 2 of the groups whose low words are c0 (one in each 64-bit lane's low half).
+    static PhiloxLanes philox_first_rounds(__m512i c0, const PhiloxSchedule& s) noexcept {
+        const __m512i round0_p0 = mul0(c0);
+        const __m512i round0_c2 = _mm512_xor_si512(high_down(round0_p0), s.round0_c2);
+        // After round 0: c0 and c1 are constants, c3 is round0_p0.
+        const __m512i round1_p1 = mul1(round0_c2);
+        const __m512i round1_c0 = _mm512_xor_si512(high_down(round1_p1), s.round1_c0);
+        const __m512i round1_c2 = _mm512_xor_si512(round0_p0, s.round1_c2);
+        // After round 1: c1 is round1_p1, c3 a constant.
+        const __m512i round2_p0 = mul0(round1_c0);
+        const __m512i round2_p1 = mul1(round1_c2);
+        PhiloxLanes out;
+        out.c0 = _mm512_ternarylogic_epi32(high_down(round2_p1), round1_p1, s.key0[2], kXor3);
+        out.c1 = round2_p1;
+        out.c2 = _mm512_xor_si512(high_down(round2_p0), s.round2_c2);
+        out.c3 = round2_p0;
+        return out;
+    }
+
     // One round; k0, k1 the round's key in every lane.
     static void philox_round(PhiloxLanes& s, __m512i k0, __m512i k1) noexcept {
-        const __m512i p0 = _mm512_mul_epu32(s.c0, set1_u32(philox::kMultiplier0));
-        const __m512i p1 = _mm512_mul_epu32(s.c2, set1_u32(philox::kMultiplier1));
-        constexpr int kXor3 = 0x96;
-        s.c0 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p1, _MM_PERM_DDBB), s.c1, k0, kXor3);
-        s.c2 = _mm512_ternarylogic_epi32(_mm512_shuffle_epi32(p0, _MM_PERM_DDBB), s.c3, k1, kXor3);
+        const __m512i p0 = mul0(s.c0);
+        const __m512i p1 = mul1(s.c2);
+        s.c0 = _mm512_ternarylogic_epi32(high_down(p1), s.c1, k0, kXor3);
+        s.c2 = _mm512_ternarylogic_epi32(high_down(p0), s.c3, k1, kXor3);
         s.c1 = p1;
         s.c3 = p0;
     }
 
-    // The 32 words of a PhiloxLanes whose 64-bit lanes hold groups (0, 4, 1, 5, 2, 6, 3, 7) +
-    // base, in element order: one group per 128-bit lane after the 64-bit unpacks.
-    static void store_philox_words(std::uint32_t* out, const PhiloxLanes& s) noexcept {
-        const __m512i w01 = _mm512_mask_shuffle_epi32(s.c0, 0xAAAA, s.c1, _MM_PERM_CCAA);
-        const __m512i w23 = _mm512_mask_shuffle_epi32(s.c2, 0xAAAA, s.c3, _MM_PERM_CCAA);
+    // The last round, and its 32 words in element order: the 64-bit lanes hold groups (0, 4, 1,
+    // 5, 2, 6, 3, 7) + base, one group per 128-bit lane after the 64-bit unpacks. Words (c0, c1)
+    // of a lane are (hi1 ^ c1 ^ k0, lo1): the product with its halves swapped, XORed with c1 and
+    // k0 in the low halves only (and c2, c3 alike).
+    static void philox_last_round(std::uint32_t* out, const PhiloxLanes& s, __m512i k0,
+                                  __m512i k1) noexcept {
+        const __m512i p0 = mul0(s.c0);
+        const __m512i p1 = mul1(s.c2);
+        const __m512i swapped1 = _mm512_shuffle_epi32(p1, _MM_PERM_CDAB);
+        const __m512i swapped0 = _mm512_shuffle_epi32(p0, _MM_PERM_CDAB);
+        const __m512i w01 = _mm512_mask_ternarylogic_epi32(swapped1, 0x5555, s.c1, k0, kXor3);
+        const __m512i w23 = _mm512_mask_ternarylogic_epi32(swapped0, 0x5555, s.c3, k1, kXor3);
         _mm512_storeu_si512(out, _mm512_unpacklo_epi64(w01, w23));
         _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi64(w01, w23));
     }
 
     // Philox4x32-10 for 16 groups (64 elements) at a time, as two interleaved PhiloxLanes.
-    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+    static void philox_words(std::uint32_t* out, const PhiloxSchedule& schedule,
                              std::uint64_t first_index, std::size_t count) noexcept {
         const __m512i lane_groups =
             _mm512_setr_epi32(0, 0, 4, 0, 1, 0, 5, 0, 2, 0, 6, 0, 3, 0, 7, 0);
+        PhiloxSchedule other;  // for groups past a multiple of 2^32 groups (2^34 elements)
         for (std::size_t i = 0; i < count; i += 64) {
             const std::uint64_t group = (first_index + i) >> 2;  // a multiple of 16: no carry
-            const __m512i low = set1_u32(static_cast<std::uint32_t>(group));
-            const __m512i high = set1_u32(static_cast<std::uint32_t>(group >> 32));
-            const __m512i s0 = set1_u32(static_cast<std::uint32_t>(stream));
-            const __m512i s1 = set1_u32(static_cast<std::uint32_t>(stream >> 32));
-            PhiloxLanes a{_mm512_add_epi32(low, lane_groups), high, s0, s1};
-            PhiloxLanes b{_mm512_add_epi32(a.c0, set1_u32(8)), high, s0, s1};
-            auto k0 = static_cast<std::uint32_t>(seed);
-            auto k1 = static_cast<std::uint32_t>(seed >> 32);
-            for (int round = 0; round < philox::kRounds; ++round) {
-                if (round > 0) {
-                    k0 += philox::kWeyl0;
-                    k1 += philox::kWeyl1;
-                }
-                philox_round(a, set1_u32(k0), set1_u32(k1));
-                philox_round(b, set1_u32(k0), set1_u32(k1));
+            const PhiloxSchedule* s = &schedule;
+            if (static_cast<std::uint32_t>(group >> 32) != schedule.group_high) [[unlikely]] {
+                other = philox_schedule(schedule.seed, schedule.stream, first_index + i);
+                s = &other;
             }
-            store_philox_words(out + i, a);
-            store_philox_words(out + i + 32, b);
+            const __m512i low =
+                _mm512_add_epi32(set1_u32(static_cast<std::uint32_t>(group)), lane_groups);
+            PhiloxLanes a = philox_first_rounds(low, *s);
+            PhiloxLanes b = philox_first_rounds(_mm512_add_epi32(low, set1_u32(8)), *s);
+            for (int round = 3; round < philox::kRounds - 1; ++round) {
+                philox_round(a, s->key0[round], s->key1[round]);
+                philox_round(b, s->key0[round], s->key1[round]);
+            }
+            constexpr int kLast = philox::kRounds - 1;
+            philox_last_round(out + i, a, s->key0[kLast], s->key1[kLast]);
+            philox_last_round(out + i + 32, b, s->key0[kLast], s->key1[kLast]);
         }
     }
 };

@@ -41,9 +41,18 @@ struct ScalarStateOps : ScalarOps {
     static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         *p = float_to_bf16_stochastic(x, words[0] >> kShift);
     }
-    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+    // The scalar unit is the definition: philox::philox4x32_10 itself, nothing precomputed.
+    struct PhiloxSchedule {
+        std::uint64_t seed, stream;
+    };
+    static PhiloxSchedule philox_schedule(std::uint64_t seed, std::uint64_t stream,
+                                          std::uint64_t /*first_index*/) noexcept {
+        return {seed, stream};
+    }
+    static void philox_words(std::uint32_t* out, const PhiloxSchedule& schedule,
                              std::uint64_t first_index, std::size_t count) noexcept {
-        const philox::Key key = philox::make_key(seed);
+        const philox::Key key = philox::make_key(schedule.seed);
+        const std::uint64_t stream = schedule.stream;
         for (std::size_t i = 0; i < count; i += 4) {
             const std::uint64_t group = (first_index + i) >> 2;
             const philox::Counter words = philox::philox4x32_10(

@@ -15,11 +15,13 @@
 // a NaN anywhere as the quiet NaN 0x7fc00000: the same bits in every variant);
 // load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
 // (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
-// inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x,
-// words) (float_to_bf16_stochastic with word >> kShift); philox_words(out, seed, stream,
-// first_index, count): the Philox words of elements first_index .. first_index + count,
-// first_index and count multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit
-// uses std::fma), so that every variant gives the same bits.
+// inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x, words)
+// (float_to_bf16_stochastic with word >> kShift); PhiloxSchedule, made once per chunk and moment
+// pair by philox_schedule(seed, stream, first_index) (what the rounds need of the key and the
+// stream: the round keys, and the lanes of the first rounds that do not depend on the element),
+// and philox_words(out, schedule, first_index, count): the Philox words of elements
+// first_index .. first_index + count, first_index and count multiples of kRoundingBatch. Its
+// fmadd must be fused (the scalar unit uses std::fma), so that every variant gives the same bits.
 #pragma once
 
 #include <bit>
@@ -243,11 +245,11 @@ void bf16_tail(const VectorConstants<V>& k, const StateLanePointers& at, std::si
 // The rounding words of elements i + offset .. i + offset + count (of the 64 from i), every
 // pair's.
 template <class V, int kKept>
-void bf16_words(const StateStepArgs& a, std::size_t i, std::uint32_t (*words)[kRoundingBatch],
-                std::size_t offset, std::size_t count) noexcept {
+void bf16_words(const StateStepArgs& a, const typename V::PhiloxSchedule* schedules, std::size_t i,
+                std::uint32_t (*words)[kRoundingBatch], std::size_t offset,
+                std::size_t count) noexcept {
     for (int pair = 0; 2 * pair < kKept; ++pair) {
-        V::philox_words(words[pair] + offset, a.rounding_seed, a.rounding_streams[pair],
-                        a.first_index + i + offset, count);
+        V::philox_words(words[pair] + offset, schedules[pair], a.first_index + i + offset, count);
     }
 }
 
@@ -265,8 +267,14 @@ void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
     ZINF_ASSERT(a.moment_count == kKept);
     const VectorConstants<V> k(a.step.c);
     const StateLanePointers at = lane_pointers<V>(a);
+    // The round keys and the first rounds' stream lanes, made once for the whole chunk.
+    typename V::PhiloxSchedule schedules[(kKept + 1) / 2];
+    for (int pair = 0; 2 * pair < kKept; ++pair) {
+        schedules[pair] =
+            V::philox_schedule(a.rounding_seed, a.rounding_streams[pair], a.first_index + begin);
+    }
     alignas(64) std::uint32_t words[2][2][kRoundingBatch];  // [current or next][pair]
-    bf16_words<V, kKept>(a, begin, words[0], 0, kRoundingBatch);
+    bf16_words<V, kKept>(a, schedules, begin, words[0], 0, kRoundingBatch);
     int current = 0;
     for (std::size_t i = begin; i < end; i += kRoundingBatch, current ^= 1) {
         if (end - i < kRoundingBatch) {
@@ -280,8 +288,8 @@ void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
             bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words[current], w);
             if (more && v % (kVectors / kPieces) == 0) {
                 const std::size_t piece = v / (kVectors / kPieces);
-                bf16_words<V, kKept>(a, i + kRoundingBatch, words[current ^ 1], piece * kPiece,
-                                     kPiece);
+                bf16_words<V, kKept>(a, schedules, i + kRoundingBatch, words[current ^ 1],
+                                     piece * kPiece, kPiece);
             }
         }
     }
