@@ -41,6 +41,11 @@ struct ScalarStateOps : ScalarOps {
     static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         *p = float_to_bf16_stochastic(x, words[0] >> kShift);
     }
+    static void store_bf16_stochastic_pair(std::uint16_t* p0, std::uint16_t* p1, F x0, F x1,
+                                           const std::uint32_t* words) noexcept {
+        *p0 = float_to_bf16_stochastic(x0, words[0]);
+        *p1 = float_to_bf16_stochastic(x1, words[0] >> 16);
+    }
     // The scalar unit is the definition: philox::philox4x32_10 itself, nothing precomputed.
     struct PhiloxSchedule {
         std::uint64_t seed, stream;

@@ -16,10 +16,11 @@
 // load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
 // (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
 // inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x, words)
-// (float_to_bf16_stochastic with word >> kShift); PhiloxSchedule, made once per chunk and moment
-// pair by philox_schedule(seed, stream, first_index) (what the rounds need of the key and the
-// stream: the round keys, and the lanes of the first rounds that do not depend on the element),
-// and philox_words(out, schedule, first_index, count): the Philox words of elements
+// (float_to_bf16_stochastic with word >> kShift) and store_bf16_stochastic_pair(dst0, dst1, x0,
+// x1, words) (x0 with the words' low, x1 with their high 16 bits); PhiloxSchedule, made once per
+// chunk and moment pair by philox_schedule(seed, stream, first_index) (what the rounds need of the
+// key and the stream: the round keys, and the lanes of the first rounds that do not depend on the
+// element), and philox_words(out, schedule, first_index, count): the Philox words of elements
 // first_index .. first_index + count, first_index and count multiples of kRoundingBatch. Its
 // fmadd must be fused (the scalar unit uses std::fma), so that every variant gives the same bits.
 #pragma once
@@ -217,11 +218,18 @@ template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
             V::load_bf16(static_cast<const std::uint16_t*>(at.stored[s]) + i);
     });
     update_lanes<V, kKind, kAmsgrad>(k, x);
-    for_slots<kKept>([&](auto s) {
-        V::template store_bf16_stochastic<16 * (s % 2)>(
-            static_cast<std::uint16_t*>(at.stored[s]) + i, slot_value<V, kKind, s>(x),
-            words[s / 2] + w);
-    });
+    // Moments 0 and 1 share their words (the low and the high 16 bits) and one pack.
+    if constexpr (kKept >= 2) {
+        V::store_bf16_stochastic_pair(static_cast<std::uint16_t*>(at.stored[0]) + i,
+                                      static_cast<std::uint16_t*>(at.stored[1]) + i,
+                                      slot_value<V, kKind, 0>(x), slot_value<V, kKind, 1>(x),
+                                      words[0] + w);
+    }
+    if constexpr (kKept % 2 == 1) {
+        constexpr int kLast = kKept - 1;
+        V::template store_bf16_stochastic<0>(static_cast<std::uint16_t*>(at.stored[kLast]) + i,
+                                             slot_value<V, kKind, kLast>(x), words[kLast / 2] + w);
+    }
     V::store(at.params + i, x.p);
     store_copy<V, kCopy>(at.copy, i, x.p);
 }
