@@ -88,8 +88,9 @@ struct Avx2StateOps : Avx2Ops {
             _mm256_cmp_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(half_smallest), _CMP_GE_OQ));
         c = _mm256_max_epi32(c, _mm256_srli_epi32(at_least_half, 31));
         if constexpr (!kUnsigned) {
-            const __m256i negative = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
-            c = _mm256_sub_epi32(_mm256_xor_si256(c, negative), negative);
+            // psignd: -c where x's bits are negative, 0 where they are 0 (x = +0, whose code is
+            // 0 anyway), else c: the two's complement code in one micro-op.
+            c = _mm256_sign_epi32(c, _mm256_castps_si256(x));
         }
         return c;
     }
