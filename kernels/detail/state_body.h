@@ -335,39 +335,29 @@ template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
     store_copy<V, kCopy>(at.copy, i, x.p);
 }
 
-// Pass 1 over the block at b (n elements): every element updated, the new moments in `out`
-// (zero past n up to whole vectors), the largest magnitudes in `maxima`.
-template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
-void int8_update_block(const StateStepArgs& a, const VectorConstants<V>& k, std::size_t b,
-                       std::size_t n, Int8BlockBuffers& out, typename V::U* maxima) noexcept {
+// A whole block updated by pass 1 and waiting for its codes: its buffers, the inverses of its
+// new scales and where its codes go. Pass 1 of the next block encodes it piece by piece.
+struct Int8PendingBlock {
+    const Int8BlockBuffers* buffers = nullptr;  // null: none pending
+    float inv_scales[kStepMoments];
+    std::uint8_t* codes[kStepMoments];
+};
+
+// Elements o .. o + 64 of the pending block's moments encoded (a whole block: no tail).
+template <class V, int kKind, bool kAmsgrad>
+[[gnu::always_inline]] inline void int8_encode_run(const Int8PendingBlock& pending,
+                                                   std::size_t o) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
-    const StateLanePointers at = lane_pointers<V>(a);
-    typename V::F scales[kStepMoments];
-    for (int s = 0; s < kKept; ++s) {
-        scales[s] = V::set1(a.scales[s][b / kBlock]);
-        maxima[s] = V::max_magnitude_zero();
-    }
-    std::size_t o = 0;
-    for (; o + kRoundingBatch <= n; o += kRoundingBatch) {
-        prefetch_run<kGrad, kCopy>(at, b + o, 1, kKept);
-        for (std::size_t w = o; w < o + kRoundingBatch; w += V::kLanes) {
-            int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + w, scales, out, w, maxima);
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    constexpr std::size_t kStep = 4 * V::kLanes;
+    static_assert(kRoundingBatch % kStep == 0);
+    for_slots<kKept>([&](auto s) {
+        const typename V::F inv = V::set1(pending.inv_scales[s]);
+        for (std::size_t j = o; j < o + kRoundingBatch; j += kStep) {
+            V::template store_int8_x4<((kMask >> s) & 1u) != 0>(
+                pending.codes[s] + j, pending.buffers->moments[s] + j, inv);
         }
-    }
-    for (; o + V::kLanes <= n; o += V::kLanes) {
-        int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + o, scales, out, o, maxima);
-    }
-    if (o == n) return;
-    TailLanes<V, kGrad, kCopy> tail;
-    tail.load(at, b + o, n - o, 1, kKept);
-    typename V::U unused[kStepMoments];
-    int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, scales, out, o, unused);
-    tail.store(at, b + o, n - o, 1, kKept);
-    // The padding lanes must not reach the block's scale.
-    for (int s = 0; s < kKept; ++s) {
-        std::memset(out.moments[s] + n, 0, (o + V::kLanes - n) * sizeof(float));
-        maxima[s] = V::max_magnitude(maxima[s], V::load(out.moments[s] + o));
-    }
+    });
 }
 
 template <class V, bool kUnsigned>
@@ -388,6 +378,64 @@ void encode_int8_block(const float* x, float inv_scale, std::size_t n,
     std::memcpy(codes + j, tail, n - j);
 }
 
+// Elements from `from` of a pending block (whole: kBlock elements) encoded, and none pending.
+template <class V, int kKind, bool kAmsgrad>
+void int8_finish_pending(Int8PendingBlock& pending, std::size_t from) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    if (pending.buffers == nullptr) return;
+    for_slots<kKept>([&](auto s) {
+        encode_int8_block<V, ((kMask >> s) & 1u) != 0>(pending.buffers->moments[s] + from,
+                                                       pending.inv_scales[s], kBlock - from,
+                                                       pending.codes[s] + from);
+    });
+    pending.buffers = nullptr;
+}
+
+// Pass 1 over the block at b (n elements): every element updated, the new moments in `out`
+// (zero past n up to whole vectors), the largest magnitudes in `maxima`. `out` holds the pending
+// block (if any): each run of 64 elements first encodes the pending block's same 64, then
+// overwrites them. Pass 1 waits on the divider (a square root and a division per vector) while
+// the encode needs only the other ports, and memory keeps streaming (as a pass of its own the
+// encode took a third of the step and moved no memory). No block is pending on return.
+template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
+void int8_update_block(const StateStepArgs& a, const VectorConstants<V>& k, std::size_t b,
+                       std::size_t n, Int8BlockBuffers& out, typename V::U* maxima,
+                       Int8PendingBlock& pending) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    const StateLanePointers at = lane_pointers<V>(a);
+    typename V::F scales[kStepMoments];
+    for (int s = 0; s < kKept; ++s) {
+        scales[s] = V::set1(a.scales[s][b / kBlock]);
+        maxima[s] = V::max_magnitude_zero();
+    }
+    std::size_t o = 0;
+    for (; o + kRoundingBatch <= n; o += kRoundingBatch) {
+        prefetch_run<kGrad, kCopy>(at, b + o, 1, kKept);
+        if (pending.buffers != nullptr) int8_encode_run<V, kKind, kAmsgrad>(pending, o);
+        for (std::size_t w = o; w < o + kRoundingBatch; w += V::kLanes) {
+            int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + w, scales, out, w, maxima);
+        }
+    }
+    int8_finish_pending<V, kKind, kAmsgrad>(pending, o);
+    for (; o + V::kLanes <= n; o += V::kLanes) {
+        int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, b + o, scales, out, o, maxima);
+    }
+    if (o == n) return;
+    TailLanes<V, kGrad, kCopy> tail;
+    tail.load(at, b + o, n - o, 1, kKept);
+    typename V::U unused[kStepMoments];
+    int8_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, scales, out, o, unused);
+    tail.store(at, b + o, n - o, 1, kKept);
+    // The padding lanes must not reach the block's scale.
+    for (int s = 0; s < kKept; ++s) {
+        std::memset(out.moments[s] + n, 0, (o + V::kLanes - n) * sizeof(float));
+        maxima[s] = V::max_magnitude(maxima[s], V::load(out.moments[s] + o));
+    }
+}
+
+// Block by block: pass 1 of each block encodes the block before it on the way, in the same
+// buffer; the last block is encoded after its pass 1.
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
@@ -395,20 +443,31 @@ void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
     ZINF_ASSERT(a.moment_count == kKept && a.unsigned_mask == kMask);
     const VectorConstants<V> k(a.step.c);
     Int8BlockBuffers buffers;
+    Int8PendingBlock pending;
     typename V::U maxima[kStepMoments];
     for (std::size_t b = begin; b < end; b += kBlock) {
         const std::size_t n = end - b < kBlock ? end - b : kBlock;
-        int8_update_block<V, kKind, kAmsgrad, kGrad, kCopy>(a, k, b, n, buffers, maxima);
+        int8_update_block<V, kKind, kAmsgrad, kGrad, kCopy>(a, k, b, n, buffers, maxima, pending);
         for_slots<kKept>([&](auto s) {
             // The largest magnitude, NaN as the one quiet NaN: the same bits in every variant.
             const float scale = V::reduce_max_magnitude(maxima[s]);
             a.scales[s][b / kBlock] = scale;
             // kernels/state_codec.h's int8_inverse_scale: 0 unless the scale is a finite normal.
-            const float inv = scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
-            encode_int8_block<V, ((kMask >> s) & 1u) != 0>(
-                buffers.moments[s], inv, n, static_cast<std::uint8_t*>(a.stored[s]) + b);
+            pending.inv_scales[s] =
+                scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
+            pending.codes[s] = static_cast<std::uint8_t*>(a.stored[s]) + b;
         });
+        if (n < kBlock) {
+            // The chunk's last block, partial: encoded now, with its tail.
+            for_slots<kKept>([&](auto s) {
+                encode_int8_block<V, ((kMask >> s) & 1u) != 0>(
+                    buffers.moments[s], pending.inv_scales[s], n, pending.codes[s]);
+            });
+            return;
+        }
+        pending.buffers = &buffers;
     }
+    int8_finish_pending<V, kKind, kAmsgrad>(pending, 0);
 }
 
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy, int kState>
