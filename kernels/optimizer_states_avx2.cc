@@ -147,14 +147,25 @@ struct Avx2StateOps : Avx2Ops {
     }
 
     // Two moments rounded with the low and the high 16 bits of the same words, in one pack:
-    // (x0 0-3, x1 0-3 | x0 4-7, x1 4-7), then one 64-bit permute puts each in its own half.
+    // (x0 0-3, x1 0-3 | x0 4-7, x1 4-7), then one 64-bit permute puts each in its own half. A
+    // NaN in either is rare (it makes the whole step non-finite): one unordered compare of the
+    // two finds it, and only then do the lanes take bf16_rounded's NaN case.
     static void store_bf16_stochastic_pair(std::uint16_t* p0, std::uint16_t* p1, F x0, F x1,
                                            const std::uint32_t* words) noexcept {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));
-        const __m256i high0 =
-            _mm256_srli_epi32(bf16_rounded(x0, _mm256_and_si256(w, _mm256_set1_epi32(0xffff))), 16);
-        const __m256i high1 = _mm256_srli_epi32(bf16_rounded(x1, _mm256_srli_epi32(w, 16)), 16);
-        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high0, high1), 0xD8);
+        const __m256i random0 = _mm256_and_si256(w, _mm256_set1_epi32(0xffff));
+        const __m256i random1 = _mm256_srli_epi32(w, 16);
+        __m256i rounded0, rounded1;
+        if (_mm256_movemask_ps(_mm256_cmp_ps(x0, x1, _CMP_UNORD_Q)) == 0) [[likely]] {
+            rounded0 = _mm256_add_epi32(_mm256_castps_si256(x0), random0);
+            rounded1 = _mm256_add_epi32(_mm256_castps_si256(x1), random1);
+        } else {
+            rounded0 = bf16_rounded(x0, random0);
+            rounded1 = bf16_rounded(x1, random1);
+        }
+        const __m256i packed = _mm256_permute4x64_epi64(
+            _mm256_packus_epi32(_mm256_srli_epi32(rounded0, 16), _mm256_srli_epi32(rounded1, 16)),
+            0xD8);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p0), _mm256_castsi256_si128(packed));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p1), _mm256_extracti128_si256(packed, 1));
     }
