@@ -63,7 +63,9 @@ struct Avx2StateOps : Avx2Ops {
 
     // encode_int8's codes (int32 lanes): the octave from the exponent, the step
     // from the tables of the mantissa's top three bits (two midpoints at most per interval).
-    template <bool kUnsigned>
+    // kClampMax false leaves codes above c_max (NaN, and |x| above the scale; below 1300)
+    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway.
+    template <bool kUnsigned, bool kClampMax = true>
     static __m256i int8_codes(F x, F inv_scale) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
         static constexpr OctaveStepTables<3> kTables = make_octave_step_tables<3>(kCodeMax);
@@ -81,7 +83,7 @@ struct Avx2StateOps : Avx2Ops {
         c = _mm256_sub_epi32(
             c, _mm256_cmpgt_epi32(mantissa,
                                   _mm256_permutevar8x32_epi32(load_table(kTables.second), index)));
-        c = _mm256_min_epi32(c, _mm256_set1_epi32(kCodeMax));
+        if constexpr (kClampMax) c = _mm256_min_epi32(c, _mm256_set1_epi32(kCodeMax));
         // Below the smallest code's lower threshold: 0 or 1, whichever is nearer.
         const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
         const __m256i at_least_half = _mm256_castps_si256(
@@ -110,10 +112,10 @@ struct Avx2StateOps : Avx2Ops {
     // Four vectors' codes packed into one 32-byte store (the codes fit their saturating packs).
     template <bool kUnsigned>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
-        const __m256i c0 = int8_codes<kUnsigned>(load(x), inv_scale);
-        const __m256i c1 = int8_codes<kUnsigned>(load(x + 8), inv_scale);
-        const __m256i c2 = int8_codes<kUnsigned>(load(x + 16), inv_scale);
-        const __m256i c3 = int8_codes<kUnsigned>(load(x + 24), inv_scale);
+        const __m256i c0 = int8_codes<kUnsigned, !kUnsigned>(load(x), inv_scale);
+        const __m256i c1 = int8_codes<kUnsigned, !kUnsigned>(load(x + 8), inv_scale);
+        const __m256i c2 = int8_codes<kUnsigned, !kUnsigned>(load(x + 16), inv_scale);
+        const __m256i c3 = int8_codes<kUnsigned, !kUnsigned>(load(x + 24), inv_scale);
         __m256i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));

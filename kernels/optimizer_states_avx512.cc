@@ -64,7 +64,9 @@ struct Avx512StateOps : Avx512Ops {
 
     // encode_int8's codes (int32 lanes): the octave from the exponent, the step from the tables
     // of the mantissa's top four bits (one midpoint at most per interval).
-    template <bool kUnsigned>
+    // kClampMax false leaves codes above c_max (NaN, and |x| above the scale; below 1300)
+    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway.
+    template <bool kUnsigned, bool kClampMax = true>
     static __m512i int8_codes(F x, F inv_scale) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
         static constexpr OctaveStepTables<4> kTables = make_octave_step_tables<4>(kCodeMax);
@@ -79,7 +81,7 @@ struct Avx512StateOps : Avx512Ops {
         __m512i c =
             _mm512_add_epi32(octave, _mm512_permutexvar_epi32(index, load_table(kTables.base)));
         c = _mm512_mask_add_epi32(c, above, c, _mm512_set1_epi32(1));
-        c = _mm512_min_epi32(c, _mm512_set1_epi32(kCodeMax));
+        if constexpr (kClampMax) c = _mm512_min_epi32(c, _mm512_set1_epi32(kCodeMax));
         // Below the smallest code's lower threshold: 0 or 1, whichever is nearer. Lanes below
         // half the smallest code have c <= 0 and take 0; the others (NaN too, c_max) max(c, 1).
         const float half_smallest = kUnsigned ? kUnsignedHalfSmallest : kSignedHalfSmallest;
@@ -103,10 +105,10 @@ struct Avx512StateOps : Avx512Ops {
     // permute: four micro-ops instead of four two-micro-op vpmovdb.
     template <bool kUnsigned>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
-        const __m512i c0 = int8_codes<kUnsigned>(load(x), inv_scale);
-        const __m512i c1 = int8_codes<kUnsigned>(load(x + 16), inv_scale);
-        const __m512i c2 = int8_codes<kUnsigned>(load(x + 32), inv_scale);
-        const __m512i c3 = int8_codes<kUnsigned>(load(x + 48), inv_scale);
+        const __m512i c0 = int8_codes<kUnsigned, !kUnsigned>(load(x), inv_scale);
+        const __m512i c1 = int8_codes<kUnsigned, !kUnsigned>(load(x + 16), inv_scale);
+        const __m512i c2 = int8_codes<kUnsigned, !kUnsigned>(load(x + 32), inv_scale);
+        const __m512i c3 = int8_codes<kUnsigned, !kUnsigned>(load(x + 48), inv_scale);
         __m512i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
