@@ -27,6 +27,12 @@ struct Avx2StateOps : Avx2Ops {
         return _mm256_max_epu32(acc,
                                 _mm256_and_si256(_mm256_castps_si256(x), set1_u32(0x7fffffffu)));
     }
+    static F magnitude(F x) noexcept {
+        return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(x), set1_u32(0x7fffffffu)));
+    }
+    static U max_of_magnitudes(U acc, F magnitude) noexcept {
+        return _mm256_max_epu32(acc, _mm256_castps_si256(magnitude));
+    }
     static float reduce_max_magnitude(U acc) noexcept {
         alignas(32) std::uint32_t lanes[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
@@ -64,13 +70,16 @@ struct Avx2StateOps : Avx2Ops {
     // encode_int8's codes (int32 lanes): the octave from the exponent, the step
     // from the tables of the mantissa's top three bits (two midpoints at most per interval).
     // kClampMax false leaves codes above c_max (NaN, and |x| above the scale; below 1300)
-    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway.
-    template <bool kUnsigned, bool kClampMax = true>
+    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway. kMagnitude:
+    // x is |x| already, so x * inv_scale needs no AND unless it is the NaN of inf * 0, whose
+    // sign bit only raises its code (below 3400, still saturated, or clamped) to c_max.
+    template <bool kUnsigned, bool kClampMax = true, bool kMagnitude = false>
     static __m256i int8_codes(F x, F inv_scale) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
         static constexpr OctaveStepTables<3> kTables = make_octave_step_tables<3>(kCodeMax);
-        const __m256i bits = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(x, inv_scale)),
-                                              set1_u32(0x7fffffffu));
+        const __m256i product = _mm256_castps_si256(_mm256_mul_ps(x, inv_scale));
+        const __m256i bits =
+            kMagnitude ? product : _mm256_and_si256(product, set1_u32(0x7fffffffu));
         // 8 * exponent + the mantissa's top 3 bits; the permutes use those 3 bits.
         const __m256i index = _mm256_srli_epi32(bits, 20);
         const __m256i mantissa = _mm256_and_si256(bits, set1_u32(0x007fffffu));
@@ -112,10 +121,10 @@ struct Avx2StateOps : Avx2Ops {
     // Four vectors' codes packed into one 32-byte store (the codes fit their saturating packs).
     template <bool kUnsigned>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
-        const __m256i c0 = int8_codes<kUnsigned, !kUnsigned>(load(x), inv_scale);
-        const __m256i c1 = int8_codes<kUnsigned, !kUnsigned>(load(x + 8), inv_scale);
-        const __m256i c2 = int8_codes<kUnsigned, !kUnsigned>(load(x + 16), inv_scale);
-        const __m256i c3 = int8_codes<kUnsigned, !kUnsigned>(load(x + 24), inv_scale);
+        const __m256i c0 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x), inv_scale);
+        const __m256i c1 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 8), inv_scale);
+        const __m256i c2 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 16), inv_scale);
+        const __m256i c3 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 24), inv_scale);
         __m256i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));

@@ -28,6 +28,12 @@ struct Avx512StateOps : Avx512Ops {
         return _mm512_max_epu32(acc,
                                 _mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
     }
+    static F magnitude(F x) noexcept {
+        return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), set1_u32(0x7fffffffu)));
+    }
+    static U max_of_magnitudes(U acc, F magnitude) noexcept {
+        return _mm512_max_epu32(acc, _mm512_castps_si512(magnitude));
+    }
     static float reduce_max_magnitude(U acc) noexcept {
         const std::uint32_t m = _mm512_reduce_max_epu32(acc);
         return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
@@ -65,14 +71,17 @@ struct Avx512StateOps : Avx512Ops {
     // encode_int8's codes (int32 lanes): the octave from the exponent, the step from the tables
     // of the mantissa's top four bits (one midpoint at most per interval).
     // kClampMax false leaves codes above c_max (NaN, and |x| above the scale; below 1300)
-    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway.
-    template <bool kUnsigned, bool kClampMax = true>
+    // to the caller: store_int8_x4's unsigned packs saturate them to 255 anyway. kMagnitude:
+    // x is |x| already, so x * inv_scale needs no AND unless it is the NaN of inf * 0, whose
+    // sign bit only raises its code (below 3400, still saturated, or clamped) to c_max.
+    template <bool kUnsigned, bool kClampMax = true, bool kMagnitude = false>
     static __m512i int8_codes(F x, F inv_scale) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
         static constexpr OctaveStepTables<4> kTables = make_octave_step_tables<4>(kCodeMax);
         static_assert(kTables.second[0] == 0x7fffffff);  // spot check: one midpoint at most
-        const __m512i bits = _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(x, inv_scale)),
-                                              set1_u32(0x7fffffffu));
+        const __m512i product = _mm512_castps_si512(_mm512_mul_ps(x, inv_scale));
+        const __m512i bits =
+            kMagnitude ? product : _mm512_and_si512(product, set1_u32(0x7fffffffu));
         const __m512i index = _mm512_srli_epi32(bits, 19);  // the permutes use its low 4 bits
         const __m512i mantissa = _mm512_and_si512(bits, set1_u32(0x007fffffu));
         const __mmask16 above = _mm512_cmpgt_epi32_mask(
@@ -105,10 +114,10 @@ struct Avx512StateOps : Avx512Ops {
     // permute: four micro-ops instead of four two-micro-op vpmovdb.
     template <bool kUnsigned>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale) noexcept {
-        const __m512i c0 = int8_codes<kUnsigned, !kUnsigned>(load(x), inv_scale);
-        const __m512i c1 = int8_codes<kUnsigned, !kUnsigned>(load(x + 16), inv_scale);
-        const __m512i c2 = int8_codes<kUnsigned, !kUnsigned>(load(x + 32), inv_scale);
-        const __m512i c3 = int8_codes<kUnsigned, !kUnsigned>(load(x + 48), inv_scale);
+        const __m512i c0 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x), inv_scale);
+        const __m512i c1 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 16), inv_scale);
+        const __m512i c2 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 32), inv_scale);
+        const __m512i c3 = int8_codes<kUnsigned, !kUnsigned, kUnsigned>(load(x + 48), inv_scale);
         __m512i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));

@@ -22,6 +22,10 @@ struct ScalarStateOps : ScalarOps {
         const std::uint32_t magnitude = float_bits(x) & 0x7fffffffu;
         return magnitude > acc ? magnitude : acc;
     }
+    static F magnitude(F x) noexcept { return bits_float(float_bits(x) & 0x7fffffffu); }
+    static U max_of_magnitudes(U acc, F magnitude) noexcept {
+        return max_magnitude(acc, magnitude);
+    }
     static float reduce_max_magnitude(U acc) noexcept {
         return bits_float(acc > 0x7f800000u ? kCanonicalNanBits : acc);
     }

@@ -11,18 +11,20 @@
 // keeping their largest magnitude; pass 2 encodes the buffer with that scale.
 //
 // V adds to optimizer_body.h's operations: U (the running-maximum vector) with
-// max_magnitude_zero(), max_magnitude(acc, x) and reduce_max_magnitude(acc) (the largest |x|,
-// a NaN anywhere as the quiet NaN 0x7fc00000: the same bits in every variant);
+// max_magnitude_zero(), max_magnitude(acc, x), max_of_magnitudes(acc, |x|) and
+// reduce_max_magnitude(acc) (the largest |x|, a NaN anywhere as the quiet NaN 0x7fc00000: the
+// same bits in every variant), magnitude(x) (|x|, the sign bit cleared);
 // load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
 // (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
-// inv_scale) (four vectors from x); store_bf16_stochastic<kShift>(dst, x, words)
-// (float_to_bf16_stochastic with word >> kShift) and store_bf16_stochastic_pair(dst0, dst1, x0,
-// x1, words) (x0 with the words' low, x1 with their high 16 bits); PhiloxSchedule, made once per
-// chunk and moment pair by philox_schedule(seed, stream, first_index) (what the rounds need of the
-// key and the stream: the round keys, and the lanes of the first rounds that do not depend on the
-// element), and philox_words(out, schedule, first_index, count): the Philox words of elements
-// first_index .. first_index + count, first_index and count multiples of kRoundingBatch. Its
-// fmadd must be fused (the scalar unit uses std::fma), so that every variant gives the same bits.
+// inv_scale) (four vectors from x; unsigned: x holds magnitudes);
+// store_bf16_stochastic<kShift>(dst, x, words) (float_to_bf16_stochastic with word >> kShift) and
+// store_bf16_stochastic_pair(dst0, dst1, x0, x1, words) (x0 with the words' low, x1 with their high
+// 16 bits); PhiloxSchedule, made once per chunk and moment pair by philox_schedule(seed, stream,
+// first_index) (what the rounds need of the key and the stream: the round keys, and the lanes of
+// the first rounds that do not depend on the element), and philox_words(out, schedule, first_index,
+// count): the Philox words of elements first_index .. first_index + count, first_index and count
+// multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit uses std::fma), so that
+// every variant gives the same bits.
 #pragma once
 
 #include <bit>
@@ -316,7 +318,7 @@ struct Int8BlockBuffers {
 };
 
 // One vector at element i (block offset o): decode, update_lanes, the new moments into the
-// buffers and their magnitudes into the running maxima (V::max_magnitude).
+// buffers (unsigned moments as |x|) and their magnitudes into the running maxima.
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 [[gnu::always_inline]] inline void int8_lanes(const VectorConstants<V>& k,
                                               const StateLanePointers& at, std::size_t i,
@@ -333,8 +335,16 @@ template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
     });
     update_lanes<V, kKind, kAmsgrad>(k, x);
     for_slots<kKept>([&](auto s) {
-        V::store(out.moments[s] + o, slot_value<V, kKind, s>(x));
-        maxima[s] = V::max_magnitude(maxima[s], slot_value<V, kKind, s>(x));
+        if constexpr (((kMask >> s) & 1u) != 0) {
+            // Unsigned: the code drops the sign, so the buffer keeps |x|, made once here for the
+            // maximum and spared to the encode.
+            const typename V::F magnitude = V::magnitude(slot_value<V, kKind, s>(x));
+            V::store(out.moments[s] + o, magnitude);
+            maxima[s] = V::max_of_magnitudes(maxima[s], magnitude);
+        } else {
+            V::store(out.moments[s] + o, slot_value<V, kKind, s>(x));
+            maxima[s] = V::max_magnitude(maxima[s], slot_value<V, kKind, s>(x));
+        }
     });
     V::store(at.params + i, x.p);
     store_copy<V, kCopy>(at.copy, i, x.p);
