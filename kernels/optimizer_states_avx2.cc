@@ -41,24 +41,18 @@ struct Avx2StateOps : Avx2Ops {
         return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
     }
 
-    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
-    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
-    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
+    // decode_int8: scale * ratio, the ratio's bits made from the code by a table permute and an
+    // integer add (make_decode_ratio_table; one multiply fewer than step * 2^e).
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr DecodeRatioTable kRatios = make_decode_ratio_table(kCodeMax);
         const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
         const __m256i q = kUnsigned ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
         const __m256i c = kUnsigned ? q : _mm256_abs_epi32(q);
-        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        constexpr std::uint32_t kBias =
-            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
-        const F steps =
-            _mm256_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
-                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
-        const F step = _mm256_permutevar8x32_ps(steps, c);  // index c & 7
-        const __m256i power = _mm256_and_si256(
-            _mm256_add_epi32(_mm256_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
-        const F ratio = _mm256_mul_ps(step, _mm256_castsi256_ps(power));
+        const __m256i octave = _mm256_and_si256(_mm256_slli_epi32(c, 20), set1_u32(0xff800000u));
+        const F ratio = _mm256_castsi256_ps(_mm256_add_epi32(
+            _mm256_permutevar8x32_epi32(load_table(kRatios.bits), c), octave));  // index c & 7
         // psignd: 0 where c is 0, else x unchanged (c >= 0).
         __m256i x = _mm256_sign_epi32(_mm256_castps_si256(_mm256_mul_ps(scale, ratio)), c);
         if constexpr (!kUnsigned) {

@@ -19,6 +19,9 @@ struct Avx512StateOps : Avx512Ops {
         return _mm512_set1_epi32(static_cast<int>(x));
     }
     static __m512i load_table(const std::int32_t* t) noexcept { return _mm512_loadu_si512(t); }
+    static __m256i load_table_256(const std::int32_t* t) noexcept {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
+    }
 
     // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
     // any NaN above every number.
@@ -39,26 +42,20 @@ struct Avx512StateOps : Avx512Ops {
         return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
     }
 
-    // decode_int8: scale * (kOctaveSteps[level & 7] * 2^(level >> 3)), level = c - c_max. As
-    // c_max + 1 is a multiple of 8, level & 7 = (c + 1) & 7 (the rotated table) and
-    // 2^(level >> 3)'s bits are ((c + 1) << 20 & 0xff800000) + ((127 - (c_max + 1) / 8) << 23).
+    // decode_int8: scale * ratio, the ratio's bits made from the code by a table permute and an
+    // integer add (make_decode_ratio_table; one multiply fewer than step * 2^e).
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
+        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
+        static constexpr DecodeRatioTable kRatios = make_decode_ratio_table(kCodeMax);
         const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
         const __m512i q = kUnsigned ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
         const __m512i c = kUnsigned ? q : _mm512_abs_epi32(q);
-        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        constexpr std::uint32_t kBias =
-            (1u << 20) + (static_cast<std::uint32_t>(127 - (kCodeMax + 1) / 8) << 23);
-        const F steps =
-            _mm512_setr_ps(kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
-                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0],
-                           kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3], kOctaveSteps[4],
-                           kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7], kOctaveSteps[0]);
-        const F step = _mm512_permutexvar_ps(c, steps);  // index c & 15
-        const __m512i power = _mm512_and_si512(
-            _mm512_add_epi32(_mm512_slli_epi32(c, 20), set1_u32(kBias)), set1_u32(0xff800000u));
-        const F ratio = _mm512_mul_ps(step, _mm512_castsi512_ps(power));
+        // The 8 entries twice: the permute takes c & 15, the octave add c >> 3.
+        const __m512i table = _mm512_broadcast_i32x8(load_table_256(kRatios.bits));
+        const __m512i octave = _mm512_and_si512(_mm512_slli_epi32(c, 20), set1_u32(0xff800000u));
+        const F ratio =
+            _mm512_castsi512_ps(_mm512_add_epi32(_mm512_permutexvar_epi32(c, table), octave));
         F x = _mm512_maskz_mul_ps(_mm512_test_epi32_mask(c, c), scale, ratio);
         if constexpr (!kUnsigned) {
             x = _mm512_castsi512_ps(

@@ -84,6 +84,28 @@ constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noe
     return t;
 }
 
+// decode_int8's ratio 2^((c - c_max) / 8) for a magnitude code c (0 < c <= c_max + 1), as the
+// integer bits table[c & 7] + ((c << 20) & 0xff800000): since c_max + 1 is a multiple of 8 the
+// ratio is kOctaveSteps[(c + 1) & 7] * 2^(((c + 1) >> 3) - (c_max + 1) / 8), so entry j holds
+// kOctaveSteps[(j + 1) & 7] (doubled for j = 7, where c + 1 carries into the next octave) with
+// the exponent lowered by (c_max + 1) / 8, and (c >> 3) << 23 adds the octave. Every value is a
+// normal float (exponent at least 127 - 32), so the integer add is the exact multiply by 2^e the
+// scalar code_ratio does.
+struct DecodeRatioTable {
+    std::int32_t bits[8];
+};
+
+constexpr DecodeRatioTable make_decode_ratio_table(int code_max) noexcept {
+    DecodeRatioTable t{};
+    for (int j = 0; j < 8; ++j) {
+        const auto step = std::bit_cast<std::uint32_t>(kOctaveSteps[(j + 1) & 7]);
+        const std::uint32_t carry = j == 7 ? 1u << 23 : 0u;
+        const auto bias = static_cast<std::uint32_t>((code_max + 1) / kCodeStepsPerOctave) << 23;
+        t.bits[j] = static_cast<std::int32_t>(step + carry - bias);
+    }
+    return t;
+}
+
 // ---- Which moment sits where ----
 
 // The moments a built-in kind keeps (StateStepArgs::moment_count): Adam and AdamW exp_avg,
