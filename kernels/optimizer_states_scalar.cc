@@ -22,6 +22,10 @@ struct ScalarStateOps : ScalarOps {
         const std::uint32_t magnitude = float_bits(x) & 0x7fffffffu;
         return magnitude > acc ? magnitude : acc;
     }
+    static F magnitude(F x) noexcept { return bits_float(float_bits(x) & 0x7fffffffu); }
+    static U max_of_magnitudes(U acc, F magnitude) noexcept {
+        return max_magnitude(acc, magnitude);
+    }
     static float reduce_max_magnitude(U acc) noexcept {
         return bits_float(acc > 0x7f800000u ? kCanonicalNanBits : acc);
     }
@@ -41,9 +45,23 @@ struct ScalarStateOps : ScalarOps {
     static void store_bf16_stochastic(std::uint16_t* p, F x, const std::uint32_t* words) noexcept {
         *p = float_to_bf16_stochastic(x, words[0] >> kShift);
     }
-    static void philox_words(std::uint32_t* out, std::uint64_t seed, std::uint64_t stream,
+    static void store_bf16_stochastic_pair(std::uint16_t* p0, std::uint16_t* p1, F x0, F x1,
+                                           const std::uint32_t* words) noexcept {
+        *p0 = float_to_bf16_stochastic(x0, words[0]);
+        *p1 = float_to_bf16_stochastic(x1, words[0] >> 16);
+    }
+    // The scalar unit is the definition: philox::philox4x32_10 itself, nothing precomputed.
+    struct PhiloxSchedule {
+        std::uint64_t seed, stream;
+    };
+    static PhiloxSchedule philox_schedule(std::uint64_t seed, std::uint64_t stream,
+                                          std::uint64_t /*first_index*/) noexcept {
+        return {seed, stream};
+    }
+    static void philox_words(std::uint32_t* out, const PhiloxSchedule& schedule,
                              std::uint64_t first_index, std::size_t count) noexcept {
-        const philox::Key key = philox::make_key(seed);
+        const philox::Key key = philox::make_key(schedule.seed);
+        const std::uint64_t stream = schedule.stream;
         for (std::size_t i = 0; i < count; i += 4) {
             const std::uint64_t group = (first_index + i) >> 2;
             const philox::Counter words = philox::philox4x32_10(

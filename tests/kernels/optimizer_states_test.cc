@@ -490,6 +490,35 @@ TEST(CompressedCrossVariantTest, ScalarAvx2AndAvx512AgreeBitwise) {
     }
 }
 
+// The SIMD variants make the first Philox rounds' stream lanes once per chunk for the groups'
+// high word (element index / 2^34); a chunk that crosses index 2^34, where that word changes,
+// still rounds every element as the scalar definition does, for both moment pairs.
+TEST(CompressedCrossVariantTest, Bf16RoundingAgreesAcrossTheCountersHighWordBoundary) {
+    std::vector<Isa> isas;
+    for (const Isa isa : kAllIsas) {
+        if (isa_supported(isa)) isas.push_back(isa);
+    }
+    if (isas.size() < 2) GTEST_SKIP() << "only one variant on this CPU";
+    const StepInputs in = finite_inputs(2 * kChunkNumel + 2048 + 13, zinf::test::seed());
+    // Chunk 1 holds index 2^34 at its 2048th element.
+    const std::uint64_t first_index = (std::uint64_t{1} << 34) - kChunkNumel - 2048;
+    for (const KindCase& k :
+         {KindCase{OptimizerKind::kAdamW, false}, KindCase{OptimizerKind::kAdam, true}}) {
+        const OptimizerParams p = params_for(k.kind, k.amsgrad, 7);
+        SCOPED_TRACE(str_cat(optimizer_kind_name(k.kind), k.amsgrad ? " amsgrad" : ""));
+        std::vector<Stored> results;
+        for (const Isa isa : isas) {
+            Stored s = encode(in, p, StateDType::kBf16, first_index);
+            run(make_kernel(isa, 2), p, s, in.grad_view(DType::kFloat32));
+            results.push_back(std::move(s));
+        }
+        for (std::size_t r = 1; r < results.size(); ++r) {
+            EXPECT_TRUE(results[0] == results[r])
+                << isa_name(isas[0]) << " vs " << isa_name(isas[r]);
+        }
+    }
+}
+
 // Equal bits, except that any two NaNs match (payloads may differ between std::fma and FMA).
 bool same_or_both_nan(float a, float b) {
     return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b));
@@ -515,6 +544,43 @@ bool agree_up_to_nan_payloads(const Stored& a, const Stored& b) {
         }
     }
     return true;
+}
+
+// Every int8 byte, as a signed and as an unsigned code, decodes alike in every variant (the
+// vector decodes build the ratio from permuted tables and exponent bits): stored moments that
+// run through all 256 bytes, under scales from tiny to huge, give the same step everywhere.
+TEST(CompressedCrossVariantTest, Int8EveryCodeDecodesAlikeAcrossVariants) {
+    std::vector<Isa> isas;
+    for (const Isa isa : kAllIsas) {
+        if (isa_supported(isa)) isas.push_back(isa);
+    }
+    if (isas.size() < 2) GTEST_SKIP() << "only one variant on this CPU";
+    const StepInputs in = finite_inputs(4 * kStateBlockNumel, zinf::test::seed());
+    const float scales[] = {1.0f, 3e-5f, 1e-30f, 2e30f};
+    for (const KindCase& k :
+         {KindCase{OptimizerKind::kAdamW, false}, KindCase{OptimizerKind::kAdam, true}}) {
+        const OptimizerParams p = params_for(k.kind, k.amsgrad, 4);
+        SCOPED_TRACE(str_cat(optimizer_kind_name(k.kind), k.amsgrad ? " amsgrad" : ""));
+        Stored base = encode(in, p, StateDType::kInt8);
+        for (std::size_t i = 0; i < base.kept; ++i) {
+            for (std::size_t e = 0; e < base.moments[i].size(); ++e) {
+                base.moments[i][e] = static_cast<std::byte>((e * (2 * i + 1)) % 256);
+            }
+            for (std::size_t b = 0; b < base.scales[i].size(); ++b) {
+                base.scales[i][b] = scales[b % std::size(scales)];
+            }
+        }
+        std::vector<Stored> results;
+        for (const Isa isa : isas) {
+            Stored s = base;
+            run(make_kernel(isa, 2), p, s, in.grad_view(DType::kFloat32));
+            results.push_back(std::move(s));
+        }
+        for (std::size_t r = 1; r < results.size(); ++r) {
+            EXPECT_TRUE(agree_up_to_nan_payloads(results[0], results[r]))
+                << isa_name(isas[0]) << " vs " << isa_name(isas[r]);
+        }
+    }
 }
 
 // Blocks of non-finite and extreme gradients (a NaN with a payload, infinities, overflowing
