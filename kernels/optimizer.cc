@@ -362,10 +362,9 @@ Status step_segments(const OptimizerKernel& kernel, const OptimizerParams& param
     const std::size_t gb = dtype_size_bytes(grads.dtype);
     const std::uint64_t chunk_end = chunk_offset + numel;
     // The first segment that ends after chunk_offset.
-    auto it = std::upper_bound(segments.begin(), segments.end(), chunk_offset,
-                               [](std::uint64_t at, const StateSegment& s) {
-                                   return at < s.offset + s.numel;
-                               });
+    auto it = std::upper_bound(
+        segments.begin(), segments.end(), chunk_offset,
+        [](std::uint64_t at, const StateSegment& s) { return at < s.offset + s.numel; });
     std::uint64_t covered = chunk_offset;
     for (; it != segments.end() && it->offset < chunk_end; ++it) {
         const std::uint64_t lo = std::max(it->offset, chunk_offset);

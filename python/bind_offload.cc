@@ -216,7 +216,8 @@ public:
                                                    "\"; expected fp32, bf16 or int8")));
         }
         // Compressed states: sub-groups of whole blocks of 2048 elements.
-        if (*dtype != StateDType::kFp32) sub_group_size = align_up(sub_group_size, kStateBlockNumel);
+        if (*dtype != StateDType::kFp32)
+            sub_group_size = align_up(sub_group_size, kStateBlockNumel);
         isa_ = take(kernels::resolve_isa("auto"));
         kernel_ = std::make_unique<kernels::OptimizerKernel>(
             take(kernels::OptimizerKernel::create(std::string_view("auto"), threads)));
@@ -365,8 +366,9 @@ public:
     }
     std::string backend() const { return std::string(engine_->backend_name()); }
     std::string state_dtype() const {
-        return swappers_.empty() ? std::string("fp32")
-                                 : std::string(state_dtype_name(swappers_[0]->options().state_dtype));
+        return swappers_.empty()
+                   ? std::string("fp32")
+                   : std::string(state_dtype_name(swappers_[0]->options().state_dtype));
     }
     std::uint64_t bytes_on_disk() const { return store_->data_bytes(); }
 

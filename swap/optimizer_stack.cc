@@ -32,9 +32,9 @@ Result<OptimizerStackLayout> layout_optimizer_stack(const OptimizerStackOptions&
         o.rounding_seed = options.rounding_seed;
         const std::uint64_t groups = (numel + o.sub_group_numel - 1) / o.sub_group_numel;
         next += static_cast<PartitionId>(groups * OptimizerSwapper::state_count(o.kind, o.amsgrad));
-        buffer_bytes = std::max(buffer_bytes,
-                                OptimizerSwapper::buffer_size_bytes(o.sub_group_numel, o.kind,
-                                                                    o.amsgrad, o.state_dtype));
+        buffer_bytes =
+            std::max(buffer_bytes, OptimizerSwapper::buffer_size_bytes(o.sub_group_numel, o.kind,
+                                                                       o.amsgrad, o.state_dtype));
         buffers = std::max(buffers, OptimizerSwapper::buffers_needed(o));
         layout.swappers.push_back(o);
     }

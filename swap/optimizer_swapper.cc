@@ -65,16 +65,15 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
     }
     if (options.state_dtype != StateDType::kFp32) {
         if (options.sub_group_numel % kStateBlockNumel != 0) {
-            return Status::invalid_argument(str_cat(
-                "optimizer swapper: ", state_dtype_name(options.state_dtype),
-                " states need sub_group_size a multiple of ", kStateBlockNumel, ", got ",
-                options.sub_group_numel));
+            return Status::invalid_argument(
+                str_cat("optimizer swapper: ", state_dtype_name(options.state_dtype),
+                        " states need sub_group_size a multiple of ", kStateBlockNumel, ", got ",
+                        options.sub_group_numel));
         }
         if (!is_builtin(optimizer_descriptor(options.kind))) {
-            return Status::not_supported(str_cat("optimizer swapper: ",
-                                                 state_dtype_name(options.state_dtype),
-                                                 " states of ", optimizer_kind_name(options.kind),
-                                                 " (built-in optimizers only)"));
+            return Status::not_supported(
+                str_cat("optimizer swapper: ", state_dtype_name(options.state_dtype), " states of ",
+                        optimizer_kind_name(options.kind), " (built-in optimizers only)"));
         }
     }
     const std::uint64_t need_bytes = buffer_size_bytes(options.sub_group_numel, options.kind,

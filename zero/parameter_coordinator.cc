@@ -71,9 +71,9 @@ Result<std::unique_ptr<ParameterCoordinator>> ParameterCoordinator::create(
     std::span<const std::size_t> numels, const CoordinatorOptions& options, Device& device,
     Compute& compute, Communicator& communicator) {
     ZINF_TRY(check_options(options, device));
-    ZINF_ASSIGN_OR_RETURN(auto partitioning, Partitioning::create(numels, communicator.world_size(),
-                                                                  communicator.rank(),
-                                                                  options.partition_align_numel));
+    ZINF_ASSIGN_OR_RETURN(auto partitioning,
+                          Partitioning::create(numels, communicator.world_size(),
+                                               communicator.rank(), options.partition_align_numel));
     std::unique_ptr<ParameterCoordinator> c(
         new ParameterCoordinator(partitioning, options, device, compute, communicator));
     for (std::size_t i = 0; i < partitioning.parameter_count(); ++i) {

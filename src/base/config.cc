@@ -951,13 +951,15 @@ Status check_placement(const EngineConfig& c) {
         const OptimizerDescriptor& d = optimizer_descriptor(c.optimizer.type);
         if (!is_builtin(d)) {
             return Status::not_supported(str_cat(
-                "zero_optimization.offload_optimizer.state_dtype: \"", state_dtype_name(state_dtype),
-                "\" has kernels for the built-in optimizers (", optimizer_names_where(&is_builtin),
-                ") only; ", d.display_name, " keeps fp32 states"));
+                "zero_optimization.offload_optimizer.state_dtype: \"",
+                state_dtype_name(state_dtype), "\" has kernels for the built-in optimizers (",
+                optimizer_names_where(&is_builtin), ") only; ", d.display_name,
+                " keeps fp32 states"));
         }
         if (c.optimizer.torch_rounding) {
             return Status::invalid_argument(str_cat(
-                "zero_optimization.offload_optimizer.state_dtype: \"", state_dtype_name(state_dtype),
+                "zero_optimization.offload_optimizer.state_dtype: \"",
+                state_dtype_name(state_dtype),
                 "\" with optimizer.params.torch_rounding: torch.optim's rounding is defined for "
                 "fp32 states only; drop one of them"));
         }

@@ -102,9 +102,10 @@ struct IoFigures {
 
 // One rank's model states by the ZeRO accounting beside the seed's formulas for its stage and
 // world size (Ψ = model_numel, b = bytes per parameter element, K = optimizer bytes per element:
-// the fp32 master and each moment as stored, 12 for Adam in fp32, 8 in bf16, about 6 in int8): parameters b·Ψ, or b·Ψ/N under stage 3; gradients b·Ψ,
-// or b·Ψ/N under stages 2-3; optimizer states K·Ψ, or K·Ψ/N under stages 1-3. Held figures count
-// the padded layout, so they exceed the formula by at most the padding.
+// the fp32 master and each moment as stored, 12 for Adam in fp32, 8 in bf16, about 6 in int8):
+// parameters b·Ψ, or b·Ψ/N under stage 3; gradients b·Ψ, or b·Ψ/N under stages 2-3; optimizer
+// states K·Ψ, or K·Ψ/N under stages 1-3. Held figures count the padded layout, so they exceed the
+// formula by at most the padding.
 struct MemoryAccount {
     int stage = 0;
     int world_size = 1;

@@ -267,8 +267,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
             if (f > 0 && f < n_states && int8) {
                 const std::uint64_t scale_bytes =
                     state_scale_count(sd, static_cast<std::size_t>(saved_domain)) * 4;
-                ZINF_ASSIGN_OR_RETURN(auto sf,
-                                      shards[k].open_file(scales_file_name(layout, f), scale_bytes));
+                ZINF_ASSIGN_OR_RETURN(
+                    auto sf, shards[k].open_file(scales_file_name(layout, f), scale_bytes));
                 scale_cursors[f].emplace_back(std::move(sf), scale_bytes);
             }
         }
@@ -329,7 +329,8 @@ Status Engine::load_repartitioned(const std::vector<engine::CheckpointReader>& s
                 const auto [shard, offset] = saved.locate(p, e);
                 for (std::size_t f = 0; f <= n_states; ++f) {
                     if (f > 0 && f < n_states && sd != StateDType::kFp32) {
-                        ZINF_TRY(read_coded(f, shard, offset, state_span(c, f).subspan(d - begin, n)));
+                        ZINF_TRY(
+                            read_coded(f, shard, offset, state_span(c, f).subspan(d - begin, n)));
                         continue;
                     }
                     std::span<std::byte> out =
@@ -651,8 +652,8 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
     if (top.get("partition_align").has_value()) {
         ZINF_ASSIGN_OR_RETURN(auto align, top.get_u64("partition_align"));
         if (align == 0 || align % zero::Partitioning::kAlignNumel != 0 || align > (1u << 20)) {
-            return Status::corruption(
-                str_cat("checkpoint ", top.path(), ": partition_align ", align, " in its manifest"));
+            return Status::corruption(str_cat("checkpoint ", top.path(), ": partition_align ",
+                                              align, " in its manifest"));
         }
         saved.align_numel = static_cast<std::size_t>(align);
     }
@@ -707,9 +708,8 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     // From here on a failure leaves states half-restored.
     if (saved.state_dtype != plan_.state_dtype && communicator_.rank() == 0) {
         log::warning("checkpoint ", dir, "/", tag, ": optimizer states saved as ",
-                     state_dtype_name(saved.state_dtype),
-                     ", offload_optimizer.state_dtype is ", state_dtype_name(plan_.state_dtype),
-                     ": converted while loading (",
+                     state_dtype_name(saved.state_dtype), ", offload_optimizer.state_dtype is ",
+                     state_dtype_name(plan_.state_dtype), ": converted while loading (",
                      plan_.state_dtype == StateDType::kFp32
                          ? std::string("decoded exactly")
                          : str_cat("the moments rounded to ", state_dtype_name(plan_.state_dtype)),

@@ -128,8 +128,7 @@ void predict_device_rest(const Sizer& s) {
         for (std::size_t i = 0; i < arrays; ++i) {
             bytes += s.charged(in_memory_state_bytes(s.plan, i));
         }
-        out.device.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
-                       bytes);
+        out.device.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)", bytes);
     }
     const std::uint64_t rows = s.config.batch.train_micro_batch_size_per_gpu;
     out.device.add(Holder::kBuffers, "batch inputs",
@@ -235,8 +234,7 @@ void predict_nvme(const Sizer& s) {
                 bytes += swap::OptimizerSwapper::state_bytes(k, n, p.state_dtype);
             }
         }
-        s.out.nvme.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)",
-                       bytes);
+        s.out.nvme.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)", bytes);
     }
     if (p.gradients == Home::kNvme) {
         s.out.nvme.add(Holder::kGradients, "streamed gradients",

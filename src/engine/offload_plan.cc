@@ -225,7 +225,8 @@ void place_states(const config::EngineConfig& config, const PlanInputs& in, Offl
     std::uint64_t sgs =
         zc.sub_group_size_numel != 0 ? zc.sub_group_size_numel : plan.largest_partition_numel;
     // Compressed states: whole blocks of the global flat index (the domain is made of them).
-    if (plan.state_dtype != StateDType::kFp32) sgs = align_up(std::max<std::uint64_t>(sgs, 1), kStateBlockNumel);
+    if (plan.state_dtype != StateDType::kFp32)
+        sgs = align_up(std::max<std::uint64_t>(sgs, 1), kStateBlockNumel);
     plan.sub_group_numel =
         plan.optimizer_states == Home::kNvme
             ? static_cast<std::size_t>(
@@ -444,10 +445,9 @@ std::string OffloadPlan::describe() const {
     s += str_cat("\n    optimizer states (fp32 master + ", state_count - 1, " ",
                  state_dtype_name(state_dtype), " state", state_count == 2 ? "" : "s",
                  optimizer.amsgrad ? " with amsgrad's maximum" : "", ", ",
-                 bytes_per_element_text(state_bytes_per_element()),
-                 " B per parameter, ",
-                 format_bytes(static_cast<std::uint64_t>(
-                     static_cast<double>(domain_numel) * state_bytes_per_element())),
+                 bytes_per_element_text(state_bytes_per_element()), " B per parameter, ",
+                 format_bytes(static_cast<std::uint64_t>(static_cast<double>(domain_numel) *
+                                                         state_bytes_per_element())),
                  "): ", home_name(optimizer_states), ", sub-groups of ", sub_group_numel,
                  " elements");
     if (optimizer_states == Home::kNvme) {

@@ -42,7 +42,8 @@ public:
         check_chunk(k, out);
         const std::size_t at = k * chunk_numel();
         const kernels::StoredState state = chunk_state(at, chunk_length(k));
-        if (!out.master.empty()) std::memcpy(out.master.data(), state.params.data(), out.master.size_bytes());
+        if (!out.master.empty())
+            std::memcpy(out.master.data(), state.params.data(), out.master.size_bytes());
         for (std::size_t i = 0; i < layout().moment_count; ++i) {
             if (out.moments[i].empty()) continue;
             kernels::decode_moment(dtype_, layout().moment(i).non_negative, state.moments[i],
@@ -55,7 +56,8 @@ public:
         check_chunk(k, in);
         const std::size_t at = k * chunk_numel();
         const kernels::StoredState state = chunk_state(at, chunk_length(k));
-        if (!in.master.empty()) std::memcpy(state.params.data(), in.master.data(), in.master.size_bytes());
+        if (!in.master.empty())
+            std::memcpy(state.params.data(), in.master.data(), in.master.size_bytes());
         for (std::size_t i = 0; i < layout().moment_count; ++i) {
             if (in.moments[i].empty()) continue;
             kernels::encode_moment(dtype_, layout().moment(i).non_negative, in.moments[i],
@@ -84,7 +86,8 @@ protected:
         for (std::size_t i = 0; i < layout().arrays(); ++i) {
             const std::string_view name =
                 i == 0 ? std::string_view("fp32 master parameters") : layout().moment(i - 1).name;
-            ZINF_TRY(allocate(arrays[i], in_memory_state_bytes(plan, i), str_cat(where, " ", name)));
+            ZINF_TRY(
+                allocate(arrays[i], in_memory_state_bytes(plan, i), str_cat(where, " ", name)));
             data_[i] = arrays[i].template as<std::byte>();
         }
         return Status::ok();
@@ -104,10 +107,10 @@ private:
             s.moments[i] = std::span<std::byte>(data_[i + 1] + at * eb, n * eb);
             if (dtype_ == StateDType::kInt8) {
                 ZINF_ASSERT(at % kStateBlockNumel == 0);
-                auto* scales = reinterpret_cast<float*>(
-                    data_[i + 1] + state_scales_offset_bytes(dtype_, numel()));
-                s.scales[i] = std::span<float>(scales + at / kStateBlockNumel,
-                                               state_scale_count(dtype_, n));
+                auto* scales = reinterpret_cast<float*>(data_[i + 1] +
+                                                        state_scales_offset_bytes(dtype_, numel()));
+                s.scales[i] =
+                    std::span<float>(scales + at / kStateBlockNumel, state_scale_count(dtype_, n));
             }
         }
         return s;

@@ -138,10 +138,10 @@ TEST(EngineTest, CompressedStatesAreBitwiseAcrossThreadsRunsAndPlacements) {
               nvme3}) {
             for (const char* threads : {"1", "2", "2"}) {
                 SCOPED_TRACE(testing::Message() << dtype << " " << zero << " threads " << threads);
-                Trainer t(load_config(with_nvme(small_config(zero + clip), nvme.path()),
-                                      {str_cat("zero_optimization.offload_optimizer.state_dtype=",
-                                               dtype),
-                                       str_cat("cpu_optimizer.threads=", threads)}));
+                Trainer t(
+                    load_config(with_nvme(small_config(zero + clip), nvme.path()),
+                                {str_cat("zero_optimization.offload_optimizer.state_dtype=", dtype),
+                                 str_cat("cpu_optimizer.threads=", threads)}));
                 ASSERT_EQ(state_dtype_name(t.engine().plan().state_dtype), dtype);
                 const auto losses = bits(t.run(12));
                 const auto params = bits(t.engine().master_parameters().value());

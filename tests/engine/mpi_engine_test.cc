@@ -418,8 +418,7 @@ TEST(MpiEngine, CompressedStatesTrainTheSameBitsOnNRanksAsOnOne) {
             std::filesystem::create_directories(nvme.path() + "/one");
             SCOPED_TRACE(zero);
             RankRun ranks(load(config_text(zero, 1, 0.05), n), true);
-            RankRun one(load(config_text(zero_one, static_cast<std::uint64_t>(n), 0.05), 1),
-                        false);
+            RankRun one(load(config_text(zero_one, static_cast<std::uint64_t>(n), 0.05), 1), false);
             ASSERT_TRUE(ranks.train_until(5).is_ok());
             ASSERT_TRUE(one.train_until(5).is_ok());
             EXPECT_EQ(ranks.engine().plan().state_dtype, find_state_dtype(dtype).value());
@@ -463,9 +462,9 @@ TEST(MpiEngine, CompressedStatesTrainTheSameBitsOnNRanksAsOnOne) {
         RankRun resumed(load(config_text(zero2, 1, 0.05), n), true);
         ASSERT_TRUE(resumed.engine().load_checkpoint(dir.path(), "step3").is_ok());
         ASSERT_TRUE(resumed.train_until(6).is_ok());
-        EXPECT_EQ(test_support::bits(resumed.losses),
-                  test_support::bits(
-                      std::vector<float>(first.losses.begin() + 3, first.losses.end())));
+        EXPECT_EQ(
+            test_support::bits(resumed.losses),
+            test_support::bits(std::vector<float>(first.losses.begin() + 3, first.losses.end())));
         expect_same_parameters(resumed, first);
         RankRun single(load(config_text(zero2, static_cast<std::uint64_t>(n), 0.05), 1), false);
         ASSERT_TRUE(single.engine().load_checkpoint(dir.path(), "step3").is_ok());

@@ -114,8 +114,7 @@ TEST(RegisteredOptimizer, TheConfigThePlanAndTheSummaryKnowIt) {
         o, "test.json");
     ASSERT_FALSE(compressed.has_value());
     EXPECT_EQ(compressed.error().code(), StatusCode::kNotSupported);
-    EXPECT_NE(compressed.error().message().find("offload_optimizer.state_dtype"),
-              std::string::npos)
+    EXPECT_NE(compressed.error().message().find("offload_optimizer.state_dtype"), std::string::npos)
         << compressed.error().to_string();
 }
 

@@ -95,10 +95,9 @@ void run_case(const Case& c) {
     // Compressed: two runs of global indices, cut inside the third sub-group, the first far
     // from 0 (as a rank's slices are).
     const std::vector<kernels::StateSegment> segments =
-        c.dtype == StateDType::kFp32
-            ? std::vector<kernels::StateSegment>{}
-            : std::vector<kernels::StateSegment>{{0, 40'960, 1u << 20},
-                                                 {40'960, kNumel - 40'960, 8'192}};
+        c.dtype == StateDType::kFp32 ? std::vector<kernels::StateSegment>{}
+                                     : std::vector<kernels::StateSegment>{
+                                           {0, 40'960, 1u << 20}, {40'960, kNumel - 40'960, 8'192}};
     constexpr std::uint64_t kRoundingSeed = 0x5eed;
     const auto grad_view =
         c.bf16 ? kernels::GradView::bf16(grads16) : kernels::GradView::fp32(grads);
@@ -163,8 +162,7 @@ void run_case(const Case& c) {
                 ref.moments[i] = refs[i]->stored;
                 ref.scales[i] = refs[i]->scales;
             }
-            ASSERT_TRUE(
-                kernels::step_segments(*kernel, hp, ref, 0, segments, grad_view).is_ok());
+            ASSERT_TRUE(kernels::step_segments(*kernel, hp, ref, 0, segments, grad_view).is_ok());
         }
         const Status s = (*swapper)->step(hp, source);
         ASSERT_TRUE(s.is_ok()) << s.to_string();

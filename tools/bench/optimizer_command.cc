@@ -281,10 +281,13 @@ Status run_compare(const Options& o, BenchGrads& grads) {
         ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o, d));
         if (d != StateDType::kFp32) {
             for (auto& p : stack.paths) {
-                p = (std::filesystem::path(p) / str_cat("zinf-bench-", state_dtype_name(d))).string();
+                p = (std::filesystem::path(p) / str_cat("zinf-bench-", state_dtype_name(d)))
+                        .string();
                 std::error_code ec;
                 if (std::filesystem::create_directory(p, ec)) sub_dirs.made.push_back(p);
-                if (ec) return Status::io_error(str_cat("creating ", p, ": ", ec.message()), ec.value());
+                if (ec)
+                    return Status::io_error(str_cat("creating ", p, ": ", ec.message()),
+                                            ec.value());
             }
         }
         stacks.push_back(std::move(stack));
@@ -327,11 +330,12 @@ Status run_compare(const Options& o, BenchGrads& grads) {
                 }
             }
         }
-        std::printf("  pair %d: fp32 step %.2f s (I/O-only %.2f s)   %s step %.2f s (I/O-only %.2f "
-                    "s)   speed-up %.3f\n",
-                    pair + 1, t[0].step_s.back(), t[0].io_s.back(),
-                    std::string(state_dtype_name(o.state_dtype)).c_str(), t[1].step_s.back(),
-                    t[1].io_s.back(), t[0].step_s.back() / t[1].step_s.back());
+        std::printf(
+            "  pair %d: fp32 step %.2f s (I/O-only %.2f s)   %s step %.2f s (I/O-only %.2f "
+            "s)   speed-up %.3f\n",
+            pair + 1, t[0].step_s.back(), t[0].io_s.back(),
+            std::string(state_dtype_name(o.state_dtype)).c_str(), t[1].step_s.back(),
+            t[1].io_s.back(), t[0].step_s.back() / t[1].step_s.back());
         std::fflush(stdout);
     }
     PhaseResult r[2];
@@ -346,8 +350,8 @@ Status run_compare(const Options& o, BenchGrads& grads) {
         speedups.push_back(t[0].step_s[static_cast<std::size_t>(pair)] /
                            t[1].step_s[static_cast<std::size_t>(pair)]);
     }
-    const double ceiling =
-        bytes_per_param(StateDType::kFp32, o.sub_group) / bytes_per_param(o.state_dtype, o.sub_group);
+    const double ceiling = bytes_per_param(StateDType::kFp32, o.sub_group) /
+                           bytes_per_param(o.state_dtype, o.sub_group);
     const double speedup = median(speedups);
     const bool fp32_io_bound = r[0].compute_s < 0.5 * r[0].io_only_s;
     std::printf(
@@ -357,20 +361,20 @@ Status run_compare(const Options& o, BenchGrads& grads) {
         speedup / ceiling >= 0.9 ? "met" : "NOT met",
         fp32_io_bound ? "" : "; the fp32 step is not I/O-bound here (Adam over half its I/O time)");
     std::printf("%s step vs its own I/O-only pass: %.3f (target >= 0.90: %s)\n",
-                std::string(state_dtype_name(o.state_dtype)).c_str(),
-                r[1].io_only_s / r[1].step_s, r[1].io_only_s / r[1].step_s >= 0.9 ? "met" : "NOT met");
+                std::string(state_dtype_name(o.state_dtype)).c_str(), r[1].io_only_s / r[1].step_s,
+                r[1].io_only_s / r[1].step_s >= 0.9 ? "met" : "NOT met");
     return Status::ok();
 }
 
 Status run(const Options& o) {
     if (o.state_dtype != StateDType::kFp32) {
         BenchGrads grads(o.sub_group, o.grads_bf16);
-        std::printf("zinfinity-bench optimizer: %.3g parameters, AdamW, %s gradients, fp32 and %s "
-                    "states, sub-groups of %.3g parameters in %zu path(s): %s%s\n",
-                    static_cast<double>(o.params), o.grads_bf16 ? "bf16" : "fp32",
-                    std::string(state_dtype_name(o.state_dtype)).c_str(),
-                    static_cast<double>(o.sub_group), o.paths.size(), o.paths.front().c_str(),
-                    o.paths.size() > 1 ? " ..." : "");
+        std::printf(
+            "zinfinity-bench optimizer: %.3g parameters, AdamW, %s gradients, fp32 and %s "
+            "states, sub-groups of %.3g parameters in %zu path(s): %s%s\n",
+            static_cast<double>(o.params), o.grads_bf16 ? "bf16" : "fp32",
+            std::string(state_dtype_name(o.state_dtype)).c_str(), static_cast<double>(o.sub_group),
+            o.paths.size(), o.paths.front().c_str(), o.paths.size() > 1 ? " ..." : "");
         return run_compare(o, grads);
     }
     ZINF_ASSIGN_OR_RETURN(Stack stack, set_up_stack(o, StateDType::kFp32));
