@@ -147,9 +147,10 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
                                                         Compute& compute,
                                                         zero::Communicator& communicator,
                                                         const EngineOptions& options) {
-    // The swap paths first (created if missing, as DeepSpeed does; a bad one is named before a
-    // plan's error), then the plan and admission: nothing is written under them before both.
-    ZINF_TRY(engine::check_swap_directories(config));
+    // The swap paths first (a bad one is named before a plan's error), then the plan and
+    // admission, then the paths are made if missing (as DeepSpeed does): a refused config
+    // creates nothing.
+    ZINF_TRY(engine::check_swap_directories(config, /*create=*/false));
     const engine::PlanInputs in =
         engine::plan_inputs_for(model, device, communicator.world_size(), communicator.rank());
     ZINF_ASSIGN_OR_RETURN(engine::OffloadPlan plan, engine::make_offload_plan(config, in));
@@ -160,6 +161,7 @@ Result<std::unique_ptr<Engine>> Engine::create_for_rank(const config::EngineConf
         engine::MemoryPrediction prediction,
         engine::predict_memory(config, plan, in, engine::prediction_inputs_for(model, device)));
     if (options.admission) ZINF_TRY(engine::admit(prediction));
+    ZINF_TRY(engine::check_swap_directories(config, /*create=*/true));
     plan.io.file_system = options.file_system;
     plan.io.faults = options.io_faults;
     ZINF_TRY(kernels::validate(plan.optimizer));

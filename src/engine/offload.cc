@@ -14,28 +14,39 @@
 namespace zinf::engine {
 namespace {
 
-// Creates missing directories (as DeepSpeed does for its swap folders), then checks that each is
-// a writable directory; errors name the key.
-Status check_paths(const std::vector<std::string>& paths, const std::string& key) {
+// With `create`, makes missing directories (as DeepSpeed does for its swap folders); then checks
+// that each is a writable, trusted directory. Without it, a missing directory's nearest existing
+// ancestor is checked instead (the directory could be made there), and nothing is created.
+// Errors name the key.
+Status check_paths(const std::vector<std::string>& paths, const std::string& key, bool create) {
     for (const auto& p : paths) {
+        std::filesystem::path at(p);
+        if (!create) {
+            std::error_code ec;
+            while (!at.empty() && !std::filesystem::exists(at, ec) && at.has_parent_path() &&
+                   at.parent_path() != at) {
+                at = at.parent_path();
+            }
+            if (at.empty()) at = ".";
+        }
         // Refused here, naming the key, before anything is allocated; RunDir checks again.
         ZINF_TRY(
-            io::open_trusted_directory(io::posix_file_system(), p, key, /*create=*/true).status());
+            io::open_trusted_directory(io::posix_file_system(), at.string(), key, create).status());
     }
     return Status::ok();
 }
 
 }  // namespace
 
-Status check_swap_directories(const config::EngineConfig& config) {
+Status check_swap_directories(const config::EngineConfig& config, bool create) {
     const auto& zc = config.zero;
     if (zc.offload_param.device == config::OffloadDevice::kNvme) {
-        ZINF_TRY(
-            check_paths(zc.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path"));
+        ZINF_TRY(check_paths(zc.offload_param.nvme_path,
+                             "zero_optimization.offload_param.nvme_path", create));
     }
     if (zc.offload_optimizer.device == config::OffloadDevice::kNvme) {
         ZINF_TRY(check_paths(zc.offload_optimizer.nvme_path,
-                             "zero_optimization.offload_optimizer.nvme_path"));
+                             "zero_optimization.offload_optimizer.nvme_path", create));
     }
     return Status::ok();
 }

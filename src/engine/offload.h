@@ -31,11 +31,13 @@
 
 namespace zinf::engine {
 
-// The nvme_path directories of the config's NVMe sections: created when missing (as DeepSpeed
-// does), then checked to be writable directories no other user controls
-// (io::check_trusted_directory). The engine calls it first, before planning or allocating.
-// Errors name the key: kNotFound / kIo / kInvalidArgument.
-Status check_swap_directories(const config::EngineConfig& config);
+// The nvme_path directories of the config's NVMe sections: with `create`, made when missing (as
+// DeepSpeed does), then checked to be writable directories no other user controls
+// (io::check_trusted_directory); without it, a missing one's nearest existing ancestor is checked
+// and nothing is made. The engine calls it without `create` first (before planning), and with it
+// once admission has passed, so that a refused config leaves no directory behind. Errors name the
+// key: kNotFound / kIo / kInvalidArgument.
+Status check_swap_directories(const config::EngineConfig& config, bool create = true);
 
 // The config rank `rank` of several runs with: every nvme_path (both offload sections and the
 // activation checkpoints, every stripe) becomes its subdirectory "rank<rank>", so that one config
