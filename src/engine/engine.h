@@ -318,7 +318,7 @@ private:
     bool same_layout(const SavedShape& saved) const noexcept;
     Status load_states(const engine::CheckpointReader& r, const SavedShape& saved);
     Status load_repartitioned(const std::vector<engine::CheckpointReader>& shards,
-                              const SavedShape& saved);
+                              const SavedShape& shape);
     Result<std::vector<engine::CheckpointReader>> open_shards(const std::string& dir,
                                                               const std::string& tag,
                                                               SavedShape& saved) const;

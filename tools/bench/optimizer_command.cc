@@ -346,6 +346,7 @@ Status run_compare(const Options& o, BenchGrads& grads) {
         r[i] = report_phase(o, true, o.pairs, phases[i], t[i]);
     }
     std::vector<double> speedups;
+    speedups.reserve(static_cast<std::size_t>(o.pairs));
     for (int pair = 0; pair < o.pairs; ++pair) {
         speedups.push_back(t[0].step_s[static_cast<std::size_t>(pair)] /
                            t[1].step_s[static_cast<std::size_t>(pair)]);
