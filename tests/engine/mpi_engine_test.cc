@@ -152,6 +152,22 @@ void expect_same_parameters(RankRun& mine, RankRun& whole, double tolerance = 0)
     }
 }
 
+// Each step's loss of N ranks is the mean of the one rank's N micro-batch losses of that step:
+// bitwise with tolerance 0, else within tolerance of it.
+void expect_mean_losses(const RankRun& ranks, const RankRun& one, int n, double tolerance) {
+    for (std::size_t s = 0; s < ranks.losses.size(); ++s) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += one.losses[s * n + r];
+        const auto want = static_cast<float>(sum / n);
+        if (tolerance == 0) {
+            EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want}))
+                << "step " << s;
+        } else {
+            EXPECT_NEAR(ranks.losses[s], want, tolerance * want) << "step " << s;
+        }
+    }
+}
+
 // A directory every rank sees: rank 0 makes it and tells the others.
 class SharedDir {
 public:
@@ -212,17 +228,7 @@ TEST(MpiEngine, RanksTrainAsOneRankAccumulatingTheirMicroBatches) {
         ASSERT_TRUE(one.train_until(6).is_ok());
         ASSERT_EQ(ranks.losses.size(), 6u);
         ASSERT_EQ(one.losses.size(), 6u * n);
-        for (std::size_t s = 0; s < 6; ++s) {
-            double sum = one.losses[s * n];
-            for (int r = 1; r < n; ++r) sum += one.losses[s * n + r];
-            const auto want = static_cast<float>(sum / n);
-            if (tolerance == 0) {
-                EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want}))
-                    << "step " << s;
-            } else {
-                EXPECT_NEAR(ranks.losses[s], want, tolerance * want) << "step " << s;
-            }
-        }
+        expect_mean_losses(ranks, one, n, tolerance);
         expect_same_parameters(ranks, one, tolerance);
         // Each rank saw distinct samples: its own loss differs from the global mean.
         EXPECT_EQ(ranks.engine().global_samples(), 6u * kMicro * n);
@@ -423,17 +429,7 @@ TEST(MpiEngine, CompressedStatesTrainTheSameBitsOnNRanksAsOnOne) {
             ASSERT_TRUE(one.train_until(5).is_ok());
             EXPECT_EQ(ranks.engine().plan().state_dtype, find_state_dtype(dtype).value());
             ASSERT_EQ(one.losses.size(), 5u * n);
-            for (std::size_t s = 0; s < 5; ++s) {
-                double sum = 0;
-                for (int r = 0; r < n; ++r) sum += one.losses[s * n + r];
-                const auto want = static_cast<float>(sum / n);
-                if (tolerance == 0) {
-                    EXPECT_EQ(test_support::bits({ranks.losses[s]}), test_support::bits({want}))
-                        << "step " << s;
-                } else {
-                    EXPECT_NEAR(ranks.losses[s], want, tolerance * want) << "step " << s;
-                }
-            }
+            expect_mean_losses(ranks, one, n, tolerance);
             expect_same_parameters(ranks, one, tolerance);
             // Every stage and placement: the same bits.
             if (first_losses.empty()) {
