@@ -114,9 +114,8 @@ detail::StateStepArgs detail::state_step_args(const OptimizerParams& params,
     }
     args.moment_count = static_cast<int>(kept);
     args.first_index = state.first_index;
-    args.rounding_seed = state.rounding_seed;
-    args.rounding_streams[0] = rounding_stream(0, params.step);
-    args.rounding_streams[1] = rounding_stream(1, params.step);
+    args.rounding_keys[0] = rounding_key(state.rounding_seed, 0, params.step);
+    args.rounding_keys[1] = rounding_key(state.rounding_seed, 1, params.step);
     return args;
 }
 

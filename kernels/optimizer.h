@@ -84,8 +84,8 @@ struct StoredState {
     // kStateBlockNumel for bf16 and int8, so that blocks and rounding words do not depend on how
     // the model is partitioned.
     std::uint64_t first_index = 0;
-    // bf16: the Philox key of the stochastic rounding; one value for the whole run and every rank
-    // (the step and the element's global index make each word distinct).
+    // The seed of the stochastic rounding (bf16 and int8); one value for the whole run and every
+    // rank (the step and the element's global index make each word distinct).
     std::uint64_t rounding_seed = 0;
 };
 
@@ -174,12 +174,13 @@ public:
 
     // The same step over moments stored as `state.dtype` says: fp32 runs the step above; bf16
     // and int8 decode each block of 2048 elements, run the same element code in fp32 and encode
-    // it back in one pass (bf16 with stochastic rounding keyed by (rounding_seed, step, global
-    // index); int8 to the nearest code of the block's new largest magnitude). Preconditions
-    // (asserted) as above, plus the moment and scale sizes of StoredState and first_index a
-    // multiple of kStateBlockNumel. Every variant and thread count gives the same bits; so does
-    // any split of the span at block boundaries. Returns kInvalidArgument as above, and
-    // kNotSupported for a compressed dtype on an optimizer registered from outside kernels/.
+    // it back in one pass, rounding stochastically with words keyed by (rounding_seed, step,
+    // global index): bf16 to one of its two neighbours, int8 dithered to a code of the block's new
+    // largest magnitude. Preconditions (asserted) as above, plus the moment and scale sizes of
+    // StoredState and first_index a multiple of kStateBlockNumel. Every variant and thread count
+    // gives the same bits; so does any split of the span at block boundaries. Returns
+    // kInvalidArgument as above, and kNotSupported for a compressed dtype on an optimizer
+    // registered from outside kernels/.
     Status step(const OptimizerParams& params, const StoredState& state, GradView grads,
                 ParamCopy copy = ParamCopy::none()) const noexcept;
 

@@ -1,6 +1,7 @@
 // The element codes of compressed optimizer states (src/base/state_dtype.h), defined once here in
-// scalar code: bf16 with stochastic rounding from Philox words, and the int8 logarithmic code
-// with one fp32 scale per block. The SIMD variants reproduce these functions bit for bit; the
+// scalar code: bf16 with stochastic rounding from hashed rounding words, and the int8 logarithmic
+// code with one fp32 scale per block (the step's encode rounding stochastically with the same
+// words). The SIMD variants reproduce these functions bit for bit; the
 // span conversions at the end serve checkpoints, the swapper and tests.
 //
 // The int8 code (kernels/README.md, "Compressed optimizer states"): a magnitude code c in
@@ -8,10 +9,11 @@
 // value keeps about 4.4 % relative precision over 2^-15.75 (signed, c_max = 127, exp_avg) or
 // 2^-31.75 (unsigned, c_max = 255, exp_avg_sq and other never-negative moments) of its block's
 // largest magnitude. Signed codes keep the sign in the int8's two's complement (-127..127).
-// A value is quantized to the nearest code value (not the nearest logarithm), so the error is at
-// most half a step. This is the same idea as 8-bit Adam's dynamic-tree code (Dettmers et al.,
-// 2022: blockwise absmax, more codes near zero), in a form that needs no table search: the
-// octave is the fp32 exponent and the step within it eight comparisons.
+// A conversion (encode_int8) quantizes to the nearest code value (not the nearest logarithm), so
+// the error is at most half a step; the optimizer step rounds stochastically
+// (encode_int8_stochastic, below). This is the same idea as 8-bit Adam's dynamic-tree code
+// (Dettmers et al., 2022: blockwise absmax, more codes near zero), in a form that needs no table
+// search: the octave is the fp32 exponent and the step within it eight comparisons.
 #pragma once
 
 #include <cstddef>
@@ -106,16 +108,87 @@ inline std::uint16_t float_to_bf16_stochastic(float x, std::uint32_t random16) n
     return static_cast<std::uint16_t>((bits + (random16 & 0xffffu)) >> 16);
 }
 
-// The Philox stream of the rounding words of moment pair `pair` (moments 2 * pair and
-// 2 * pair + 1 take the low and the high 16 bits of each element's word) at `step`.
+// ---- Stochastic rounding's random numbers ----
+//
+// Every element has a 32-bit rounding word per step and moment pair: moments 2 * pair and
+// 2 * pair + 1 take its low and its high 16 bits. The word is a keyed hash of the element's
+// global flat index: mix32 (a 32-bit integer finaliser: two multiplies and three xor-shifts,
+// bijective) of the index's low word XOR a key. The key is made once per step from the run's
+// seed by Philox (rounding_key), and once per 2^32 elements from the index's high word
+// (rounding_run_key), so that the per-element cost is five vector operations and two multiplies
+// instead of Philox's ten rounds: the words are a pure function of (seed, pair, step, index) in
+// every variant, thread count and rank count.
+ZINF_HOST_DEVICE constexpr std::uint32_t mix32(std::uint32_t x) noexcept {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
 inline constexpr std::uint64_t kRoundingStreamTag = 0x53520000u;  // 'SR' in the high half
-constexpr std::uint64_t rounding_stream(int pair, std::uint64_t step) noexcept {
+ZINF_HOST_DEVICE constexpr std::uint64_t rounding_stream(int pair, std::uint64_t step) noexcept {
     return ((kRoundingStreamTag + static_cast<std::uint64_t>(pair)) << 32) ^ step;
 }
-// The rounding word of the element at global flat index `index`.
-inline std::uint32_t rounding_word(std::uint64_t seed, int pair, std::uint64_t step,
-                                   std::uint64_t index) noexcept {
-    return philox::element_word(seed, rounding_stream(pair, step), index);
+// The 64-bit key of moment pair `pair` at `step`: two Philox words of (seed, its stream).
+ZINF_HOST_DEVICE constexpr std::uint64_t rounding_key(std::uint64_t seed, int pair,
+                                                      std::uint64_t step) noexcept {
+    const std::uint64_t stream = rounding_stream(pair, step);
+    return (std::uint64_t{philox::element_word(seed, stream, 1)} << 32) |
+           philox::element_word(seed, stream, 0);
+}
+// The 32-bit key of the elements whose global index has high word `index_high`.
+ZINF_HOST_DEVICE constexpr std::uint32_t rounding_run_key(std::uint64_t key,
+                                                          std::uint32_t index_high) noexcept {
+    return static_cast<std::uint32_t>(key) ^
+           mix32(index_high ^ static_cast<std::uint32_t>(key >> 32));
+}
+ZINF_HOST_DEVICE constexpr std::uint32_t rounding_word(std::uint32_t run_key,
+                                                       std::uint32_t index_low) noexcept {
+    return mix32(index_low ^ run_key);
+}
+// The rounding word of the element at global flat index `index` under pair key `key`.
+ZINF_HOST_DEVICE constexpr std::uint32_t rounding_word(std::uint64_t key,
+                                                       std::uint64_t index) noexcept {
+    return rounding_word(rounding_run_key(key, static_cast<std::uint32_t>(index >> 32)),
+                         static_cast<std::uint32_t>(index));
+}
+
+// ---- int8 with stochastic rounding (the optimizer step's encode) ----
+//
+// Round to nearest would freeze a moment whose per-step change is below half a code (about 4.5 %:
+// exp_avg_sq at beta2 = 0.99 changes by about 1 % a step and could not decay). The step rounds
+// the ratio r = |x| / scale to one of its two neighbouring codes instead: `below`, the largest
+// code value at or under r (0 under the smallest code), and `above`, the next, taken when
+// r - below > (above - below) * u with u = r16 / 2^16 from the element's 16 random bits, i.e. with
+// probability (r - below) / (above - below) (to 2^-16): the expected stored value is r's. Both
+// differences are exact (Sterbenz: above < 2 below, or below = 0), the product is one fp32
+// rounding, so every variant takes the same branch. r at or above 1 (the block's largest value,
+// with the scale's rounding) and NaN give code_max.
+inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16) noexcept {
+    if (!(r < 1.0f)) return code_max;
+    const std::uint32_t bits = float_bits(r);
+    const int exponent = static_cast<int>(bits >> 23) - 127;
+    const float mantissa = bits_float((bits & 0x007fffffu) | 0x3f800000u);
+    int steps = 0;
+    for (int k = 1; k < kCodeStepsPerOctave; ++k) steps += mantissa >= kOctaveSteps[k] ? 1 : 0;
+    int low = code_max + kCodeStepsPerOctave * exponent + steps;  // below r's code; < code_max
+    if (low < 0) low = 0;
+    const float below = low == 0 ? 0.0f : code_ratio(low, code_max);
+    const float above = code_ratio(low + 1, code_max);
+    const float u = static_cast<float>(random16 & 0xffffu) * 0x1p-16f;
+    return r - below > (above - below) * u ? low + 1 : low;
+}
+
+// encode_int8 with encode_ratio_stochastic: the step's encode (random16: the element's 16 bits).
+inline std::uint8_t encode_int8_stochastic(float x, float inv_scale, bool is_unsigned,
+                                           std::uint32_t random16) noexcept {
+    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
+    const int c = encode_ratio_stochastic(
+        magnitude * inv_scale, is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16);
+    if (is_unsigned || (float_bits(x) & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
+    return static_cast<std::uint8_t>(-c);
 }
 
 // Span conversions, single-threaded, scalar, allocation-free. `values` starts at a block

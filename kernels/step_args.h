@@ -55,9 +55,9 @@ struct StateStepArgs {
     int moment_count;             // the kept moments
     std::uint32_t unsigned_mask;  // bit k: moment k is never negative (int8: unsigned code)
     std::uint64_t first_index;    // the global flat index of element 0; a multiple of 2048
-    std::uint64_t rounding_seed;  // bf16: the Philox key of the stochastic rounding
-    // bf16: the Philox streams of moment pairs 0 (moments 0, 1) and 1 (moment 2) at this step.
-    std::uint64_t rounding_streams[2];
+    // The stochastic rounding's keys (kernels/state_codec.h's rounding_key) of moment pairs 0
+    // (moments 0, 1) and 1 (moment 2) at this step.
+    std::uint64_t rounding_keys[2];
 };
 
 // Updates elements [begin, end); begin is a multiple of 2048 (a block boundary).

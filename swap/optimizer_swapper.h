@@ -38,7 +38,7 @@ struct OptimizerSwapperOptions {
     // Compressed states: the swapper's elements cut into runs of consecutive global flat indices
     // (kernels::step_segments); empty: element i has global index i.
     std::vector<kernels::StateSegment> segments;
-    std::uint64_t rounding_seed = 0;  // bf16: the Philox key of the stochastic rounding
+    std::uint64_t rounding_seed = 0;  // the stochastic rounding's seed (bf16, int8)
 };
 
 // Where the step gets each sub-group's gradients (and, optionally, gives back the result).

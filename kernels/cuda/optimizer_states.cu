@@ -1,11 +1,12 @@
 // The compressed-state optimizer step on the GPU (kernels/cuda/optimizer_states.h): one thread
 // block of 256 threads per 2048-element block of the global flat index. Each thread takes two
-// groups of four consecutive elements (one Philox call gives a group's four rounding words),
-// decodes their moments, runs the fp32 element code of kernels/detail/optimizer_body.h's
-// update_lanes with every rounding explicit and fused multiply-adds, and writes the parameters
-// and the copy. bf16 rounds each new moment back at once; int8 keeps the new moments in registers
-// until the block's largest magnitude (a block reduction of |x|'s bits) gives the scale, then
-// encodes them. The codec functions below are kernels/state_codec.h's, operation for operation.
+// groups of four consecutive elements, decodes their moments, runs the fp32 element code of
+// kernels/detail/optimizer_body.h's update_lanes with every rounding explicit and fused
+// multiply-adds, and writes the parameters and the copy. bf16 rounds each new moment back at once;
+// int8 keeps the new moments in registers until the block's largest magnitude (a block reduction of
+// |x|'s bits) gives the scale, then encodes them. Both round stochastically with the elements'
+// rounding words (state_codec.h's rounding_word, host and device code alike). The codec functions
+// below are kernels/state_codec.h's, operation for operation.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,7 +22,6 @@
 #include "kernels/detail/state_table.h"
 #include "kernels/state_codec.h"
 #include "src/base/assert.h"
-#include "src/base/philox.h"
 
 namespace zinf::kernels::cuda {
 namespace {
@@ -30,21 +30,18 @@ namespace kd = kernels::detail;
 
 constexpr int kStateThreads = 256;
 constexpr std::size_t kBlock = kStateBlockNumel;
-constexpr int kGroupNumel = 4;  // the words of one Philox call
+constexpr int kGroupNumel = 4;  // consecutive elements per thread and group
 constexpr int kGroupsPerThread = static_cast<int>(kBlock) / (kGroupNumel * kStateThreads);
 constexpr int kElementsPerThread = kGroupNumel * kGroupsPerThread;
 static_assert(kBlock % (kGroupNumel * kStateThreads) == 0);
 static_assert(kd::kStepMoments == 3);
 
 // kernels/state_codec.h's tables, in constant memory: device code cannot index a host constexpr
-// array. The midpoints are read with uniform indices (broadcast); the steps, read with each
-// element's own index, go through a shared copy per block instead.
+// array. The encode's thresholds read it with uniform indices (broadcast); code_ratio, which
+// indexes it by each element's code, reads a shared copy per block instead.
 __constant__ float kOctaveStepsDevice[kCodeStepsPerOctave] = {
     kOctaveSteps[0], kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3],
     kOctaveSteps[4], kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7]};
-__constant__ float kOctaveMidpointsDevice[kCodeStepsPerOctave] = {
-    kOctaveMidpoints[0], kOctaveMidpoints[1], kOctaveMidpoints[2], kOctaveMidpoints[3],
-    kOctaveMidpoints[4], kOctaveMidpoints[5], kOctaveMidpoints[6], kOctaveMidpoints[7]};
 
 // ---- kernels/state_codec.h on the device ----
 
@@ -58,26 +55,34 @@ __device__ inline float code_ratio(int c, int code_max, const float* steps) {
     return __fmul_rn(steps[level & 7], exp2_int(level >> 3));
 }
 
-__device__ inline int encode_ratio(float r, int code_max) {
+// encode_ratio_stochastic: below and above r's ratio, the upper one when r - below > (above -
+// below) * u; `steps` is the block's shared copy of kOctaveSteps.
+__device__ inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16,
+                                              const float* steps) {
+    if (!(r < 1.0f)) return code_max;
     const std::uint32_t bits = __float_as_uint(r);
     const int exponent = static_cast<int>(bits >> 23) - 127;
     const float mantissa = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u);
-    int steps = 0;
+    int count = 0;
 #pragma unroll
-    for (int k = 0; k < kCodeStepsPerOctave; ++k) {
-        steps += mantissa >= kOctaveMidpointsDevice[k] ? 1 : 0;
+    for (int k = 1; k < kCodeStepsPerOctave; ++k) {
+        count += mantissa >= kOctaveStepsDevice[k] ? 1 : 0;
     }
-    const int c = code_max + kCodeStepsPerOctave * exponent + steps;
-    if (c > code_max) return code_max;
-    if (c >= 1) return c;
-    return r >= (code_max == kSignedCodeMax ? kSignedHalfSmallest : kUnsignedHalfSmallest) ? 1 : 0;
+    int low = code_max + kCodeStepsPerOctave * exponent + count;
+    if (low < 0) low = 0;
+    const float below = low == 0 ? 0.0f : code_ratio(low, code_max, steps);
+    const float above = code_ratio(low + 1, code_max, steps);
+    const float u = __fmul_rn(static_cast<float>(random16 & 0xffffu), 0x1p-16f);
+    return __fsub_rn(r, below) > __fmul_rn(__fsub_rn(above, below), u) ? low + 1 : low;
 }
 
-__device__ inline std::uint8_t encode_int8(float x, float inv_scale, bool is_unsigned) {
+__device__ inline std::uint8_t encode_int8_stochastic(float x, float inv_scale, bool is_unsigned,
+                                                      std::uint32_t random16, const float* steps) {
     const std::uint32_t bits = __float_as_uint(x);
     const float magnitude = __uint_as_float(bits & 0x7fffffffu);
-    const int c = encode_ratio(__fmul_rn(magnitude, inv_scale),
-                               is_unsigned ? kUnsignedCodeMax : kSignedCodeMax);
+    const int c =
+        encode_ratio_stochastic(__fmul_rn(magnitude, inv_scale),
+                                is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16, steps);
     if (is_unsigned || (bits & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
     return static_cast<std::uint8_t>(-c);  // two's complement of the negative code
 }
@@ -195,18 +200,6 @@ __device__ inline void store_copy(void* copy, int copy_index, std::size_t i, flo
 
 // ---- The kernel ----
 
-// The rounding words of the four elements of the group at global index `first` (a multiple of
-// 4) in `stream`: philox::element_word's words, one Philox call for the four.
-__device__ inline philox::Counter group_words(std::uint64_t seed, std::uint64_t stream,
-                                              std::uint64_t first) {
-    const std::uint64_t group = first >> 2;
-    return philox::philox4x32_10(
-        philox::Counter{{static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
-                         static_cast<std::uint32_t>(stream),
-                         static_cast<std::uint32_t>(stream >> 32)}},
-        philox::make_key(seed));
-}
-
 // Block b = blockIdx.x holds elements [b * 2048, b * 2048 + n) of the span; thread t its groups
 // t and t + 256 (elements 4t .. 4t + 3 and 1024 + 4t ..). Branches on the moment count, the
 // unsigned mask and the copy are uniform over the grid.
@@ -223,6 +216,11 @@ __global__ void __launch_bounds__(kStateThreads)
     const G* const grads = static_cast<const G*>(a.step.grads);
     float* const params = a.step.params;
 
+    // The pairs' run keys: a block never crosses a multiple of 2^32 of the global index.
+    const std::uint64_t first = a.first_index + begin;
+    const std::uint32_t run_keys[2] = {
+        rounding_run_key(a.rounding_keys[0], static_cast<std::uint32_t>(first >> 32)),
+        rounding_run_key(a.rounding_keys[1], static_cast<std::uint32_t>(first >> 32))};
     float scales[kd::kStepMoments] = {};
     if constexpr (kInt8) {
         if (threadIdx.x < kCodeStepsPerOctave) steps[threadIdx.x] = kOctaveStepsDevice[threadIdx.x];
@@ -241,16 +239,6 @@ __global__ void __launch_bounds__(kStateThreads)
         const std::size_t o =
             kGroupNumel * (threadIdx.x + static_cast<std::size_t>(q) * kStateThreads);
         if (o >= n) continue;
-        philox::Counter words[2] = {};
-        if constexpr (!kInt8) {
-#pragma unroll
-            for (int pair = 0; pair < 2; ++pair) {
-                if (2 * pair < kept) {
-                    words[pair] = group_words(a.rounding_seed, a.rounding_streams[pair],
-                                              a.first_index + begin + o);
-                }
-            }
-        }
 #pragma unroll
         for (int e = 0; e < kGroupNumel; ++e) {
             if (o + e >= n) continue;
@@ -282,7 +270,9 @@ __global__ void __launch_bounds__(kStateThreads)
                     max_bits[s] = magnitude > max_bits[s] ? magnitude : max_bits[s];
                 } else {
                     // Moments 2 * pair and 2 * pair + 1 take the low and the high 16 bits.
-                    const std::uint32_t word = words[s / 2].v[e] >> (16 * (s % 2));
+                    const std::uint32_t word =
+                        rounding_word(run_keys[s / 2], static_cast<std::uint32_t>(first + o + e)) >>
+                        (16 * (s % 2));
                     static_cast<std::uint16_t*>(a.stored[s])[i] =
                         float_to_bf16_stochastic(moment[s], word);
                 }
@@ -309,8 +299,11 @@ __global__ void __launch_bounds__(kStateThreads)
 #pragma unroll
                 for (int e = 0; e < kGroupNumel; ++e) {
                     if (o + e >= n) continue;
-                    codes[begin + o + e] =
-                        encode_int8(held[s][kGroupNumel * q + e], inverse, is_unsigned);
+                    const std::uint32_t word =
+                        rounding_word(run_keys[s / 2], static_cast<std::uint32_t>(first + o + e)) >>
+                        (16 * (s % 2));
+                    codes[begin + o + e] = encode_int8_stochastic(
+                        held[s][kGroupNumel * q + e], inverse, is_unsigned, word, steps);
                 }
             }
         }

@@ -5,26 +5,25 @@
 //
 // Every element runs update_lanes (the fp32 step's element code) on its decoded moments, in
 // registers, in the same pass that reads and writes memory, so that the loads of the next
-// elements overlap the arithmetic. bf16: one pass, with the Philox words of each 64 elements
-// made just before them. int8 (blocks of 2048 elements, kStateBlockNumel, of the global flat
-// index): pass 1 decodes, updates and writes the new fp32 moments to a 24 KiB buffer (L1) while
-// keeping their largest magnitude; pass 2 encodes the buffer with that scale.
+// elements overlap the arithmetic. bf16: one pass, each vector's rounding words hashed from its
+// global indices as it is rounded. int8 (blocks of 2048 elements, kStateBlockNumel, of the global
+// flat index): pass 1 decodes, updates and writes the new fp32 moments to a 24 KiB buffer (L1)
+// while keeping their largest magnitude; pass 2 encodes the buffer with that scale, rounding
+// stochastically with the same rounding words (kernels/state_codec.h's encode_int8_stochastic).
 //
 // V adds to optimizer_body.h's operations: U (the running-maximum vector) with
 // max_magnitude_zero(), max_magnitude(acc, x), max_of_magnitudes(acc, |x|) and
 // reduce_max_magnitude(acc) (the largest |x|, a NaN anywhere as the quiet NaN 0x7fc00000: the
-// same bits in every variant), magnitude(x) (|x|, the sign bit cleared);
-// load_int8<kUnsigned>(codes, scale) and store_int8<kUnsigned>(codes, x, inv_scale)
-// (kernels/state_codec.h's decode_int8 and encode_int8), store_int8_x4<kUnsigned>(codes, x,
-// inv_scale) (four vectors from x; unsigned: x holds magnitudes);
+// same bits in every variant), magnitude(x) (|x|, the sign bit cleared); W (a vector of 32-bit
+// words) and rounding_words(run_key, index_low) (state_codec.h's rounding_word of the lanes'
+// indices index_low, index_low + 1, ...); load_int8<kUnsigned>(codes, scale) (decode_int8),
+// store_int8<kUnsigned, kShift>(codes, x, inv_scale, words) (encode_int8_stochastic with each
+// lane's word >> kShift) and store_int8_x4<kUnsigned, kShift>(codes, x, inv_scale, words) (four
+// vectors from x and four word vectors; unsigned: x holds magnitudes);
 // store_bf16_stochastic<kShift>(dst, x, words) (float_to_bf16_stochastic with word >> kShift) and
-// store_bf16_stochastic_pair(dst0, dst1, x0, x1, words) (x0 with the words' low, x1 with their high
-// 16 bits); PhiloxSchedule, made once per chunk and moment pair by philox_schedule(seed, stream,
-// first_index) (what the rounds need of the key and the stream: the round keys, and the lanes of
-// the first rounds that do not depend on the element), and philox_words(out, schedule, first_index,
-// count): the Philox words of elements first_index .. first_index + count, first_index and count
-// multiples of kRoundingBatch. Its fmadd must be fused (the scalar unit uses std::fma), so that
-// every variant gives the same bits.
+// store_bf16_stochastic_pair(dst0, dst1, x0, x1, words) (x0 with the words' low, x1 with their
+// high 16 bits). Its fmadd must be fused (the scalar unit uses std::fma), so that every variant
+// gives the same bits.
 #pragma once
 
 #include <bit>
@@ -41,7 +40,8 @@
 
 namespace zinf::kernels::detail {
 
-// The Philox words are made this many at a time (the AVX-512 width times Philox's four words).
+// Elements per run: the unit of the prefetches, of the unrolled loops and of an int8 encode
+// slice (a multiple of four AVX-512 vectors).
 inline constexpr std::size_t kRoundingBatch = 64;
 inline constexpr std::size_t kBlock = kStateBlockNumel;
 static_assert(kBlock % kRoundingBatch == 0);
@@ -63,8 +63,13 @@ struct OctaveStepTables {
     std::int32_t second[kSize];
 };
 
+// The same form serves the floor code of encode_ratio_stochastic, whose thresholds are the code
+// values kOctaveSteps[1..7] themselves (the step of kOctaveSteps[0] = 1 always counts, and is
+// left out): make_octave_floor_tables.
 template <int kIndexBits>
-constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
+constexpr OctaveStepTables<kIndexBits> make_octave_threshold_tables(int code_max,
+                                                                    const float* thresholds,
+                                                                    int count) noexcept {
     static_assert(kIndexBits >= 3);
     OctaveStepTables<kIndexBits> t{};
     constexpr int kShift = 23 - kIndexBits;
@@ -72,7 +77,8 @@ constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noe
         int below = 0;
         t.first[index] = 0x7fffffff;
         t.second[index] = 0x7fffffff;
-        for (const float midpoint : kOctaveMidpoints) {
+        for (int k = 0; k < count; ++k) {
+            const float midpoint = thresholds[k];
             const auto mantissa =
                 static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(midpoint) & 0x007fffffu);
             if ((mantissa >> kShift) < index) ++below;
@@ -82,6 +88,17 @@ constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noe
         t.base[index] = below + code_max - kCodeStepsPerOctave * 127 - (index >> (kIndexBits - 3));
     }
     return t;
+}
+
+template <int kIndexBits>
+constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
+    return make_octave_threshold_tables<kIndexBits>(code_max, kOctaveMidpoints,
+                                                    kCodeStepsPerOctave);
+}
+template <int kIndexBits>
+constexpr OctaveStepTables<kIndexBits> make_octave_floor_tables(int code_max) noexcept {
+    return make_octave_threshold_tables<kIndexBits>(code_max, kOctaveSteps + 1,
+                                                    kCodeStepsPerOctave - 1);
 }
 
 // decode_int8's ratio 2^((c - c_max) / 8) for a magnitude code c (0 < c <= c_max + 1), as the
@@ -95,11 +112,13 @@ struct DecodeRatioTable {
     std::int32_t bits[8];
 };
 
-constexpr DecodeRatioTable make_decode_ratio_table(int code_max) noexcept {
+// With `plus` 1 the table gives the ratio of code c + 1 from c's bits the same way (entries 6 and 7
+// carry), for encode_ratio_stochastic's upper neighbour (0 < c + 1 <= c_max + 1).
+constexpr DecodeRatioTable make_decode_ratio_table(int code_max, int plus = 0) noexcept {
     DecodeRatioTable t{};
     for (int j = 0; j < 8; ++j) {
-        const auto step = std::bit_cast<std::uint32_t>(kOctaveSteps[(j + 1) & 7]);
-        const std::uint32_t carry = j == 7 ? 1u << 23 : 0u;
+        const auto step = std::bit_cast<std::uint32_t>(kOctaveSteps[(j + 1 + plus) & 7]);
+        const std::uint32_t carry = j + 1 + plus >= 8 ? 1u << 23 : 0u;
         const auto bias = static_cast<std::uint32_t>((code_max + 1) / kCodeStepsPerOctave) << 23;
         t.bits[j] = static_cast<std::int32_t>(step + carry - bias);
     }
@@ -226,15 +245,24 @@ template <int kGrad, int kCopy>
     }
 }
 
-// ---- bf16: one pass, the rounding words made per 64 elements ----
+// ---- bf16: one pass, the rounding words hashed per vector ----
 
-// One vector at element i: decode, update_lanes, round back with the words at w (words[pair]
-// holds pair's words of the current 64 elements).
+// The pairs' run keys (rounding_run_key) for the elements whose global index has high word `high`.
+template <int kKept>
+[[gnu::always_inline]] inline void make_run_keys(const StateStepArgs& a, std::uint32_t high,
+                                                 std::uint32_t* keys) noexcept {
+    for (int pair = 0; 2 * pair < kKept; ++pair) {
+        keys[pair] = rounding_run_key(a.rounding_keys[pair], high);
+    }
+}
+
+// One vector at element i, whose first lane's global index has low word `index_low`: decode,
+// update_lanes, round back with the words of keys[pair].
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 [[gnu::always_inline]] inline void bf16_lanes(const VectorConstants<V>& k,
                                               const StateLanePointers& at, std::size_t i,
-                                              const std::uint32_t (*words)[kRoundingBatch],
-                                              std::size_t w) noexcept {
+                                              const std::uint32_t* keys,
+                                              std::uint32_t index_low) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     LaneValues<V> x{};
     x.g = load_grad<V, kGrad>(at.grads, i);
@@ -249,85 +277,66 @@ template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
         V::store_bf16_stochastic_pair(static_cast<std::uint16_t*>(at.stored[0]) + i,
                                       static_cast<std::uint16_t*>(at.stored[1]) + i,
                                       slot_value<V, kKind, 0>(x), slot_value<V, kKind, 1>(x),
-                                      words[0] + w);
+                                      V::rounding_words(keys[0], index_low));
     }
     if constexpr (kKept % 2 == 1) {
         constexpr int kLast = kKept - 1;
         V::template store_bf16_stochastic<0>(static_cast<std::uint16_t*>(at.stored[kLast]) + i,
-                                             slot_value<V, kKind, kLast>(x), words[kLast / 2] + w);
+                                             slot_value<V, kKind, kLast>(x),
+                                             V::rounding_words(keys[kLast / 2], index_low));
     }
     V::store(at.params + i, x.p);
     store_copy<V, kCopy>(at.copy, i, x.p);
 }
 
-// The last rest < 64 elements of a chunk, from element i.
+// The last rest < 64 elements of a chunk, from element i (global index low word index_low).
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void bf16_tail(const VectorConstants<V>& k, const StateLanePointers& at, std::size_t i,
-               std::size_t rest, const std::uint32_t (*words)[kRoundingBatch]) noexcept {
+               std::size_t rest, const std::uint32_t* keys, std::uint32_t index_low) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     std::size_t w = 0;
     for (; w + V::kLanes <= rest; w += V::kLanes) {
-        bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words, w);
+        bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, keys,
+                                                     index_low + static_cast<std::uint32_t>(w));
     }
     if (w == rest) return;
     TailLanes<V, kGrad, kCopy> tail;
     tail.load(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
-    bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, words, w);
+    bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, tail.pointers(), 0, keys,
+                                                 index_low + static_cast<std::uint32_t>(w));
     tail.store(at, i + w, rest - w, sizeof(std::uint16_t), kKept);
 }
 
-// The rounding words of elements i + offset .. i + offset + count (of the 64 from i), every
-// pair's.
-template <class V, int kKept>
-void bf16_words(const StateStepArgs& a, const typename V::PhiloxSchedule* schedules, std::size_t i,
-                std::uint32_t (*words)[kRoundingBatch], std::size_t offset,
-                std::size_t count) noexcept {
-    for (int pair = 0; 2 * pair < kKept; ++pair) {
-        V::philox_words(words[pair] + offset, schedules[pair], a.first_index + i + offset, count);
-    }
-}
-
-// The words of the next 64 elements are made while the current ones are updated, one Philox
-// batch of V (V::kPhiloxBatch words) after every kVectors / kPieces vectors: Philox is a long
-// chain of dependent multiplies, and placing its pieces between independent updates lets
-// out-of-order execution overlap the two (made all at once, the chain filled the window).
+// Runs of 64 elements (whole vectors, never across a multiple of 2^32 of the global index, where
+// the run keys change).
 template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
 void bf16_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
-    constexpr std::size_t kPiece = V::kPhiloxBatch;
-    constexpr std::size_t kPieces = kRoundingBatch / kPiece;
     constexpr std::size_t kVectors = kRoundingBatch / V::kLanes;
-    static_assert(kRoundingBatch % kPiece == 0 && kPieces <= kVectors);
     ZINF_ASSERT(a.moment_count == kKept);
     const VectorConstants<V> k(a.step.c);
     const StateLanePointers at = lane_pointers<V>(a);
-    // The round keys and the first rounds' stream lanes, made once for the whole chunk.
-    typename V::PhiloxSchedule schedules[(kKept + 1) / 2];
-    for (int pair = 0; 2 * pair < kKept; ++pair) {
-        schedules[pair] =
-            V::philox_schedule(a.rounding_seed, a.rounding_streams[pair], a.first_index + begin);
-    }
-    alignas(64) std::uint32_t words[2][2][kRoundingBatch];  // [current or next][pair]
-    bf16_words<V, kKept>(a, schedules, begin, words[0], 0, kRoundingBatch);
-    int current = 0;
-    for (std::size_t i = begin; i < end; i += kRoundingBatch, current ^= 1) {
+    std::uint64_t high = (a.first_index + begin) >> 32;
+    std::uint32_t keys[2] = {};
+    make_run_keys<kKept>(a, static_cast<std::uint32_t>(high), keys);
+    for (std::size_t i = begin; i < end; i += kRoundingBatch) {
+        const std::uint64_t index = a.first_index + i;
+        if ((index >> 32) != high) [[unlikely]] {
+            high = index >> 32;
+            make_run_keys<kKept>(a, static_cast<std::uint32_t>(high), keys);
+        }
+        const auto index_low = static_cast<std::uint32_t>(index);
         if (end - i < kRoundingBatch) {
-            bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, words[current]);
+            bf16_tail<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i, end - i, keys, index_low);
             return;
         }
-        const bool more = i + kRoundingBatch < end;
         prefetch_run<kGrad, kCopy>(at, i, sizeof(std::uint16_t), kKept);
-        // Unrolled (GCC kept the loop): the Philox pieces' places become static and the loop's
-        // branches go; measured 3-4 % faster.
+        // Unrolled (GCC kept the loop): the loop's branches go; measured 3-4 % faster.
 #pragma GCC unroll 16
         for (std::size_t v = 0; v < kVectors; ++v) {
             const std::size_t w = v * V::kLanes;
-            bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, words[current], w);
-            if (more && v % (kVectors / kPieces) == 0) {
-                const std::size_t piece = v / (kVectors / kPieces);
-                bf16_words<V, kKept>(a, schedules, i + kRoundingBatch, words[current ^ 1],
-                                     piece * kPiece, kPiece);
-            }
+            bf16_lanes<V, kKind, kAmsgrad, kGrad, kCopy>(k, at, i + w, keys,
+                                                         index_low + static_cast<std::uint32_t>(w));
         }
     }
 }
@@ -372,60 +381,105 @@ template <class V, int kKind, bool kAmsgrad, int kGrad, int kCopy>
     store_copy<V, kCopy>(at.copy, i, x.p);
 }
 
-// A whole block updated by pass 1 and waiting for its codes: its buffers, the inverses of its
-// new scales and where its codes go. Pass 1 of the next block encodes it piece by piece.
+// A block updated by pass 1 and waiting for its codes: its buffers, the inverses of its new
+// scales, where its codes go and what its rounding words need. Pass 1 of the next block encodes
+// a whole block piece by piece; a chunk's last block is encoded after its own pass 1.
 struct Int8PendingBlock {
     const Int8BlockBuffers* buffers = nullptr;  // null: none pending
     float inv_scales[kStepMoments];
     std::uint8_t* codes[kStepMoments];
+    std::uint32_t keys[2];    // the pairs' run keys (rounding_run_key) for the block
+    std::uint32_t index_low;  // the low word of the block's first global index
 };
+
+// The moments of pair `kPair` (2 * kPair and, where kept, 2 * kPair + 1: the low and the high 16
+// bits of the same words) of 4 * kLanes elements from block offset j encoded.
+template <class V, int kKind, bool kAmsgrad, int kPair>
+[[gnu::always_inline]] inline void int8_encode_pair_x4(const Int8PendingBlock& pending,
+                                                       std::size_t j) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    constexpr int kLow = 2 * kPair;
+    const auto lanes = static_cast<std::uint32_t>(V::kLanes);
+    const std::uint32_t first = pending.index_low + static_cast<std::uint32_t>(j);
+    const typename V::W words[4] = {V::rounding_words(pending.keys[kPair], first),
+                                    V::rounding_words(pending.keys[kPair], first + lanes),
+                                    V::rounding_words(pending.keys[kPair], first + 2 * lanes),
+                                    V::rounding_words(pending.keys[kPair], first + 3 * lanes)};
+    V::template store_int8_x4<((kMask >> kLow) & 1u) != 0, 0>(
+        pending.codes[kLow] + j, pending.buffers->moments[kLow] + j,
+        V::set1(pending.inv_scales[kLow]), words);
+    if constexpr (kLow + 1 < kKept) {
+        V::template store_int8_x4<((kMask >> (kLow + 1)) & 1u) != 0, 16>(
+            pending.codes[kLow + 1] + j, pending.buffers->moments[kLow + 1] + j,
+            V::set1(pending.inv_scales[kLow + 1]), words);
+    }
+}
+
+// One vector of pair kPair's moments at block offset j; n - j of its lanes stored (all when
+// n - j >= kLanes).
+template <class V, int kKind, bool kAmsgrad, int kPair>
+void int8_encode_pair_lanes(const Int8PendingBlock& pending, std::size_t j,
+                            std::size_t n) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    constexpr int kLow = 2 * kPair;
+    const typename V::W words =
+        V::rounding_words(pending.keys[kPair], pending.index_low + static_cast<std::uint32_t>(j));
+    auto one = [&](auto slot, auto shift) {
+        constexpr int kSlot = decltype(slot)::value;
+        constexpr bool kUnsigned = ((kMask >> kSlot) & 1u) != 0;
+        const typename V::F x = V::load(pending.buffers->moments[kSlot] + j);
+        const typename V::F inv = V::set1(pending.inv_scales[kSlot]);
+        if (n - j >= V::kLanes) {
+            V::template store_int8<kUnsigned, decltype(shift)::value>(pending.codes[kSlot] + j, x,
+                                                                      inv, words);
+            return;
+        }
+        alignas(64) std::uint8_t tail[V::kLanes] = {};
+        V::template store_int8<kUnsigned, decltype(shift)::value>(tail, x, inv, words);
+        std::memcpy(pending.codes[kSlot] + j, tail, n - j);
+    };
+    one(std::integral_constant<int, kLow>{}, std::integral_constant<int, 0>{});
+    if constexpr (kLow + 1 < kKept) {
+        one(std::integral_constant<int, kLow + 1>{}, std::integral_constant<int, 16>{});
+    }
+}
+
+// Every kept moment of 4 * kLanes elements from block offset j encoded.
+template <class V, int kKind, bool kAmsgrad>
+[[gnu::always_inline]] inline void int8_encode_x4(const Int8PendingBlock& pending,
+                                                  std::size_t j) noexcept {
+    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
+    int8_encode_pair_x4<V, kKind, kAmsgrad, 0>(pending, j);
+    if constexpr (kKept > 2) int8_encode_pair_x4<V, kKind, kAmsgrad, 1>(pending, j);
+}
 
 // Elements o .. o + 64 of the pending block's moments encoded (a whole block: no tail).
 template <class V, int kKind, bool kAmsgrad>
 [[gnu::always_inline]] inline void int8_encode_run(const Int8PendingBlock& pending,
                                                    std::size_t o) noexcept {
-    constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
-    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
     constexpr std::size_t kStep = 4 * V::kLanes;
     static_assert(kRoundingBatch % kStep == 0);
-    for_slots<kKept>([&](auto s) {
-        const typename V::F inv = V::set1(pending.inv_scales[s]);
-        for (std::size_t j = o; j < o + kRoundingBatch; j += kStep) {
-            V::template store_int8_x4<((kMask >> s) & 1u) != 0>(
-                pending.codes[s] + j, pending.buffers->moments[s] + j, inv);
-        }
-    });
+    for (std::size_t j = o; j < o + kRoundingBatch; j += kStep) {
+        int8_encode_x4<V, kKind, kAmsgrad>(pending, j);
+    }
 }
 
-template <class V, bool kUnsigned>
-void encode_int8_block(const float* x, float inv_scale, std::size_t n,
-                       std::uint8_t* codes) noexcept {
-    constexpr std::size_t kLanes = V::kLanes;
-    const typename V::F inv = V::set1(inv_scale);
-    std::size_t j = 0;
-    for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
-        V::template store_int8_x4<kUnsigned>(codes + j, x + j, inv);
-    }
-    for (; j + kLanes <= n; j += kLanes) {
-        V::template store_int8<kUnsigned>(codes + j, V::load(x + j), inv);
-    }
-    if (j == n) return;
-    alignas(64) std::uint8_t tail[kLanes] = {};
-    V::template store_int8<kUnsigned>(tail, V::load(x + j), inv);
-    std::memcpy(codes + j, tail, n - j);
-}
-
-// Elements from `from` of a pending block (whole: kBlock elements) encoded, and none pending.
+// Elements from .. n of the pending block encoded (from a multiple of 4 * kLanes; the buffers
+// zero past n up to whole vectors), and none pending.
 template <class V, int kKind, bool kAmsgrad>
-void int8_finish_pending(Int8PendingBlock& pending, std::size_t from) noexcept {
+void int8_finish_pending(Int8PendingBlock& pending, std::size_t from,
+                         std::size_t n = kBlock) noexcept {
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
-    constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
+    constexpr std::size_t kStep = 4 * V::kLanes;
     if (pending.buffers == nullptr) return;
-    for_slots<kKept>([&](auto s) {
-        encode_int8_block<V, ((kMask >> s) & 1u) != 0>(pending.buffers->moments[s] + from,
-                                                       pending.inv_scales[s], kBlock - from,
-                                                       pending.codes[s] + from);
-    });
+    std::size_t j = from;
+    for (; j + kStep <= n; j += kStep) int8_encode_x4<V, kKind, kAmsgrad>(pending, j);
+    for (; j < n; j += V::kLanes) {
+        int8_encode_pair_lanes<V, kKind, kAmsgrad, 0>(pending, j, n);
+        if constexpr (kKept > 2) int8_encode_pair_lanes<V, kKind, kAmsgrad, 1>(pending, j, n);
+    }
     pending.buffers = nullptr;
 }
 
@@ -498,15 +552,15 @@ void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
                 scale >= 0x1p-126f && scale <= 0x1.fffffep+127f ? 1.0f / scale : 0.0f;
             pending.codes[s] = static_cast<std::uint8_t*>(a.stored[s]) + b;
         });
+        const std::uint64_t index = a.first_index + b;
+        make_run_keys<kKept>(a, static_cast<std::uint32_t>(index >> 32), pending.keys);
+        pending.index_low = static_cast<std::uint32_t>(index);
+        pending.buffers = &buffers;
         if (n < kBlock) {
             // The chunk's last block, partial: encoded now, with its tail.
-            for_slots<kKept>([&](auto s) {
-                encode_int8_block<V, ((kMask >> s) & 1u) != 0>(
-                    buffers.moments[s], pending.inv_scales[s], n, pending.codes[s]);
-            });
+            int8_finish_pending<V, kKind, kAmsgrad>(pending, 0, n);
             return;
         }
-        pending.buffers = &buffers;
     }
     int8_finish_pending<V, kKind, kAmsgrad>(pending, 0);
 }

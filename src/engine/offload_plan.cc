@@ -141,8 +141,8 @@ std::vector<kernels::StateSegment> state_segments(const zero::Partitioning& part
     return out;
 }
 
-// The Philox key of bf16 states' stochastic rounding: the config's seed, mixed (splitmix64's
-// finaliser) so that it differs from the model's initialisation streams.
+// The seed of compressed states' stochastic rounding (bf16 and int8): the config's seed, mixed
+// (splitmix64's finaliser) so that it differs from the model's initialisation streams.
 std::uint64_t rounding_seed_of(std::uint64_t seed) noexcept {
     std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

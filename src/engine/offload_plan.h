@@ -90,7 +90,7 @@ struct OffloadPlan {
     // flat index of element j of parameter p is G_p + j, G_p the sum of the earlier parameters'
     // sizes rounded up to kStateBlockNumel: the same for any number of ranks. Empty for fp32.
     std::vector<kernels::StateSegment> state_segments;
-    // bf16 states: the Philox key of the stochastic rounding (from the config's seed).
+    // Compressed states: the stochastic rounding's seed (from the config's seed).
     std::uint64_t rounding_seed = 0;
     // Bytes per domain element of the optimizer's states as stored (master and moments, the
     // int8 scales included): 12 for Adam in fp32, 8 in bf16, about 6 in int8.

@@ -194,7 +194,7 @@ constexpr Case kCases[] = {
 };
 
 // (first_index, numel): a nonzero first block and a partial last one; a span across global index
-// 2^32 (the Philox counter's high word changes inside it); one element; one whole block.
+// 2^32 (the rounding words' run key changes there); one element; one whole block.
 struct Span {
     std::uint64_t first_index;
     std::size_t numel;
