@@ -12,9 +12,6 @@ struct Avx2StateOps : Avx2Ops {
     static __m256i set1_u32(std::uint32_t x) noexcept {
         return _mm256_set1_epi32(static_cast<int>(x));
     }
-    static __m256i load_table(const std::int32_t* t) noexcept {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
-    }
 
     // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
     // any NaN above every number.
@@ -50,26 +47,15 @@ struct Avx2StateOps : Avx2Ops {
         x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
         return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
     }
-    // u = (word >> kShift & 0xffff) / 2^16 (kShift 0 or 16), exact.
-    template <int kShift>
-    static F unit_random(W words) noexcept {
-        const __m256i random = kShift == 0 ? _mm256_and_si256(words, set1_u32(0xffffu))
-                                           : _mm256_srli_epi32(words, kShift);
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(random), _mm256_set1_ps(0x1p-16f));
-    }
-
-    // decode_int8: scale * ratio, the ratio's bits made from the code by a table permute and an
-    // integer add (make_decode_ratio_table; one multiply fewer than step * 2^e).
+    // decode_int8: scale * f(c), f(c)'s bits (c + K) << 20; psignd makes code 0 zero.
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
-        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        static constexpr DecodeRatioTable kRatios = make_decode_ratio_table(kCodeMax);
+        constexpr int kBias = code_bias(kUnsigned ? kUnsignedCodeMax : kSignedCodeMax);
         const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
         const __m256i q = kUnsigned ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
         const __m256i c = kUnsigned ? q : _mm256_abs_epi32(q);
-        const __m256i octave = _mm256_and_si256(_mm256_slli_epi32(c, 20), set1_u32(0xff800000u));
-        const F ratio = _mm256_castsi256_ps(_mm256_add_epi32(
-            _mm256_permutevar8x32_epi32(load_table(kRatios.bits), c), octave));  // index c & 7
+        const F ratio = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(kBias)), 20));
         // psignd: 0 where c is 0, else x unchanged (c >= 0).
         __m256i x = _mm256_sign_epi32(_mm256_castps_si256(_mm256_mul_ps(scale, ratio)), c);
         if constexpr (!kUnsigned) {
@@ -78,46 +64,23 @@ struct Avx2StateOps : Avx2Ops {
         return _mm256_castsi256_ps(x);
     }
 
-    // encode_int8_stochastic's codes (int32 lanes), u from unit_random: the floor code `low` from
-    // the exponent and the table of the mantissa's top three bits (one code value at most per
-    // interval), its value and the next one's from permuted tables and the octave bits (as
-    // load_int8), then low + 1 where r - below > (above - below) * u. kMagnitude: x is |x|
-    // already, so x * inv_scale needs no AND unless it is the NaN of inf * 0, whose sign bit
-    // only raises its floor code (clamped) to c_max.
-    template <bool kUnsigned, bool kMagnitude = false>
-    static __m256i int8_codes(F x, F inv_scale, F u) noexcept {
+    // encode_int8_stochastic's codes (int32 lanes): the ratio's bits plus the 16 random bits of
+    // word >> kShift (kShift 0 or 16) at bits 4..19, shifted, less K, clamped. kMagnitude: x is
+    // |x| already, so x * inv_scale needs no AND (its only negative result is the NaN of inf * 0,
+    // 0xffc00000, whose code is clamped to c_max as the AND's 0x7fc00000 would be).
+    template <bool kUnsigned, int kShift, bool kMagnitude = false>
+    static __m256i int8_codes(F x, F inv_scale, W words) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        static constexpr OctaveStepTables<3> kTables = make_octave_floor_tables<3>(kCodeMax);
-        static constexpr DecodeRatioTable kBelow = make_decode_ratio_table(kCodeMax);
-        static constexpr DecodeRatioTable kAbove = make_decode_ratio_table(kCodeMax, 1);
-        static_assert(kTables.second[0] == 0x7fffffff && kTables.second[6] == 0x7fffffff);
         const __m256i product = _mm256_castps_si256(_mm256_mul_ps(x, inv_scale));
         const __m256i bits =
             kMagnitude ? product : _mm256_and_si256(product, set1_u32(0x7fffffffu));
-        // 8 * exponent + the mantissa's top 3 bits; the permutes use those 3 bits.
-        const __m256i index = _mm256_srli_epi32(bits, 20);
-        const __m256i mantissa = _mm256_and_si256(bits, set1_u32(0x007fffffu));
-        __m256i low =
-            _mm256_add_epi32(index, _mm256_permutevar8x32_epi32(load_table(kTables.base), index));
-        low = _mm256_sub_epi32(  // a true comparison is -1
-            low, _mm256_cmpgt_epi32(mantissa,
-                                    _mm256_permutevar8x32_epi32(load_table(kTables.first), index)));
-        low = _mm256_min_epi32(_mm256_max_epi32(low, _mm256_setzero_si256()),
-                               _mm256_set1_epi32(kCodeMax));
-        const __m256i octave = _mm256_and_si256(_mm256_slli_epi32(low, 20), set1_u32(0xff800000u));
-        // psignd: 0 where low is 0, else unchanged.
-        const F below = _mm256_castsi256_ps(_mm256_sign_epi32(
-            _mm256_add_epi32(_mm256_permutevar8x32_epi32(load_table(kBelow.bits), low), octave),
-            low));
-        const F above = _mm256_castsi256_ps(
-            _mm256_add_epi32(_mm256_permutevar8x32_epi32(load_table(kAbove.bits), low), octave));
-        const F r = _mm256_castsi256_ps(bits);
-        const __m256i up =
-            _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(
-                                 _mm256_sub_ps(r, below),
-                                 _mm256_mul_ps(_mm256_sub_ps(above, below), u), _CMP_GT_OQ)),
-                             _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeMax), low));
-        __m256i c = _mm256_sub_epi32(low, up);
+        const __m256i random = _mm256_and_si256(
+            kShift == 0 ? _mm256_slli_epi32(words, 4) : _mm256_srli_epi32(words, kShift - 4),
+            set1_u32(0x000ffff0u));
+        __m256i c = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(bits, random), 20),
+                                     _mm256_set1_epi32(code_bias(kCodeMax)));
+        c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()),
+                             _mm256_set1_epi32(kCodeMax));
         if constexpr (!kUnsigned) {
             // psignd: -c where x's bits are negative, 0 where they are 0 (x = +0, whose code is
             // 0 anyway), else c: the two's complement code in one micro-op.
@@ -128,7 +91,7 @@ struct Avx2StateOps : Avx2Ops {
 
     template <bool kUnsigned, int kShift>
     static void store_int8(std::uint8_t* p, F x, F inv_scale, W words) noexcept {
-        const __m256i c = int8_codes<kUnsigned>(x, inv_scale, unit_random<kShift>(words));
+        const __m256i c = int8_codes<kUnsigned, kShift>(x, inv_scale, words);
         const __m256i low = _mm256_and_si256(c, _mm256_set1_epi32(0xff));
         const __m256i bytes =
             _mm256_packus_epi16(_mm256_packus_epi32(low, low), _mm256_setzero_si256());
@@ -142,14 +105,13 @@ struct Avx2StateOps : Avx2Ops {
     template <bool kUnsigned, int kShift>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale,
                               const W* words) noexcept {
-        const __m256i c0 =
-            int8_codes<kUnsigned, kUnsigned>(load(x), inv_scale, unit_random<kShift>(words[0]));
+        const __m256i c0 = int8_codes<kUnsigned, kShift, kUnsigned>(load(x), inv_scale, words[0]);
         const __m256i c1 =
-            int8_codes<kUnsigned, kUnsigned>(load(x + 8), inv_scale, unit_random<kShift>(words[1]));
-        const __m256i c2 = int8_codes<kUnsigned, kUnsigned>(load(x + 16), inv_scale,
-                                                            unit_random<kShift>(words[2]));
-        const __m256i c3 = int8_codes<kUnsigned, kUnsigned>(load(x + 24), inv_scale,
-                                                            unit_random<kShift>(words[3]));
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 8), inv_scale, words[1]);
+        const __m256i c2 =
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 16), inv_scale, words[2]);
+        const __m256i c3 =
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 24), inv_scale, words[3]);
         __m256i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));

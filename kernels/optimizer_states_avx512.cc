@@ -15,10 +15,6 @@ struct Avx512StateOps : Avx512Ops {
     static __m512i set1_u32(std::uint32_t x) noexcept {
         return _mm512_set1_epi32(static_cast<int>(x));
     }
-    static __m512i load_table(const std::int32_t* t) noexcept { return _mm512_loadu_si512(t); }
-    static __m256i load_table_256(const std::int32_t* t) noexcept {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
-    }
 
     // The running largest magnitude as the integer maximum of |x|'s bits: exact, order-free, and
     // any NaN above every number.
@@ -52,28 +48,16 @@ struct Avx512StateOps : Avx512Ops {
         x = _mm512_mullo_epi32(x, set1_u32(0x846ca68bu));
         return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
     }
-    // u = (word >> kShift & 0xffff) / 2^16 (kShift 0 or 16), exact.
-    template <int kShift>
-    static F unit_random(W words) noexcept {
-        const __m512i random = kShift == 0 ? _mm512_and_si512(words, set1_u32(0xffffu))
-                                           : _mm512_srli_epi32(words, kShift);
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(random), _mm512_set1_ps(0x1p-16f));
-    }
-
-    // decode_int8: scale * ratio, the ratio's bits made from the code by a table permute and an
-    // integer add (make_decode_ratio_table; one multiply fewer than step * 2^e).
+    // decode_int8: scale * f(c), f(c)'s bits (c + K) << 20; a zero-masked multiply makes code 0
+    // zero.
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
-        constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        static constexpr DecodeRatioTable kRatios = make_decode_ratio_table(kCodeMax);
+        constexpr int kBias = code_bias(kUnsigned ? kUnsignedCodeMax : kSignedCodeMax);
         const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
         const __m512i q = kUnsigned ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
         const __m512i c = kUnsigned ? q : _mm512_abs_epi32(q);
-        // The 8 entries twice: the permute takes c & 15, the octave add c >> 3.
-        const __m512i table = _mm512_broadcast_i32x8(load_table_256(kRatios.bits));
-        const __m512i octave = _mm512_and_si512(_mm512_slli_epi32(c, 20), set1_u32(0xff800000u));
-        const F ratio =
-            _mm512_castsi512_ps(_mm512_add_epi32(_mm512_permutexvar_epi32(c, table), octave));
+        const F ratio = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(kBias)), 20));
         F x = _mm512_maskz_mul_ps(_mm512_test_epi32_mask(c, c), scale, ratio);
         if constexpr (!kUnsigned) {
             x = _mm512_castsi512_ps(
@@ -83,45 +67,23 @@ struct Avx512StateOps : Avx512Ops {
         return x;
     }
 
-    // encode_int8_stochastic's codes (int32 lanes), u from unit_random: the floor code `low` from
-    // the exponent and the table of the mantissa's top four bits (one code value at most per
-    // interval), its value and the next one's from permuted tables and the octave bits (as
-    // load_int8), then low + 1 where r - below > (above - below) * u. kMagnitude: x is |x|
-    // already, so x * inv_scale needs no AND unless it is the NaN of inf * 0, whose sign bit
-    // only raises its floor code (clamped) to c_max.
-    template <bool kUnsigned, bool kMagnitude = false>
-    static __m512i int8_codes(F x, F inv_scale, F u) noexcept {
+    // encode_int8_stochastic's codes (int32 lanes): the ratio's bits plus the 16 random bits of
+    // word >> kShift (kShift 0 or 16) at bits 4..19, shifted, less K, clamped. kMagnitude: x is
+    // |x| already, so x * inv_scale needs no AND (its only negative result is the NaN of inf * 0,
+    // 0xffc00000, whose code is clamped to c_max as the AND's 0x7fc00000 would be).
+    template <bool kUnsigned, int kShift, bool kMagnitude = false>
+    static __m512i int8_codes(F x, F inv_scale, W words) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        static constexpr OctaveStepTables<4> kTables = make_octave_floor_tables<4>(kCodeMax);
-        static constexpr DecodeRatioTable kBelow = make_decode_ratio_table(kCodeMax);
-        static constexpr DecodeRatioTable kAbove = make_decode_ratio_table(kCodeMax, 1);
-        static_assert(kTables.second[0] == 0x7fffffff);  // spot check: one value at most
         const __m512i product = _mm512_castps_si512(_mm512_mul_ps(x, inv_scale));
         const __m512i bits =
             kMagnitude ? product : _mm512_and_si512(product, set1_u32(0x7fffffffu));
-        const __m512i index = _mm512_srli_epi32(bits, 19);  // the permutes use its low 4 bits
-        const __m512i mantissa = _mm512_and_si512(bits, set1_u32(0x007fffffu));
-        const __mmask16 above_first = _mm512_cmpgt_epi32_mask(
-            mantissa, _mm512_permutexvar_epi32(index, load_table(kTables.first)));
-        const __m512i octave_index = _mm512_srli_epi32(bits, 20);  // 8 * exponent + top 3 bits
-        __m512i low = _mm512_add_epi32(octave_index,
-                                       _mm512_permutexvar_epi32(index, load_table(kTables.base)));
-        low = _mm512_mask_add_epi32(low, above_first, low, _mm512_set1_epi32(1));
-        low = _mm512_min_epi32(_mm512_max_epi32(low, _mm512_setzero_si512()),
-                               _mm512_set1_epi32(kCodeMax));
-        // The 8 entries twice: the permutes take low & 15, the octave add low >> 3.
-        const __m512i below_table = _mm512_broadcast_i32x8(load_table_256(kBelow.bits));
-        const __m512i above_table = _mm512_broadcast_i32x8(load_table_256(kAbove.bits));
-        const __m512i octave = _mm512_and_si512(_mm512_slli_epi32(low, 20), set1_u32(0xff800000u));
-        const F below = _mm512_castsi512_ps(_mm512_maskz_add_epi32(
-            _mm512_test_epi32_mask(low, low), _mm512_permutexvar_epi32(low, below_table), octave));
-        const F above = _mm512_castsi512_ps(
-            _mm512_add_epi32(_mm512_permutexvar_epi32(low, above_table), octave));
-        const F r = _mm512_castsi512_ps(bits);
-        const __mmask16 up = _mm512_mask_cmp_ps_mask(
-            _mm512_cmplt_epi32_mask(low, _mm512_set1_epi32(kCodeMax)), _mm512_sub_ps(r, below),
-            _mm512_mul_ps(_mm512_sub_ps(above, below), u), _CMP_GT_OQ);
-        __m512i c = _mm512_mask_add_epi32(low, up, low, _mm512_set1_epi32(1));
+        const __m512i random = _mm512_and_si512(
+            kShift == 0 ? _mm512_slli_epi32(words, 4) : _mm512_srli_epi32(words, kShift - 4),
+            set1_u32(0x000ffff0u));
+        __m512i c = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(bits, random), 20),
+                                     _mm512_set1_epi32(code_bias(kCodeMax)));
+        c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()),
+                             _mm512_set1_epi32(kCodeMax));
         if constexpr (!kUnsigned) {
             c = _mm512_mask_sub_epi32(c, _mm512_movepi32_mask(_mm512_castps_si512(x)),
                                       _mm512_setzero_si512(), c);
@@ -131,9 +93,9 @@ struct Avx512StateOps : Avx512Ops {
 
     template <bool kUnsigned, int kShift>
     static void store_int8(std::uint8_t* p, F x, F inv_scale, W words) noexcept {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                         _mm512_cvtepi32_epi8(int8_codes<kUnsigned>(
-                             x, inv_scale, unit_random<kShift>(words))));  // low bytes
+        _mm_storeu_si128(
+            reinterpret_cast<__m128i*>(p),
+            _mm512_cvtepi32_epi8(int8_codes<kUnsigned, kShift>(x, inv_scale, words)));  // low bytes
     }
 
     // Four vectors' codes narrowed by packs (the codes fit their saturation) and one dword
@@ -141,14 +103,13 @@ struct Avx512StateOps : Avx512Ops {
     template <bool kUnsigned, int kShift>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale,
                               const W* words) noexcept {
-        const __m512i c0 =
-            int8_codes<kUnsigned, kUnsigned>(load(x), inv_scale, unit_random<kShift>(words[0]));
-        const __m512i c1 = int8_codes<kUnsigned, kUnsigned>(load(x + 16), inv_scale,
-                                                            unit_random<kShift>(words[1]));
-        const __m512i c2 = int8_codes<kUnsigned, kUnsigned>(load(x + 32), inv_scale,
-                                                            unit_random<kShift>(words[2]));
-        const __m512i c3 = int8_codes<kUnsigned, kUnsigned>(load(x + 48), inv_scale,
-                                                            unit_random<kShift>(words[3]));
+        const __m512i c0 = int8_codes<kUnsigned, kShift, kUnsigned>(load(x), inv_scale, words[0]);
+        const __m512i c1 =
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 16), inv_scale, words[1]);
+        const __m512i c2 =
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 32), inv_scale, words[2]);
+        const __m512i c3 =
+            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 48), inv_scale, words[3]);
         __m512i bytes;
         if constexpr (kUnsigned) {
             bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));

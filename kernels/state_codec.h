@@ -1,19 +1,21 @@
 // The element codes of compressed optimizer states (src/base/state_dtype.h), defined once here in
-// scalar code: bf16 with stochastic rounding from hashed rounding words, and the int8 logarithmic
-// code with one fp32 scale per block (the step's encode rounding stochastically with the same
-// words). The SIMD variants reproduce these functions bit for bit; the
-// span conversions at the end serve checkpoints, the swapper and tests.
+// scalar code: bf16 and int8 with stochastic rounding from hashed rounding words, the int8 code
+// with one fp32 scale per block. The SIMD and CUDA variants reproduce these functions bit for
+// bit; the span conversions at the end serve checkpoints, the swapper and tests.
 //
 // The int8 code (kernels/README.md, "Compressed optimizer states"): a magnitude code c in
-// [0, c_max] stands for 0 (c = 0) or scale * 2^((c - c_max) / 8), eight steps per octave, so a
-// value keeps about 4.4 % relative precision over 2^-15.75 (signed, c_max = 127, exp_avg) or
-// 2^-31.75 (unsigned, c_max = 255, exp_avg_sq and other never-negative moments) of its block's
-// largest magnitude. Signed codes keep the sign in the int8's two's complement (-127..127).
-// A conversion (encode_int8) quantizes to the nearest code value (not the nearest logarithm), so
-// the error is at most half a step; the optimizer step rounds stochastically
-// (encode_int8_stochastic, below). This is the same idea as 8-bit Adam's dynamic-tree code
-// (Dettmers et al., 2022: blockwise absmax, more codes near zero), in a form that needs no table
-// search: the octave is the fp32 exponent and the step within it eight comparisons.
+// [0, c_max] stands for 0 (c = 0) or scale * f(c), f(c) the fp32 number whose bits are
+// (c + K) << 20, K = 1016 - c_max: an exponent and three mantissa bits, so f(c_max) = 1 and each
+// octave below holds eight codes, 1, 1.125, ..., 1.875 times its power of two (relative spacing
+// 6.25-12.5 %), down to f(1) = 1.25 * 2^-16 (signed, c_max = 127, exp_avg) or 1.25 * 2^-32
+// (unsigned, c_max = 255, exp_avg_sq and other never-negative moments) of the block's largest
+// magnitude. Signed codes keep the sign in the int8's two's complement (-127..127). Like 8-bit
+// Adam's dynamic-tree code (Dettmers et al., 2022: blockwise absmax, more codes near zero) and
+// fp8, in a form where encoding and decoding are integer operations on the ratio's fp32 bits:
+// decode is a shift, an add and a multiply by the scale; encode adds half a code (a conversion,
+// round to nearest) or 16 random bits at the 20 dropped ones (the optimizer step, stochastic
+// rounding: the upper code with probability the value's position between the two, exactly,
+// so the expected stored value is the value's) and shifts.
 #pragma once
 
 #include <cstddef>
@@ -26,59 +28,57 @@
 
 namespace zinf::kernels {
 
-inline constexpr int kCodeStepsPerOctave = 8;
 inline constexpr int kSignedCodeMax = 127;
 inline constexpr int kUnsignedCodeMax = 255;
 
-// 2^(k/8) for k = 0..7, rounded to fp32 (code values within an octave).
-inline constexpr float kOctaveSteps[kCodeStepsPerOctave] = {
-    0x1.000000p+0f, 0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
-    0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
-// (2^(k/8) + 2^((k+1)/8)) / 2 for k = 0..7, rounded to fp32: the nearest-value thresholds.
-inline constexpr float kOctaveMidpoints[kCodeStepsPerOctave] = {
-    0x1.0b95c2p+0f, 0x1.23cdb2p+0f, 0x1.3e36c6p+0f, 0x1.5b03cap+0f,
-    0x1.7a6c1ep+0f, 0x1.9cac26p+0f, 0x1.c205c4p+0f, 0x1.eac0c6p+0f};
-
-// Half the smallest nonzero code's ratio, 0.5 * code_ratio(1, c_max), written out so that the
-// SIMD units need no function to derive it (tests/kernels/state_codec_test.cc checks both).
-inline constexpr float kSignedHalfSmallest = 0x1.306fe0p-17f;
-inline constexpr float kUnsignedHalfSmallest = 0x1.306fe0p-33f;
-
-// 2^e as fp32 for e in [-126, 127]: exact.
-inline float exp2_int(int e) noexcept {
-    return bits_float(static_cast<std::uint32_t>(e + 127) << 23);
+// K: the fp32 bits >> 20 of f(c) are c + K, f(c_max) = 1.0 (0x3f800000 >> 20 = 1016).
+ZINF_HOST_DEVICE constexpr int code_bias(int code_max) noexcept {
+    return 1016 - code_max;
 }
 
-// The value of magnitude code c in (0, code_max] relative to the scale: 2^((c - code_max) / 8),
-// exact in fp32 as kOctaveSteps[k] * 2^e.
+// f(c) for a magnitude code c in (0, code_max] (exact).
 inline float code_ratio(int c, int code_max) noexcept {
-    const int level = c - code_max;  // <= 0
-    return kOctaveSteps[level & 7] * exp2_int(level >> 3);
+    return bits_float(static_cast<std::uint32_t>(c + code_bias(code_max)) << 20);
 }
 
-// The magnitude code nearest to ratio r = |x| / scale (r >= 0; r a little above 1 from rounding
-// gives code_max; NaN gives code_max). A value at a threshold rounds up.
+// The magnitude code of ratio r = |x| / scale with `add` (below 2^20) added to its bits before
+// the 20 low bits are dropped, clamped to [0, code_max]: r >= 1 and NaN give code_max, r below
+// the smallest code 0 (or 1 when the addition carries).
+inline int encode_ratio_bits(float r, std::uint32_t add, int code_max) noexcept {
+    const auto c = static_cast<int>((float_bits(r) + add) >> 20) - code_bias(code_max);
+    return c < 0 ? 0 : (c > code_max ? code_max : c);
+}
+
+// Round to nearest (ties up, in the bits): the conversion's code.
 inline int encode_ratio(float r, int code_max) noexcept {
-    const std::uint32_t bits = float_bits(r);
-    const int exponent = static_cast<int>(bits >> 23) - 127;
-    const float mantissa = bits_float((bits & 0x007fffffu) | 0x3f800000u);
-    int steps = 0;
-    for (const float threshold : kOctaveMidpoints) steps += mantissa >= threshold ? 1 : 0;
-    const int c = code_max + kCodeStepsPerOctave * exponent + steps;
-    if (c > code_max) return code_max;
-    if (c >= 1) return c;
-    // Below the smallest code's lower threshold: 0 or the smallest code, whichever is nearer.
-    return r >= (code_max == kSignedCodeMax ? kSignedHalfSmallest : kUnsignedHalfSmallest) ? 1 : 0;
+    return encode_ratio_bits(r, 1u << 19, code_max);
+}
+
+// Stochastic rounding with random16 (its low 16 bits) at bits 4..19.
+inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16) noexcept {
+    return encode_ratio_bits(r, (random16 & 0xffffu) << 4, code_max);
 }
 
 // One int8 element: `is_unsigned` for never-negative moments (OptimizerDescriptor's
 // non_negative), whose sign is dropped. inv_scale is 1 / scale, or 0 when the scale is 0.
-inline std::uint8_t encode_int8(float x, float inv_scale, bool is_unsigned) noexcept {
-    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
-    const int c =
-        encode_ratio(magnitude * inv_scale, is_unsigned ? kUnsignedCodeMax : kSignedCodeMax);
+inline std::uint8_t int8_with_sign(int c, float x, bool is_unsigned) noexcept {
     if (is_unsigned || (float_bits(x) & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
     return static_cast<std::uint8_t>(-c);  // two's complement of the negative code
+}
+inline std::uint8_t encode_int8(float x, float inv_scale, bool is_unsigned) noexcept {
+    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
+    return int8_with_sign(
+        encode_ratio(magnitude * inv_scale, is_unsigned ? kUnsignedCodeMax : kSignedCodeMax), x,
+        is_unsigned);
+}
+// The optimizer step's encode (random16: the element's 16 random bits).
+inline std::uint8_t encode_int8_stochastic(float x, float inv_scale, bool is_unsigned,
+                                           std::uint32_t random16) noexcept {
+    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
+    return int8_with_sign(
+        encode_ratio_stochastic(magnitude * inv_scale,
+                                is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16),
+        x, is_unsigned);
 }
 
 inline float decode_int8(std::uint8_t code, float scale, bool is_unsigned) noexcept {
@@ -153,42 +153,6 @@ ZINF_HOST_DEVICE constexpr std::uint32_t rounding_word(std::uint64_t key,
                                                        std::uint64_t index) noexcept {
     return rounding_word(rounding_run_key(key, static_cast<std::uint32_t>(index >> 32)),
                          static_cast<std::uint32_t>(index));
-}
-
-// ---- int8 with stochastic rounding (the optimizer step's encode) ----
-//
-// Round to nearest would freeze a moment whose per-step change is below half a code (about 4.5 %:
-// exp_avg_sq at beta2 = 0.99 changes by about 1 % a step and could not decay). The step rounds
-// the ratio r = |x| / scale to one of its two neighbouring codes instead: `below`, the largest
-// code value at or under r (0 under the smallest code), and `above`, the next, taken when
-// r - below > (above - below) * u with u = r16 / 2^16 from the element's 16 random bits, i.e. with
-// probability (r - below) / (above - below) (to 2^-16): the expected stored value is r's. Both
-// differences are exact (Sterbenz: above < 2 below, or below = 0), the product is one fp32
-// rounding, so every variant takes the same branch. r at or above 1 (the block's largest value,
-// with the scale's rounding) and NaN give code_max.
-inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16) noexcept {
-    if (!(r < 1.0f)) return code_max;
-    const std::uint32_t bits = float_bits(r);
-    const int exponent = static_cast<int>(bits >> 23) - 127;
-    const float mantissa = bits_float((bits & 0x007fffffu) | 0x3f800000u);
-    int steps = 0;
-    for (int k = 1; k < kCodeStepsPerOctave; ++k) steps += mantissa >= kOctaveSteps[k] ? 1 : 0;
-    int low = code_max + kCodeStepsPerOctave * exponent + steps;  // below r's code; < code_max
-    if (low < 0) low = 0;
-    const float below = low == 0 ? 0.0f : code_ratio(low, code_max);
-    const float above = code_ratio(low + 1, code_max);
-    const float u = static_cast<float>(random16 & 0xffffu) * 0x1p-16f;
-    return r - below > (above - below) * u ? low + 1 : low;
-}
-
-// encode_int8 with encode_ratio_stochastic: the step's encode (random16: the element's 16 bits).
-inline std::uint8_t encode_int8_stochastic(float x, float inv_scale, bool is_unsigned,
-                                           std::uint32_t random16) noexcept {
-    const float magnitude = bits_float(float_bits(x) & 0x7fffffffu);
-    const int c = encode_ratio_stochastic(
-        magnitude * inv_scale, is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16);
-    if (is_unsigned || (float_bits(x) & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
-    return static_cast<std::uint8_t>(-c);
 }
 
 // Span conversions, single-threaded, scalar, allocation-free. `values` starts at a block

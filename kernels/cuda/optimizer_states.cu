@@ -36,65 +36,35 @@ constexpr int kElementsPerThread = kGroupNumel * kGroupsPerThread;
 static_assert(kBlock % (kGroupNumel * kStateThreads) == 0);
 static_assert(kd::kStepMoments == 3);
 
-// kernels/state_codec.h's tables, in constant memory: device code cannot index a host constexpr
-// array. The encode's thresholds read it with uniform indices (broadcast); code_ratio, which
-// indexes it by each element's code, reads a shared copy per block instead.
-__constant__ float kOctaveStepsDevice[kCodeStepsPerOctave] = {
-    kOctaveSteps[0], kOctaveSteps[1], kOctaveSteps[2], kOctaveSteps[3],
-    kOctaveSteps[4], kOctaveSteps[5], kOctaveSteps[6], kOctaveSteps[7]};
-
 // ---- kernels/state_codec.h on the device ----
 
-__device__ inline float exp2_int(int e) {
-    return __uint_as_float(static_cast<std::uint32_t>(e + 127) << 23);
+// code_ratio: f(c), the float with bits (c + K) << 20.
+__device__ inline float code_ratio(int c, int code_max) {
+    return __uint_as_float(static_cast<std::uint32_t>(c + code_bias(code_max)) << 20);
 }
 
-// code_ratio: exact (a table value times a power of two); `steps` is the block's shared copy.
-__device__ inline float code_ratio(int c, int code_max, const float* steps) {
-    const int level = c - code_max;  // <= 0; >> is arithmetic, as on the host
-    return __fmul_rn(steps[level & 7], exp2_int(level >> 3));
-}
-
-// encode_ratio_stochastic: below and above r's ratio, the upper one when r - below > (above -
-// below) * u; `steps` is the block's shared copy of kOctaveSteps.
-__device__ inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16,
-                                              const float* steps) {
-    if (!(r < 1.0f)) return code_max;
-    const std::uint32_t bits = __float_as_uint(r);
-    const int exponent = static_cast<int>(bits >> 23) - 127;
-    const float mantissa = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u);
-    int count = 0;
-#pragma unroll
-    for (int k = 1; k < kCodeStepsPerOctave; ++k) {
-        count += mantissa >= kOctaveStepsDevice[k] ? 1 : 0;
-    }
-    int low = code_max + kCodeStepsPerOctave * exponent + count;
-    if (low < 0) low = 0;
-    const float below = low == 0 ? 0.0f : code_ratio(low, code_max, steps);
-    const float above = code_ratio(low + 1, code_max, steps);
-    const float u = __fmul_rn(static_cast<float>(random16 & 0xffffu), 0x1p-16f);
-    return __fsub_rn(r, below) > __fmul_rn(__fsub_rn(above, below), u) ? low + 1 : low;
+// encode_ratio_stochastic: random16 at bits 4..19 of the ratio's bits, shifted, less K, clamped.
+__device__ inline int encode_ratio_stochastic(float r, int code_max, std::uint32_t random16) {
+    const int c = static_cast<int>((__float_as_uint(r) + ((random16 & 0xffffu) << 4)) >> 20) -
+                  code_bias(code_max);
+    return c < 0 ? 0 : (c > code_max ? code_max : c);
 }
 
 __device__ inline std::uint8_t encode_int8_stochastic(float x, float inv_scale, bool is_unsigned,
-                                                      std::uint32_t random16, const float* steps) {
+                                                      std::uint32_t random16) {
     const std::uint32_t bits = __float_as_uint(x);
     const float magnitude = __uint_as_float(bits & 0x7fffffffu);
-    const int c =
-        encode_ratio_stochastic(__fmul_rn(magnitude, inv_scale),
-                                is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16, steps);
+    const int c = encode_ratio_stochastic(
+        __fmul_rn(magnitude, inv_scale), is_unsigned ? kUnsignedCodeMax : kSignedCodeMax, random16);
     if (is_unsigned || (bits & 0x80000000u) == 0) return static_cast<std::uint8_t>(c);
     return static_cast<std::uint8_t>(-c);  // two's complement of the negative code
 }
 
-__device__ inline float decode_int8(std::uint8_t code, float scale, bool is_unsigned,
-                                    const float* steps) {
-    if (is_unsigned) {
-        return code == 0 ? 0.0f : __fmul_rn(scale, code_ratio(code, kUnsignedCodeMax, steps));
-    }
+__device__ inline float decode_int8(std::uint8_t code, float scale, bool is_unsigned) {
+    if (is_unsigned) return code == 0 ? 0.0f : __fmul_rn(scale, code_ratio(code, kUnsignedCodeMax));
     const int q = code < 128 ? static_cast<int>(code) : static_cast<int>(code) - 256;
     if (q == 0) return 0.0f;
-    const float magnitude = __fmul_rn(scale, code_ratio(q < 0 ? -q : q, kSignedCodeMax, steps));
+    const float magnitude = __fmul_rn(scale, code_ratio(q < 0 ? -q : q, kSignedCodeMax));
     return q < 0 ? -magnitude : magnitude;
 }
 
@@ -207,7 +177,6 @@ template <int kState, int kKind, bool kAmsgrad, typename G>
 __global__ void __launch_bounds__(kStateThreads)
     state_step_kernel(kd::StateStepArgs a, std::size_t numel, int copy_index) {
     constexpr bool kInt8 = kState == kd::kStateInt8;
-    __shared__ float steps[kCodeStepsPerOctave];
     __shared__ std::uint32_t scratch[32];
     const std::size_t block = blockIdx.x;
     const std::size_t begin = block * kBlock;
@@ -223,12 +192,10 @@ __global__ void __launch_bounds__(kStateThreads)
         rounding_run_key(a.rounding_keys[1], static_cast<std::uint32_t>(first >> 32))};
     float scales[kd::kStepMoments] = {};
     if constexpr (kInt8) {
-        if (threadIdx.x < kCodeStepsPerOctave) steps[threadIdx.x] = kOctaveStepsDevice[threadIdx.x];
 #pragma unroll
         for (int s = 0; s < kd::kStepMoments; ++s) {
             if (s < kept) scales[s] = a.scales[s][block];
         }
-        __syncthreads();
     }
     // int8: the new moments until the scale is known, and their largest magnitudes' bits.
     float held[kd::kStepMoments][kElementsPerThread];
@@ -249,7 +216,7 @@ __global__ void __launch_bounds__(kStateThreads)
                 if (s >= kept) continue;
                 if constexpr (kInt8) {
                     moment[s] = decode_int8(static_cast<const std::uint8_t*>(a.stored[s])[i],
-                                            scales[s], ((a.unsigned_mask >> s) & 1u) != 0, steps);
+                                            scales[s], ((a.unsigned_mask >> s) & 1u) != 0);
                 } else {
                     moment[s] =
                         __uint_as_float(static_cast<std::uint32_t>(
@@ -302,8 +269,8 @@ __global__ void __launch_bounds__(kStateThreads)
                     const std::uint32_t word =
                         rounding_word(run_keys[s / 2], static_cast<std::uint32_t>(first + o + e)) >>
                         (16 * (s % 2));
-                    codes[begin + o + e] = encode_int8_stochastic(
-                        held[s][kGroupNumel * q + e], inverse, is_unsigned, word, steps);
+                    codes[begin + o + e] = encode_int8_stochastic(held[s][kGroupNumel * q + e],
+                                                                  inverse, is_unsigned, word);
                 }
             }
         }

@@ -1,5 +1,5 @@
 // The optimizer step over compressed moments (bf16 with stochastic rounding, int8 blockwise
-// logarithmic codes) on the GPU, for partitions whose states stay in device memory: the CPU's
+// codes) on the GPU, for partitions whose states stay in device memory: the CPU's
 // OptimizerKernel::step over a StoredState (kernels/optimizer.h; kernels/README.md, "Compressed
 // optimizer states"), bit for bit, for Adam, AdamW (with AMSGrad and torch_rounding), Adagrad
 // and Lion.

@@ -26,7 +26,6 @@
 // gives the same bits.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -45,85 +44,6 @@ namespace zinf::kernels::detail {
 inline constexpr std::size_t kRoundingBatch = 64;
 inline constexpr std::size_t kBlock = kStateBlockNumel;
 static_assert(kBlock % kRoundingBatch == 0);
-
-// The encode tables of kernels/state_codec.h's encode_ratio for vector code. The step within an
-// octave is the number of midpoints (kOctaveMidpoints) at or below the mantissa; with the
-// mantissa's top kIndexBits bits as an index, `below` counts the midpoints under that interval
-// and `first`, `second` are the (at most two) midpoints inside it, as their 23 mantissa bits less
-// one (so that a signed `mantissa bits > entry` is `mantissa >= midpoint`), INT32_MAX where none.
-// `base` adds code_max - 8 * 127 to `below` and subtracts the index's top three bits, so that with
-// bits >> 20 = 8 * exponent + those three bits a code is
-//   (bits >> 20) + base[index] + [bits' mantissa >= first] + [... >= second],
-// before the clamps to [0, code_max] and the smallest code's own threshold.
-template <int kIndexBits>
-struct OctaveStepTables {
-    static constexpr int kSize = 1 << kIndexBits;
-    std::int32_t base[kSize];
-    std::int32_t first[kSize];
-    std::int32_t second[kSize];
-};
-
-// The same form serves the floor code of encode_ratio_stochastic, whose thresholds are the code
-// values kOctaveSteps[1..7] themselves (the step of kOctaveSteps[0] = 1 always counts, and is
-// left out): make_octave_floor_tables.
-template <int kIndexBits>
-constexpr OctaveStepTables<kIndexBits> make_octave_threshold_tables(int code_max,
-                                                                    const float* thresholds,
-                                                                    int count) noexcept {
-    static_assert(kIndexBits >= 3);
-    OctaveStepTables<kIndexBits> t{};
-    constexpr int kShift = 23 - kIndexBits;
-    for (int index = 0; index < t.kSize; ++index) {
-        int below = 0;
-        t.first[index] = 0x7fffffff;
-        t.second[index] = 0x7fffffff;
-        for (int k = 0; k < count; ++k) {
-            const float midpoint = thresholds[k];
-            const auto mantissa =
-                static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(midpoint) & 0x007fffffu);
-            if ((mantissa >> kShift) < index) ++below;
-            if ((mantissa >> kShift) != index) continue;
-            (t.first[index] == 0x7fffffff ? t.first[index] : t.second[index]) = mantissa - 1;
-        }
-        t.base[index] = below + code_max - kCodeStepsPerOctave * 127 - (index >> (kIndexBits - 3));
-    }
-    return t;
-}
-
-template <int kIndexBits>
-constexpr OctaveStepTables<kIndexBits> make_octave_step_tables(int code_max) noexcept {
-    return make_octave_threshold_tables<kIndexBits>(code_max, kOctaveMidpoints,
-                                                    kCodeStepsPerOctave);
-}
-template <int kIndexBits>
-constexpr OctaveStepTables<kIndexBits> make_octave_floor_tables(int code_max) noexcept {
-    return make_octave_threshold_tables<kIndexBits>(code_max, kOctaveSteps + 1,
-                                                    kCodeStepsPerOctave - 1);
-}
-
-// decode_int8's ratio 2^((c - c_max) / 8) for a magnitude code c (0 < c <= c_max + 1), as the
-// integer bits table[c & 7] + ((c << 20) & 0xff800000): since c_max + 1 is a multiple of 8 the
-// ratio is kOctaveSteps[(c + 1) & 7] * 2^(((c + 1) >> 3) - (c_max + 1) / 8), so entry j holds
-// kOctaveSteps[(j + 1) & 7] (doubled for j = 7, where c + 1 carries into the next octave) with
-// the exponent lowered by (c_max + 1) / 8, and (c >> 3) << 23 adds the octave. Every value is a
-// normal float (exponent at least 127 - 32), so the integer add is the exact multiply by 2^e the
-// scalar code_ratio does.
-struct DecodeRatioTable {
-    std::int32_t bits[8];
-};
-
-// With `plus` 1 the table gives the ratio of code c + 1 from c's bits the same way (entries 6 and 7
-// carry), for encode_ratio_stochastic's upper neighbour (0 < c + 1 <= c_max + 1).
-constexpr DecodeRatioTable make_decode_ratio_table(int code_max, int plus = 0) noexcept {
-    DecodeRatioTable t{};
-    for (int j = 0; j < 8; ++j) {
-        const auto step = std::bit_cast<std::uint32_t>(kOctaveSteps[(j + 1 + plus) & 7]);
-        const std::uint32_t carry = j + 1 + plus >= 8 ? 1u << 23 : 0u;
-        const auto bias = static_cast<std::uint32_t>((code_max + 1) / kCodeStepsPerOctave) << 23;
-        t.bits[j] = static_cast<std::int32_t>(step + carry - bias);
-    }
-    return t;
-}
 
 // ---- Which moment sits where ----
 

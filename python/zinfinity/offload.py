@@ -91,8 +91,8 @@ class NVMeOptimizer(torch.optim.Optimizer):
         state_dtype: how the moments are stored on disk (the fp32 master stays fp32), as the
             engine's ``offload_optimizer.state_dtype``: "fp32" (exact, default; 12 B per
             parameter for Adam), "bf16" (stochastic rounding, reproducible: 8 B) or "int8"
-            (blockwise logarithmic code, one fp32 scale per 2048 elements, stochastic rounding:
-            about 6 B). Fewer bytes make the I/O-bound step faster; ``state_dict()`` gives the
+            (blockwise 8-bit code of exponent and mantissa, one fp32 scale per 2048 elements,
+            stochastic rounding: about 6 B). Fewer bytes make the I/O-bound step faster; ``state_dict()`` gives the
             decoded fp32 values, ``load_state_dict`` rounds them to this dtype (to nearest). The
             sub-group size is rounded up to a multiple of 2048.
     """

@@ -28,6 +28,9 @@ namespace {
 
 // The state files of a layout: the master, then each kept moment by its descriptor's name.
 constexpr std::size_t kMaxStateFiles = 1 + kMaxMoments;
+// The manifest's int8_code: the version of kernels/state_codec.h's int8 code (2: the exponent
+// and three mantissa bits; 1, written as no key, the logarithmic code before it).
+constexpr int kInt8Code = 2;
 
 std::string state_file_name(const engine::StateLayout& l, std::size_t i, StateDType dtype) {
     return i == 0 ? std::string("master.fp32")
@@ -378,6 +381,10 @@ void Engine::describe_states(engine::CheckpointWriter& w) const {
     w.set("dtype", std::string(dtype_name(plan_.dtype)));
     w.set("master_dtype", "fp32");
     w.set("state_dtype", std::string(state_dtype_name(plan_.state_dtype)));
+    // Which int8 code the states use (kernels/state_codec.h: 2, the exponent-and-mantissa
+    // code); the earlier logarithmic code wrote none, and its bytes read as this one's would be
+    // wrong values, so a checkpoint without it is refused.
+    if (plan_.state_dtype == StateDType::kInt8) w.set("int8_code", std::to_string(kInt8Code));
     w.set("partition_align", std::to_string(plan_.partition_align_numel));
     w.set("optimizer", std::string(optimizer_kind_name(plan_.optimizer.kind)));
     w.set("amsgrad", plan_.optimizer.amsgrad ? "1" : "0");
@@ -648,6 +655,18 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
                 str_cat("checkpoint ", top.path(), ": state_dtype \"", name, "\" in its manifest"));
         }
         saved.state_dtype = *dtype;
+    }
+    if (saved.state_dtype == StateDType::kInt8) {
+        const auto code = top.get("int8_code");
+        if (!code.has_value() || code.value() != std::to_string(kInt8Code)) {
+            return Status::not_supported(str_cat(
+                "checkpoint ", top.path(), ": its int8 optimizer states are in ",
+                code.has_value() ? str_cat("int8 code ", code.value())
+                                 : std::string("an earlier version's code"),
+                ", which this version does not read (it reads int8 code ", kInt8Code,
+                "); resume with the version that wrote it, or from a checkpoint with fp32 or bf16 "
+                "states"));
+        }
     }
     if (top.get("partition_align").has_value()) {
         ZINF_ASSIGN_OR_RETURN(auto align, top.get_u64("partition_align"));

@@ -158,6 +158,29 @@ TEST(EngineTest, CompressedStatesAreBitwiseAcrossThreadsRunsAndPlacements) {
     }
 }
 
+// An int8 checkpoint names its code (manifest "int8_code 2"); one without it holds the earlier
+// logarithmic code, whose bytes would load as wrong values: refused, naming the checkpoint.
+TEST(EngineTest, Int8CheckpointsOfAnotherCodeAreRefused) {
+    test::TempDir dir("int8-code");
+    const std::vector<std::string> int8 = {"zero_optimization.offload_optimizer.state_dtype=int8"};
+    Trainer t(load_config(small_config(R"("zero_optimization": {"stage": 1},)"), int8));
+    t.run(2);
+    ASSERT_TRUE(t.engine().save_checkpoint(dir.path(), "s2").is_ok());
+    const std::string manifest = dir.path() + "/s2/manifest.txt";
+    std::string text = test::read_text(manifest);
+    ASSERT_NE(text.find("int8_code 2\n"), std::string::npos) << text;
+    Trainer same(load_config(small_config(R"("zero_optimization": {"stage": 1},)"), int8));
+    EXPECT_TRUE(same.engine().load_checkpoint(dir.path(), "s2").is_ok());
+    text.erase(text.find("int8_code 2\n"), 12);
+    std::ofstream(manifest, std::ios::trunc) << text;
+    Trainer older(load_config(small_config(R"("zero_optimization": {"stage": 1},)"), int8));
+    const Status refused = older.engine().load_checkpoint(dir.path(), "s2");
+    EXPECT_EQ(refused.code(), StatusCode::kNotSupported) << refused.to_string();
+    EXPECT_NE(refused.message().find("int8 optimizer states"), std::string::npos)
+        << refused.to_string();
+    EXPECT_NE(refused.message().find(dir.path()), std::string::npos) << refused.to_string();
+}
+
 // On a device whose copies run late (a slow copy engine), every placement must still wait for
 // the copies it depends on before it reuses their host buffers — the NVMe optimizer's sub-group
 // buffers, for one, are read into again three sub-groups later.

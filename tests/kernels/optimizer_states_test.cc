@@ -35,27 +35,36 @@ constexpr StateDType kCompressed[] = {StateDType::kBf16, StateDType::kInt8};
 
 // ---- The codes on their own ----
 
-// The value of int8 magnitude code c in double: the definition the kernels round to fp32.
-double oracle_ratio(int c, int code_max) {
-    return c == 0 ? 0.0 : std::exp2(static_cast<double>(c - code_max) / kCodeStepsPerOctave);
+// The grid of int8 magnitude codes in double, extended below code 1 (where codes clamp to 0):
+// point c is 2^e * (1 + m / 8) for c + K = 8 * (e + 127) + m, K = 1016 - code_max, so point
+// code_max is 1 and every octave holds eight points.
+double oracle_grid(int c, int code_max) {
+    const int biased = c + 1016 - code_max;
+    const int octave = biased >= 0 ? biased / 8 : -((-biased + 7) / 8);
+    return std::ldexp(1.0 + static_cast<double>(biased - 8 * octave) / 8.0, octave - 127);
 }
 
-// The code nearest in value to ratio r >= 0: 0 or one of the codes around log2(r).
+// The value of int8 magnitude code c in double: the definition the kernels round to fp32.
+double oracle_ratio(int c, int code_max) {
+    return c == 0 ? 0.0 : oracle_grid(c, code_max);
+}
+
+// The grid point at or below r > 0 (r below 1.0 * 2^4).
+int oracle_floor(double r, int code_max) {
+    int c = code_max + 8 * (std::ilogb(r) + 1);
+    while (oracle_grid(c, code_max) > r) --c;
+    while (oracle_grid(c + 1, code_max) <= r) ++c;
+    return c;
+}
+
+// The code nearest in value to ratio r >= 0 (ties up): the nearest grid point, clamped to
+// [0, code_max].
 int oracle_code(double r, int code_max) {
-    int best = 0;
-    double best_error = r;
     if (!(r > 0.0)) return 0;
-    const int around = static_cast<int>(std::floor(code_max + kCodeStepsPerOctave * std::log2(r)));
-    const int first = std::clamp(around - 1, 1, code_max);
-    const int last = std::clamp(around + 2, 1, code_max);
-    for (int c = first; c <= last; ++c) {
-        const double error = std::fabs(r - oracle_ratio(c, code_max));
-        if (error < best_error) {
-            best = c;
-            best_error = error;
-        }
-    }
-    return best;
+    const int low = oracle_floor(r, code_max);
+    const double below = oracle_grid(low, code_max);
+    const double above = oracle_grid(low + 1, code_max);
+    return std::clamp(r - below >= above - r ? low + 1 : low, 0, code_max);
 }
 
 TEST(StateCodecTest, Int8CodesDecodeToTheirDoubleValuesAndEncodeBackToThemselves) {
@@ -69,8 +78,9 @@ TEST(StateCodecTest, Int8CodesDecodeToTheirDoubleValuesAndEncodeBackToThemselves
         EXPECT_EQ(encode_ratio(0.0f, code_max), 0);
         EXPECT_EQ(encode_ratio(1.0000001f, code_max), code_max);
     }
-    EXPECT_EQ(kSignedHalfSmallest, 0.5f * code_ratio(1, kSignedCodeMax));
-    EXPECT_EQ(kUnsignedHalfSmallest, 0.5f * code_ratio(1, kUnsignedCodeMax));
+    EXPECT_EQ(code_ratio(kSignedCodeMax, kSignedCodeMax), 1.0f);
+    EXPECT_EQ(code_ratio(1, kSignedCodeMax), 1.25f * 0x1p-16f);
+    EXPECT_EQ(code_ratio(1, kUnsignedCodeMax), 1.25f * 0x1p-32f);
 }
 
 TEST(StateCodecTest, Int8EncodesTheNearestCodeOrANeighbourAtAThreshold) {
@@ -97,11 +107,32 @@ TEST(StateCodecTest, Int8SignedKeepsTheSignAndUnsignedDropsIt) {
     const float inverse = int8_inverse_scale(scale);
     const std::uint8_t negative = encode_int8(-1.5f, inverse, false);
     EXPECT_LT(static_cast<std::int8_t>(negative), 0);
-    EXPECT_NEAR(decode_int8(negative, scale, false), -1.5, 1.5 * 0.045);
-    EXPECT_NEAR(decode_int8(encode_int8(1.5f, inverse, true), scale, true), 1.5, 1.5 * 0.045);
+    EXPECT_NEAR(decode_int8(negative, scale, false), -1.5, 1.5 * 0.0625);
+    EXPECT_NEAR(decode_int8(encode_int8(1.5f, inverse, true), scale, true), 1.5, 1.5 * 0.0625);
     EXPECT_EQ(decode_int8(0, scale, false), 0.0f);
     EXPECT_EQ(int8_inverse_scale(0.0f), 0.0f);
     EXPECT_EQ(encode_int8(0.0f, int8_inverse_scale(0.0f), true), 0);
+}
+
+// The step's int8 rounding: over all 2^16 random numbers the mean decoded ratio is r's, to the
+// 2^-16 of a code step that the four random bits left out cost; both neighbours occur.
+TEST(StateCodecTest, Int8StochasticRoundingIsUnbiasedOverEveryRandomNumber) {
+    for (const int code_max : {kSignedCodeMax, kUnsignedCodeMax}) {
+        for (const float r : {0.7071f, 0.5f + 0x1p-20f, 0.123456f, 0.99999994f, 3.3e-4f}) {
+            double sum = 0.0;
+            int codes[2] = {256, -1};
+            for (std::uint32_t u = 0; u < 65536; ++u) {
+                const int c = encode_ratio_stochastic(r, code_max, u);
+                codes[0] = std::min(codes[0], c);
+                codes[1] = std::max(codes[1], c);
+                sum += c == 0 ? 0.0 : code_ratio(c, code_max);
+            }
+            const double step = oracle_ratio(codes[1], code_max) - oracle_ratio(codes[0], code_max);
+            EXPECT_EQ(codes[1] - codes[0], 1) << "r=" << r << " code_max=" << code_max;
+            EXPECT_LE(std::fabs(sum / 65536.0 - r), step * 0x1p-16 + r * 0x1p-30)
+                << "r=" << r << " code_max=" << code_max;
+        }
+    }
 }
 
 // E[result] = x exactly: summed over all 2^16 random numbers, the decoded results are 2^16 x.
@@ -283,18 +314,15 @@ std::vector<OracleMoment> check_params_and_step_oracle(const OptimizerParams& p,
 }
 
 // The stochastic code of ratio r >= 0 in double (encode_ratio_stochastic's scheme): between the
-// codes below and above r, the upper where r - below > (above - below) * u.
+// grid points below and above r, the upper where r - below >= (above - below) * (1 - u) (the
+// random bits added to the dropped ones carry), clamped to [0, code_max].
 int oracle_stochastic_code(double r, int code_max, double u) {
     if (!(r < 1.0)) return code_max;
     if (!(r > 0.0)) return 0;
-    int low =
-        std::clamp(static_cast<int>(std::floor(code_max + kCodeStepsPerOctave * std::log2(r))), 0,
-                   code_max - 1);
-    while (low + 1 < code_max && oracle_ratio(low + 1, code_max) <= r) ++low;
-    while (low > 0 && oracle_ratio(low, code_max) > r) --low;
-    const double below = oracle_ratio(low, code_max);
-    const double above = oracle_ratio(low + 1, code_max);
-    return r - below > (above - below) * u ? low + 1 : low;
+    const int low = oracle_floor(r, code_max);
+    const double below = oracle_grid(low, code_max);
+    const double above = oracle_grid(low + 1, code_max);
+    return std::clamp(r - below >= (above - below) * (1.0 - u) ? low + 1 : low, 0, code_max);
 }
 
 // The signed stochastic code of `value` at block scale `scale` with u.
