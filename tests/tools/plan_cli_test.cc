@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "tests/support/test_seed.h"
@@ -111,6 +112,71 @@ TEST(PlanCliTest, CrashShapeIsNotAdmittedAndNamesTheKey) {
     EXPECT_GT(rank.at("device").at("total_bytes").get<std::uint64_t>(),
               rank.at("device").at("budget_bytes").get<std::uint64_t>());
     EXPECT_FALSE(std::filesystem::exists(swap)) << "zinfinity-plan created " << swap;
+}
+
+// zinfinity-bench profile --quick measures every figure the planner reads; zinfinity-plan
+// --profile then predicts the step, with the optimizer states' 12 B per parameter each way.
+TEST(PlanCliTest, ProfileThenPredictedStepTime) {
+    test::TempDir dir("plan");
+    const std::string profile = dir.file("profile.json");
+    const std::string log = dir.file("profile.txt");
+    const std::string cmd = std::string(ZINF_BENCH_BINARY) + " profile --quick --path " +
+                            dir.path() + " --out " + profile +
+                            " --block-sizes 256KiB,1MiB --queue-depths 4,16 > " + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << test::read_text(log);
+    const auto p = nlohmann::json::parse(test::read_text(profile), nullptr, false);
+    ASSERT_FALSE(p.is_discarded()) << test::read_text(profile);
+    EXPECT_GT(p.at("memory_copy_gb_per_s").get<double>(), 0);
+    EXPECT_GE(p.at("gemm").size(), 3u);
+    for (const auto& g : p.at("gemm")) EXPECT_GT(g.at("gflop_per_s").get<double>(), 0);
+    // Every point of the grid asked for, each with both directions measured.
+    ASSERT_EQ(p.at("io").at("points").size(), 4u);
+    for (const auto& point : p.at("io").at("points")) {
+        EXPECT_GT(point.at("read_gb_per_s").get<double>(), 0);
+        EXPECT_GT(point.at("write_gb_per_s").get<double>(), 0);
+    }
+    // Every built-in optimizer with fp32 states, and AdamW with each compressed dtype.
+    std::set<std::string> measured;
+    for (const auto& o : p.at("optimizer")) {
+        measured.insert(o.at("type").get<std::string>() + "/" +
+                        o.at("state_dtype").get<std::string>());
+    }
+    for (const char* expected :
+         {"adam/fp32", "adamw/fp32", "adagrad/fp32", "lion/fp32", "adamw/bf16", "adamw/int8"}) {
+        EXPECT_TRUE(measured.count(expected)) << expected;
+    }
+    // The test file is gone.
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+        EXPECT_EQ(entry.path().filename().string().find("zinf-bench"), std::string::npos)
+            << entry.path();
+    }
+
+    const std::string swap = dir.file("swap");
+    const std::string args = "--config " + config("fashion-mnist-nvme.json") + swap_paths(swap) +
+                             " --profile " + profile;
+    const RunResult text = plan(dir, args);
+    ASSERT_EQ(text.exit_code, 0) << text.out;
+    EXPECT_NE(text.out.find("predicted step time"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("optimizer states (read, updated, written back)"), std::string::npos)
+        << text.out;
+    const RunResult json = plan(dir, args + " --json", /*stdout_only=*/true);
+    ASSERT_EQ(json.exit_code, 0) << json.out;
+    const auto j = nlohmann::json::parse(json.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << json.out;
+    const auto& t = j.at("per_rank").at(0).at("step_time");
+    const double states = t.at("read_bytes").get<double>();
+    EXPECT_NEAR(states / 1863696.0, 12.0, 1e-9) << json.out;
+    EXPECT_GT(t.at("compute_s").get<double>(), 0);
+    EXPECT_NEAR(t.at("step_s").get<double>(),
+                t.at("compute_s").get<double>() + t.at("exposed_io_s").get<double>(), 1e-9);
+    EXPECT_FALSE(std::filesystem::exists(swap)) << "zinfinity-plan created " << swap;
+
+    // A profile that is not one is a usage error naming the file.
+    const RunResult bad = plan(
+        dir, "--config " + config("fashion-mnist.json") + " --profile " + dir.file("profile.txt"));
+    EXPECT_EQ(bad.exit_code, 2) << bad.out;
+    EXPECT_NE(bad.out.find("profile.txt"), std::string::npos) << bad.out;
 }
 
 TEST(PlanCliTest, WithoutConfigIsAUsageError) {

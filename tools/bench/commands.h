@@ -19,5 +19,6 @@ int run_h2d(int argc, char** argv);
 int run_optimizer(int argc, char** argv);
 int run_comm(int argc, char** argv);
 int run_gpt(int argc, char** argv);
+int run_profile(int argc, char** argv);
 
 }  // namespace zinf::bench

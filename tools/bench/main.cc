@@ -45,6 +45,10 @@ const Command kCommands[] = {
      "GPT training step's GEMM FLOP/s against OpenBLAS on the same shapes; checkpointing cost",
      zinf::bench::run_gpt},
 #endif
+#ifdef ZINF_BENCH_HAVE_PROFILE
+    {"profile", "the machine profile zinfinity-plan --profile predicts step times from (JSON)",
+     zinf::bench::run_profile},
+#endif
 #ifdef ZINF_BENCH_HAVE_ADAM
     {"adam", "CPU optimizer step throughput against the memory-bandwidth bound",
      zinf::bench::run_adam},

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "src/engine/model_registry.h"
 #include "src/engine/offload.h"
 #include "src/engine/offload_plan.h"
+#include "src/engine/step_prediction.h"
 #include "tools/cli/args.h"
 
 namespace {
@@ -34,6 +36,10 @@ struct RankPlan {
     bool planned = false;
     engine::OffloadPlan plan;
     engine::MemoryPrediction prediction;
+    // With --profile: the predicted step time, or why there is none.
+    bool timed = false;
+    engine::StepPrediction step;
+    std::string step_error;
 };
 
 // The model's sizes, read from the model built on a CPU device of unbounded budget (its
@@ -61,7 +67,8 @@ Result<ModelSizes> build_model(const config::EngineConfig& c) {
 }
 
 // Rank `rank`'s plan and prediction, as Engine::create_for_rank computes them.
-RankPlan plan_rank(const config::EngineConfig& c, const ModelSizes& m, int ranks, int rank) {
+RankPlan plan_rank(const config::EngineConfig& c, const ModelSizes& m, int ranks, int rank,
+                   const engine::MachineProfile* profile) {
     RankPlan r;
     r.rank = rank;
     const config::EngineConfig own = ranks > 1 ? engine::with_rank_swap_paths(c, rank) : c;
@@ -85,6 +92,15 @@ RankPlan plan_rank(const config::EngineConfig& c, const ModelSizes& m, int ranks
     r.prediction = std::move(prediction).value();
     r.planned = true;
     r.status = engine::admit(r.prediction);
+    if (profile != nullptr) {
+        auto step = engine::predict_step(own, r.plan, ranks, *profile);
+        if (step.has_value()) {
+            r.step = std::move(step).value();
+            r.timed = true;
+        } else {
+            r.step_error = step.error().to_string();
+        }
+    }
     return r;
 }
 
@@ -129,6 +145,30 @@ nlohmann::json rank_json(const RankPlan& r) {
     j["pinned_host"]["budgeted_bytes"] = m.host_budgeted_bytes;
     j["pageable_host"] = tier_json(m.pageable_host);
     j["nvme"] = tier_json(m.nvme);
+    if (r.timed) {
+        const engine::StepPrediction& t = r.step;
+        nlohmann::json flows = nlohmann::json::array();
+        for (const auto& f : t.flows) {
+            flows.push_back(
+                {{"what", f.what}, {"read_bytes", f.read_bytes}, {"write_bytes", f.write_bytes}});
+        }
+        j["step_time"] = {{"step_s", t.step_s},
+                          {"forward_s", t.forward_s},
+                          {"backward_s", t.backward_s},
+                          {"optimizer_s", t.optimizer_s},
+                          {"compute_s", t.forward_s + t.backward_s + t.optimizer_s},
+                          {"io_s", t.io_s},
+                          {"exposed_io_s", t.exposed_io_s},
+                          {"read_bytes", t.read_bytes},
+                          {"write_bytes", t.write_bytes},
+                          {"read_gb_per_s", t.read_gb_per_s},
+                          {"write_gb_per_s", t.write_gb_per_s},
+                          {"optimizer_params_per_s", t.optimizer_params_per_s},
+                          {"flows", flows},
+                          {"notes", t.notes}};
+    } else if (!r.step_error.empty()) {
+        j["step_time"] = {{"error", r.step_error}};
+    }
     return j;
 }
 
@@ -149,6 +189,8 @@ std::string rank_text(const RankPlan& r) {
             s += zinf::str_cat("\n  the device figure is a lower bound: ", m.device_inexact_reason);
         }
         s += "\n";
+        if (r.timed) s += r.step.describe();
+        if (!r.step_error.empty()) s += zinf::str_cat("  no step time: ", r.step_error, "\n");
     }
     s += r.status.is_ok() ? "  admitted\n"
                           : zinf::str_cat("  NOT ADMITTED: ", r.status.to_string(), "\n");
@@ -167,16 +209,26 @@ int run(const zinf::cli::Args& args) {
     if (!c.has_value()) return zinf::cli::report_error(kProgram, c.error(), 1);
     auto model = build_model(*c);
     if (!model.has_value()) return zinf::cli::report_error(kProgram, model.error(), 1);
+    std::optional<engine::MachineProfile> profile;
+    if (!args.get("profile").empty()) {
+        auto loaded = engine::load_profile(args.get("profile"));
+        if (!loaded.has_value()) return zinf::cli::report_error(kProgram, loaded.error(), 2);
+        profile = std::move(loaded).value();
+    }
     std::vector<RankPlan> plans;
     bool admitted = true;
     for (int r = 0; r < *ranks; ++r) {
-        plans.push_back(plan_rank(*c, *model, static_cast<int>(*ranks), r));
+        plans.push_back(plan_rank(*c, *model, static_cast<int>(*ranks), r,
+                                  profile.has_value() ? &*profile : nullptr));
         admitted = admitted && plans.back().status.is_ok();
     }
     if (args.get_switch("json")) {
         nlohmann::json j;
         j["config"] = args.get("config");
         j["ranks"] = *ranks;
+        if (profile.has_value()) {
+            j["profile"] = {{"path", args.get("profile")}, {"machine", profile->machine}};
+        }
         j["admitted"] = admitted;
         j["model"] = {{"type", std::string(model->model->name())},
                       {"parameters", model->model->parameters().total_numel()}};
@@ -198,13 +250,17 @@ int main(int argc, char** argv) {
     zinf::cli::Args args(zinf::str_cat(kProgram, " --config FILE [flags]"),
                          "Predicts, per rank, the bytes a config holds on the device, in pinned "
                          "and pageable host memory and on NVMe (parameters, gradients, optimizer "
-                         "states, activations, buffers), where each state is placed and why, and "
-                         "whether the engine admits it under its budgets. Creates no file. Exit "
+                         "states, activations, buffers), where each state is placed and why, "
+                         "whether the engine admits it under its budgets, and with --profile the "
+                         "step time on the profiled machine. Creates no file. Exit "
                          "status: 0 admitted, 1 not admitted (the error names the key), 2 usage.");
     args.add("config", "", "the config file (DeepSpeed-style JSON)");
     args.add("ranks", "1", "data-parallel ranks (mpirun -np N)");
     args.add_list("set", "override a config key before validation: --set key.path=value");
     args.add_switch("json", "print JSON instead of tables");
+    args.add("profile", "",
+             "a machine profile (zinfinity-bench profile --path DIR --out FILE): adds the "
+             "predicted step time per rank, split into compute, I/O and exposed I/O");
     if (auto rc = args.parse_or_exit(argc - 1, argv + 1, kProgram)) return *rc;
     if (args.get("config").empty()) {
         return zinf::cli::report_error(kProgram, Status::invalid_argument("--config is required"));
