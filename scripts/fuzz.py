@@ -93,7 +93,10 @@ def draw_case(seed, swap_dir, have_mpi):
     ranks = rng.choices([1, 2, 3], weights=[6, 3, 1])[0] if have_mpi else 1
     micro, accum = rng.choice([1, 2, 4, 8]), rng.randint(1, 3)
     steps = 3
-    data.update(epochs=1, max_steps=steps)
+    # The end-of-epoch evaluation on a few batches: a stage-3 case gathers every layer per
+    # evaluation batch, and the whole validation set (16k windows of the text) takes minutes
+    # when the ranks are oversubscribed under load, which the hang timeout would report.
+    data.update(epochs=1, max_steps=steps, eval_samples=64)
     if data["dataset"] == "synthetic":
         data["synthetic_samples"] = micro * accum * ranks * (steps + 1)
     kind = rng.choice(["AdamW", "Adam", "Adagrad", "Lion"])
