@@ -32,7 +32,8 @@ cxx_files() { git ls-files '*.cc' '*.h' '*.cu' '*.cuh'; }
 
 if [ "$do_format" = 1 ]; then
   bad=$(cxx_files | xargs -P "$jobs" -n 16 clang-format --dry-run --Werror 2>&1 |
-        sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u)
+        sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u ||
+        true)
   if [ -n "$bad" ]; then
     echo "check-style: clang-format would change $(echo "$bad" | wc -l) file(s):"
     echo "$bad" | sed 's/^/  /'
