@@ -1361,4 +1361,14 @@ std::string aio_to_json(const AioConfig& aio, int indent) {
     return root.dump(indent);
 }
 
+Result<std::string> apply_overrides(std::string_view json_text,
+                                    const std::vector<std::string>& overrides, int indent) {
+    Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+    if (root.is_discarded() || !root.is_object()) {
+        return Status::invalid_argument("not a JSON object");
+    }
+    for (const auto& assignment : overrides) ZINF_TRY(apply_override(root, assignment));
+    return root.dump(indent);
+}
+
 }  // namespace zinf::config

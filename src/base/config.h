@@ -289,6 +289,12 @@ Result<AioConfig> load_aio_from_string(std::string_view json_text, std::string_v
 // The JSON text of an `aio` block, as zinfinity configs accept it.
 std::string aio_to_json(const AioConfig& aio, int indent = 2);
 
+// The JSON text of `json_text` with each `key.path=value` override applied as --set applies it
+// (value parsed as JSON, else a string; objects made on the way), dumped with `indent`. No
+// validation: load the result to check it.
+Result<std::string> apply_overrides(std::string_view json_text,
+                                    const std::vector<std::string>& overrides, int indent = 2);
+
 // Levenshtein distance, for "did you mean" suggestions.
 std::size_t edit_distance(std::string_view a, std::string_view b);
 

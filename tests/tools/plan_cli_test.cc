@@ -172,11 +172,104 @@ TEST(PlanCliTest, ProfileThenPredictedStepTime) {
                 t.at("compute_s").get<double>() + t.at("exposed_io_s").get<double>(), 1e-9);
     EXPECT_FALSE(std::filesystem::exists(swap)) << "zinfinity-plan created " << swap;
 
+    // --fit with the profile: the fastest candidate that fits is chosen, with the profile's I/O
+    // settings.
+    const RunResult fit = plan(dir,
+                               "--config " + config("big-mlp-nvme.json") + swap_paths(swap) +
+                                   " --fit --device-memory 256MiB --host-memory 4GiB "
+                                   "--nvme-free 64GiB --json --profile " +
+                                   profile,
+                               /*stdout_only=*/true);
+    ASSERT_EQ(fit.exit_code, 0) << fit.out;
+    const auto f = nlohmann::json::parse(fit.out, nullptr, false);
+    ASSERT_FALSE(f.is_discarded()) << fit.out;
+    double fastest = 1e300;
+    std::string fastest_name;
+    int fitting = 0;
+    for (const auto& c : f.at("candidates")) {
+        if (!c.at("fits").get<bool>()) continue;
+        ++fitting;
+        ASSERT_TRUE(c.contains("step_s")) << c.dump();
+        if (c.at("step_s").get<double>() < fastest) {
+            fastest = c.at("step_s").get<double>();
+            fastest_name = c.at("name").get<std::string>();
+        }
+        bool has_aio = false;
+        for (const auto& o : c.at("overrides")) {
+            has_aio = has_aio || o.get<std::string>().rfind("aio.block_size=", 0) == 0;
+        }
+        EXPECT_TRUE(has_aio) << c.dump();
+    }
+    EXPECT_GE(fitting, 2) << fit.out;
+    EXPECT_EQ(f.at("chosen").get<std::string>(), fastest_name);
+
     // A profile that is not one is a usage error naming the file.
     const RunResult bad = plan(
         dir, "--config " + config("fashion-mnist.json") + " --profile " + dir.file("profile.txt"));
     EXPECT_EQ(bad.exit_code, 2) << bad.out;
     EXPECT_NE(bad.out.find("profile.txt"), std::string::npos) << bad.out;
+}
+
+// --fit on big-mlp-nvme with a 256 MiB device and 2 GiB of host memory: neither no offload nor
+// the optimizer alone offloaded fits the device, parameters and states on cpu exceed the host;
+// without a profile the least offload that fits is chosen and written, and the written config is
+// admitted as it stands. A file that exists is never replaced.
+TEST(PlanCliTest, FitChoosesAndWritesAConfigThatFits) {
+    test::TempDir dir("plan");
+    const std::string swap = dir.file("swap");
+    const std::string out = dir.file("fitted.json");
+    const std::string args = "--config " + config("big-mlp-nvme.json") + swap_paths(swap) +
+                             " --fit --device-memory 256MiB --host-memory 2GiB --nvme-free 64GiB";
+    const RunResult r = plan(dir, args + " --json --out " + out, /*stdout_only=*/true);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    const auto& list = j.at("candidates");
+    ASSERT_EQ(list.size(), 6u);
+    EXPECT_FALSE(list.at(0).at("fits").get<bool>());
+    EXPECT_NE(list.at(0).at("why_not").get<std::string>().find("device.memory_budget"),
+              std::string::npos);
+    EXPECT_FALSE(list.at(3).at("fits").get<bool>());
+    EXPECT_NE(list.at(3).at("why_not").get<std::string>().find("--host-memory"), std::string::npos);
+    EXPECT_TRUE(list.at(4).at("fits").get<bool>());
+    EXPECT_EQ(j.at("chosen").get<std::string>(), list.at(4).at("name").get<std::string>());
+    EXPECT_LE(list.at(4).at("device_peak_bytes").get<std::uint64_t>(), 256u << 20);
+    EXPECT_LE(list.at(4).at("host_bytes").get<std::uint64_t>(), 2ull << 30);
+    ASSERT_TRUE(std::filesystem::exists(out));
+    const std::string written = test::read_text(out);
+    EXPECT_NE(written.find("268435456"), std::string::npos) << written;
+
+    // The written config plans as admitted on its own, with the placement chosen.
+    const RunResult again = plan(dir, "--config " + out + " --json", /*stdout_only=*/true);
+    ASSERT_EQ(again.exit_code, 0) << again.out;
+    const auto k = nlohmann::json::parse(again.out, nullptr, false);
+    ASSERT_FALSE(k.is_discarded()) << again.out;
+    const auto& placement = k.at("per_rank").at(0).at("placement");
+    EXPECT_EQ(placement.at("parameters").get<std::string>(), "cpu");
+    EXPECT_EQ(placement.at("optimizer_states").get<std::string>(), "nvme");
+
+    // Never over an existing file.
+    const RunResult twice = plan(dir, args + " --out " + out);
+    EXPECT_EQ(twice.exit_code, 1) << twice.out;
+    EXPECT_NE(twice.out.find("File exists"), std::string::npos) << twice.out;
+    EXPECT_EQ(test::read_text(out), written);
+    EXPECT_FALSE(std::filesystem::exists(swap)) << "zinfinity-plan created " << swap;
+}
+
+TEST(PlanCliTest, FitWithNothingThatFitsWritesNothing) {
+    test::TempDir dir("plan");
+    const std::string swap = dir.file("swap");
+    const std::string out = dir.file("fitted.json");
+    const RunResult r = plan(dir, "--config " + config("big-mlp-nvme.json") + swap_paths(swap) +
+                                      " --fit --device-memory 256MiB --host-memory 512MiB "
+                                      "--nvme-free 1GiB --out " +
+                                      out);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("no placement fits"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("device.memory_budget"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--host-memory"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--nvme-free"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(PlanCliTest, WithoutConfigIsAUsageError) {

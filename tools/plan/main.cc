@@ -2,6 +2,8 @@
 // why, and whether the engine's admission takes it, computed as Engine::create does
 // (engine::make_offload_plan, engine::predict_memory, engine::admit) without creating a file.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "src/base/config.h"
+#include "src/base/file.h"
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "src/device/cpu_device.h"
@@ -19,90 +22,20 @@
 #include "src/engine/offload_plan.h"
 #include "src/engine/step_prediction.h"
 #include "tools/cli/args.h"
+#include "tools/plan/fit.h"
+#include "tools/plan/rank_plan.h"
 
 namespace {
 
 using zinf::Result;
 using zinf::Status;
+using zinf::plan::build_model;
+using zinf::plan::plan_rank;
+using zinf::plan::RankPlan;
 namespace engine = zinf::engine;
 namespace config = zinf::config;
 
 constexpr const char* kProgram = "zinfinity-plan";
-
-// One rank's figures: its plan and prediction, or the error that refused it.
-struct RankPlan {
-    int rank = 0;
-    Status status;  // the plan's error or admission's refusal; ok: admitted
-    bool planned = false;
-    engine::OffloadPlan plan;
-    engine::MemoryPrediction prediction;
-    // With --profile: the predicted step time, or why there is none.
-    bool timed = false;
-    engine::StepPrediction step;
-    std::string step_error;
-};
-
-// The model's sizes, read from the model built on a CPU device of unbounded budget (its
-// workspace is mapped, not written). Checkpoints kept on NVMe would create their swap files: the
-// model is built with them kept in host memory instead, which gives it the same device layout.
-struct ModelSizes {
-    std::unique_ptr<zinf::Device> device;
-    std::unique_ptr<zinf::model::Model> model;
-};
-
-Result<ModelSizes> build_model(const config::EngineConfig& c) {
-    config::EngineConfig sizing = c;
-    auto& ac = sizing.activation_checkpointing;
-    if (ac.nvme_checkpointing && !ac.cpu_checkpointing) {
-        ac.nvme_checkpointing = false;
-        ac.cpu_checkpointing = true;
-    }
-    zinf::device::CpuDeviceOptions o;
-    o.budget_bytes = std::numeric_limits<std::size_t>::max() / 2;
-    o.worker_thread = false;
-    ModelSizes m;
-    ZINF_ASSIGN_OR_RETURN(m.device, zinf::device::CpuDevice::create(o));
-    ZINF_ASSIGN_OR_RETURN(m.model, engine::build_model(sizing, *m.device));
-    return m;
-}
-
-// Rank `rank`'s plan and prediction, as Engine::create_for_rank computes them.
-RankPlan plan_rank(const config::EngineConfig& c, const ModelSizes& m, int ranks, int rank,
-                   const engine::MachineProfile* profile) {
-    RankPlan r;
-    r.rank = rank;
-    const config::EngineConfig own = ranks > 1 ? engine::with_rank_swap_paths(c, rank) : c;
-    engine::PlanInputs in = engine::plan_inputs_for(*m.model, *m.device, ranks, rank);
-    in.device_kind = c.device.type == "cuda" ? zinf::DeviceKind::kCuda : zinf::DeviceKind::kCpu;
-    in.device_budget_bytes = c.device.memory_budget_bytes;
-    auto plan = engine::make_offload_plan(own, in);
-    if (!plan.has_value()) {
-        r.status = plan.error();
-        return r;
-    }
-    r.plan = std::move(plan).value();
-    engine::PredictionInputs pi = engine::prediction_inputs_for(*m.model, *m.device);
-    // A GPU charges allocations as they are asked for; the CPU device rounds them to pages.
-    if (in.device_kind == zinf::DeviceKind::kCuda) pi.device_alignment_bytes = 1;
-    auto prediction = engine::predict_memory(own, r.plan, in, pi);
-    if (!prediction.has_value()) {
-        r.status = prediction.error();
-        return r;
-    }
-    r.prediction = std::move(prediction).value();
-    r.planned = true;
-    r.status = engine::admit(r.prediction);
-    if (profile != nullptr) {
-        auto step = engine::predict_step(own, r.plan, ranks, *profile);
-        if (step.has_value()) {
-            r.step = std::move(step).value();
-            r.timed = true;
-        } else {
-            r.step_error = step.error().to_string();
-        }
-    }
-    return r;
-}
 
 nlohmann::json tier_json(const engine::TierPrediction& tier) {
     nlohmann::json j;
@@ -197,6 +130,57 @@ std::string rank_text(const RankPlan& r) {
     return s;
 }
 
+// The machine's available memory (MemAvailable), or 0 where /proc/meminfo does not say.
+std::uint64_t available_host_bytes() {
+    std::ifstream meminfo("/proc/meminfo");
+    for (std::string line; std::getline(meminfo, line);) {
+        unsigned long long kib = 0;
+        if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) return kib * 1024;
+    }
+    return 0;
+}
+
+// --fit's limits: given, else the config's device budget, the machine's available memory and the
+// free space of the file system that holds the config's (or --nvme-path's) NVMe directory.
+Result<zinf::plan::FitOptions> fit_options(const zinf::cli::Args& args,
+                                           const config::EngineConfig& c, int ranks) {
+    zinf::plan::FitOptions f;
+    f.config_path = args.get("config");
+    f.overrides = args.get_list("set");
+    f.ranks = ranks;
+    f.out_path = args.get("out");
+    f.json = args.get_switch("json");
+    f.nvme_path = args.get("nvme-path");
+    f.device_bytes = c.device.memory_budget_bytes;
+    if (!args.get("device-memory").empty()) {
+        ZINF_ASSIGN_OR_RETURN(f.device_bytes, args.get_size_bytes("device-memory"));
+    }
+    f.host_bytes = available_host_bytes();
+    if (!args.get("host-memory").empty()) {
+        ZINF_ASSIGN_OR_RETURN(f.host_bytes, args.get_size_bytes("host-memory"));
+    }
+    if (f.host_bytes == 0) {
+        return Status::invalid_argument("--host-memory: give the host memory the run may use");
+    }
+    std::string nvme_dir = f.nvme_path;
+    if (nvme_dir.empty() && !c.zero.offload_optimizer.nvme_path.empty()) {
+        nvme_dir = c.zero.offload_optimizer.nvme_path[0];
+    }
+    if (nvme_dir.empty() && !c.zero.offload_param.nvme_path.empty()) {
+        nvme_dir = c.zero.offload_param.nvme_path[0];
+    }
+    if (!args.get("nvme-free").empty()) {
+        ZINF_ASSIGN_OR_RETURN(f.nvme_free_bytes, args.get_size_bytes("nvme-free"));
+    } else if (!nvme_dir.empty()) {
+        // The nearest existing directory on the way to it (the engine makes the rest).
+        std::filesystem::path p = std::filesystem::absolute(nvme_dir);
+        while (!p.empty() && !std::filesystem::exists(p) && p != p.root_path()) p = p.parent_path();
+        ZINF_ASSIGN_OR_RETURN(f.nvme_free_bytes, zinf::free_space_bytes(p.string()));
+    }
+    if (f.device_bytes == 0) return Status::invalid_argument("--device-memory: must be > 0");
+    return f;
+}
+
 // Loads the config, plans every rank and prints; 0 when every rank is admitted, 1 when one is
 // not (or the config cannot be planned), 2 for a usage error.
 int run(const zinf::cli::Args& args) {
@@ -207,14 +191,20 @@ int run(const zinf::cli::Args& args) {
     lo.world_size = static_cast<int>(*ranks);
     auto c = config::load(args.get("config"), lo);
     if (!c.has_value()) return zinf::cli::report_error(kProgram, c.error(), 1);
-    auto model = build_model(*c);
-    if (!model.has_value()) return zinf::cli::report_error(kProgram, model.error(), 1);
     std::optional<engine::MachineProfile> profile;
     if (!args.get("profile").empty()) {
         auto loaded = engine::load_profile(args.get("profile"));
         if (!loaded.has_value()) return zinf::cli::report_error(kProgram, loaded.error(), 2);
         profile = std::move(loaded).value();
     }
+    if (args.get_switch("fit")) {
+        auto fit = fit_options(args, *c, static_cast<int>(*ranks));
+        if (!fit.has_value()) return zinf::cli::report_error(kProgram, fit.error(), 2);
+        fit->profile = profile.has_value() ? &*profile : nullptr;
+        return zinf::plan::run_fit(*fit);
+    }
+    auto model = build_model(*c);
+    if (!model.has_value()) return zinf::cli::report_error(kProgram, model.error(), 1);
     std::vector<RankPlan> plans;
     bool admitted = true;
     for (int r = 0; r < *ranks; ++r) {
@@ -252,8 +242,10 @@ int main(int argc, char** argv) {
                          "and pageable host memory and on NVMe (parameters, gradients, optimizer "
                          "states, activations, buffers), where each state is placed and why, "
                          "whether the engine admits it under its budgets, and with --profile the "
-                         "step time on the profiled machine. Creates no file. Exit "
-                         "status: 0 admitted, 1 not admitted (the error names the key), 2 usage.");
+                         "step time on the profiled machine. Creates no file (--fit --out "
+                         "writes the config it chose). Exit status: 0 admitted (--fit: a "
+                         "placement fits), 1 not admitted (the error names the key; --fit: "
+                         "none fits), 2 usage.");
     args.add("config", "", "the config file (DeepSpeed-style JSON)");
     args.add("ranks", "1", "data-parallel ranks (mpirun -np N)");
     args.add_list("set", "override a config key before validation: --set key.path=value");
@@ -261,6 +253,21 @@ int main(int argc, char** argv) {
     args.add("profile", "",
              "a machine profile (zinfinity-bench profile --path DIR --out FILE): adds the "
              "predicted step time per rank, split into compute, I/O and exposed I/O");
+    args.add_switch("fit",
+                    "search the placements (no offload; optimizer states on cpu or nvme; "
+                    "parameters too), sub_group_size, offload_param.max_in_cpu and buffer_size "
+                    "and, with --profile, the aio block size and queue depth for the ones that "
+                    "fit the limits below; choose the fastest with --profile, else the least "
+                    "offload; with --out, write the config");
+    args.add("device-memory", "",
+             "--fit: device memory per rank (default: the config's device.memory_budget)");
+    args.add("host-memory", "",
+             "--fit: host memory for all ranks (default: MemAvailable of /proc/meminfo)");
+    args.add("nvme-free", "",
+             "--fit: free NVMe bytes (default: the free space under the config's nvme_path or "
+             "--nvme-path)");
+    args.add("nvme-path", "", "--fit: the directory for NVMe candidates if the config names none");
+    args.add("out", "", "--fit: write the chosen config to this new file (never replaces one)");
     if (auto rc = args.parse_or_exit(argc - 1, argv + 1, kProgram)) return *rc;
     if (args.get("config").empty()) {
         return zinf::cli::report_error(kProgram, Status::invalid_argument("--config is required"));
