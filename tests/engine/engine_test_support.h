@@ -155,6 +155,24 @@ private:
     std::vector<float>* out_;
 };
 
+// The shipped config `config_dir`/`name` with every swap path under `dir` and `extra` overrides
+// (--set syntax); asserts that it loads.
+inline config::EngineConfig shipped_config(const std::string& config_dir, const std::string& name,
+                                           const std::string& dir,
+                                           std::vector<std::string> extra = {}) {
+    config::LoadOptions o;
+    o.log_warnings = false;
+    o.overrides = {
+        str_cat("zero_optimization.offload_param.nvme_path=", dir),
+        str_cat("zero_optimization.offload_optimizer.nvme_path=", dir),
+        str_cat("activation_checkpointing.nvme_path=", dir, "/activations"),
+    };
+    for (auto& e : extra) o.overrides.push_back(std::move(e));
+    auto c = config::load(str_cat(config_dir, "/", name), o);
+    ZINF_ASSERT_MSG(c.has_value(), c.error().to_string());
+    return std::move(c).value();
+}
+
 inline std::vector<std::uint32_t> bits(const std::vector<float>& v) {
     std::vector<std::uint32_t> out(v.size());
     if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));  // none: null

@@ -19,25 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string config_path(const std::string& name) {
-    return str_cat(ZINF_CONFIG_DIR, "/", name);
-}
-
-// A shipped config with its swap paths under `dir`, its data synthetic (no dataset needed) and
-// `extra` overrides.
+// A shipped config with its swap paths under `dir` and `extra` overrides.
 config::EngineConfig shipped(const std::string& name, const std::string& dir,
                              std::vector<std::string> extra = {}) {
-    config::LoadOptions o;
-    o.log_warnings = false;
-    o.overrides = {
-        str_cat("zero_optimization.offload_param.nvme_path=", dir),
-        str_cat("zero_optimization.offload_optimizer.nvme_path=", dir),
-        str_cat("activation_checkpointing.nvme_path=", dir, "/activations"),
-    };
-    for (auto& e : extra) o.overrides.push_back(std::move(e));
-    auto c = config::load(config_path(name), o);
-    ZINF_ASSERT_MSG(c.has_value(), c.error().to_string());
-    return std::move(c).value();
+    return test_support::shipped_config(ZINF_CONFIG_DIR, name, dir, std::move(extra));
 }
 
 // The prediction for one config, the model built on a CPU device of the config's budget.

@@ -11,6 +11,7 @@
 #include "src/device/cpu_device.h"
 #include "src/engine/memory_prediction.h"
 #include "src/engine/model_registry.h"
+#include "tests/engine/engine_test_support.h"
 #include "tests/support/test_seed.h"
 
 namespace zinf::engine {
@@ -18,17 +19,7 @@ namespace {
 
 config::EngineConfig shipped(const std::string& name, const std::string& dir,
                              std::vector<std::string> extra = {}) {
-    config::LoadOptions o;
-    o.log_warnings = false;
-    o.overrides = {
-        str_cat("zero_optimization.offload_param.nvme_path=", dir),
-        str_cat("zero_optimization.offload_optimizer.nvme_path=", dir),
-        str_cat("activation_checkpointing.nvme_path=", dir, "/activations"),
-    };
-    for (auto& e : extra) o.overrides.push_back(std::move(e));
-    auto c = config::load(str_cat(ZINF_CONFIG_DIR, "/", name), o);
-    ZINF_ASSERT_MSG(c.has_value(), c.error().to_string());
-    return std::move(c).value();
+    return test_support::shipped_config(ZINF_CONFIG_DIR, name, dir, std::move(extra));
 }
 
 OffloadPlan plan_for(const config::EngineConfig& c) {
