@@ -124,10 +124,6 @@ float hashed_unit(std::uint64_t i, std::uint64_t salt) {
     return static_cast<float>(static_cast<double>(x >> 40) * 0x1p-23 - 1.0);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // The kernels of a run: the variant measured, the scalar one beside it, and the bound's loop.
 struct AdamKernels {
     Isa isa = Isa::kScalar;

@@ -30,10 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 struct GemmCall {
     Transpose ta, tb;
     std::size_t m, n, k, lda, ldb, ldc;

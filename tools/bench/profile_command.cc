@@ -26,6 +26,7 @@
 #include "tools/bench/commands.h"
 #include "tools/bench/io_command_support.h"
 #include "tools/bench/io_runner.h"
+#include "tools/bench/stats.h"
 #include "tools/cli/args.h"
 
 namespace zinf::bench {
@@ -49,10 +50,6 @@ struct ProfileOptions {
     bool quick = false;
 };
 
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // Median over three timed rounds of `body` repeated until min_seconds have passed; returns the
 // seconds of one call. The first call (page faults, thread start) is not timed.
 template <typename Body>
@@ -68,8 +65,7 @@ Result<double> time_call(double min_seconds, const Body& body) {
         } while (seconds_since(start) < min_seconds);
         per_call.push_back(seconds_since(start) / calls);
     }
-    std::sort(per_call.begin(), per_call.end());
-    return per_call[1];
+    return median(per_call);
 }
 
 Status measure_io(const ProfileOptions& o, MachineProfile& p) {
@@ -149,9 +145,8 @@ Status measure_gemm(const ProfileOptions& o, MachineProfile& p) {
     return Status::ok();
 }
 
-Status measure_copy(const ProfileOptions& o, MachineProfile& p) {
+Status measure_copy(const ProfileOptions& o, const kernels::ChunkLoop& loop, MachineProfile& p) {
     const std::size_t bytes = o.quick ? (32u << 20) : (256u << 20);
-    ZINF_ASSIGN_OR_RETURN(auto loop, kernels::ChunkLoop::create(o.threads));
     ZINF_ASSIGN_OR_RETURN(AlignedBuffer src, AlignedBuffer::allocate(bytes, 4096));
     ZINF_ASSIGN_OR_RETURN(AlignedBuffer dst, AlignedBuffer::allocate(bytes, 4096));
     std::memset(src.data(), 1, bytes);
@@ -255,7 +250,7 @@ Status run(const ProfileOptions& o) {
     p.threads = loop.threads();
     p.machine = machine_name(p.threads);
     std::printf("%s: %s\n", std::string(kProgram).c_str(), p.machine.c_str());
-    ZINF_TRY(measure_copy(o, p));
+    ZINF_TRY(measure_copy(o, loop, p));
     ZINF_TRY(measure_gemm(o, p));
     ZINF_TRY(measure_optimizers(o, p));
     ZINF_TRY(measure_io(o, p));

@@ -1,10 +1,17 @@
-// Small statistics the benchmarks share: the median of several alternated runs.
+// Small statistics the benchmarks share: the median of several alternated runs, and the time
+// since a start.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 namespace zinf::bench {
+
+// Seconds on the steady clock since `start`.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // The median (the mean of the middle two for an even count). Precondition: v is not empty.
 inline double median(std::vector<double> v) {

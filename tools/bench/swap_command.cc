@@ -26,6 +26,7 @@
 #include "src/tier/residency_manager.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/io_runner.h"
+#include "tools/bench/stats.h"
 #include "tools/cli/args.h"
 #include "tools/cli/progress.h"
 
@@ -33,10 +34,6 @@ namespace zinf::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 struct SwapOptions {
     std::string dir;
