@@ -126,6 +126,7 @@ void OptimizerSwapper::drain() noexcept {
 
 Status OptimizerSwapper::initialize(ParamSource& source) {
     ZINF_ASSERT(store_.committed());
+    ZINF_ASSERT(!speculating_);
     Status status;
     PartitionId ids[kMaxStates];
     for (std::size_t g = 0; g < sub_group_count_ && status.is_ok(); ++g) {
@@ -197,7 +198,7 @@ Status OptimizerSwapper::update(std::size_t sub_group, SwapTicket& ticket,
     return grads.updated(sub_group, offset, state.params);
 }
 
-Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
+Status OptimizerSwapper::check_params(const kernels::OptimizerParams& params) const {
     if (params.kind != options_.kind || params.amsgrad != options_.amsgrad) {
         return Status::invalid_argument(
             str_cat("optimizer swapper: step with ", optimizer_kind_name(params.kind),
@@ -205,15 +206,55 @@ Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSo
                     optimizer_kind_name(options_.kind), options_.amsgrad ? " (amsgrad)" : ""));
     }
     // Reject bad hyperparameters before any sub-group changes.
-    ZINF_TRY(kernels::validate(params));
+    return kernels::validate(params);
+}
+
+Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
+    ZINF_ASSERT_MSG(!speculating_, "step() while a speculated step awaits commit or discard");
+    ZINF_TRY(check_params(params));
     return run(&params, &grads);
 }
 
+Status OptimizerSwapper::speculate(const kernels::OptimizerParams& params, GradientSource& grads) {
+    ZINF_ASSERT_MSG(!speculating_, "speculate() twice without commit or discard");
+    if (!store_.copy_on_write()) {
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: speculation needs a "
+                    "copy-on-write swap store ('",
+                    store_.name(), "' is not)"));
+    }
+    ZINF_TRY(check_params(params));
+    const Status s = run(&params, &grads, WriteTarget::kShadow);
+    if (!s.is_ok()) {
+        store_.discard_shadows(options_.first_partition, partition_count());
+        return s;
+    }
+    speculating_ = true;
+    return Status::ok();
+}
+
+Status OptimizerSwapper::commit_speculation() {
+    ZINF_ASSERT(speculating_);
+    auto switched = store_.commit_shadows(options_.first_partition, partition_count());
+    if (!switched.has_value()) return switched.status();
+    ZINF_ASSERT_EQ(*switched, partition_count());
+    speculating_ = false;
+    return Status::ok();
+}
+
+void OptimizerSwapper::discard_speculation() {
+    ZINF_ASSERT(speculating_);
+    store_.discard_shadows(options_.first_partition, partition_count());
+    speculating_ = false;
+}
+
 Status OptimizerSwapper::io_only_pass() {
+    ZINF_ASSERT_MSG(!speculating_, "io_only_pass() while a speculated step awaits commit");
     return run(nullptr, nullptr);
 }
 
-Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSource* grads) {
+Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSource* grads,
+                             WriteTarget target) {
     ZINF_ASSERT(store_.committed());
     const auto t_step = Clock::now();
     stats_ = OptimizerStepStats{};
@@ -246,7 +287,7 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
             status = update(g, current, *params, *grads);
             if (!status.is_ok()) break;
         }
-        status = swapper_->write_back(current);
+        status = swapper_->write_back(current, target);
         if (!status.is_ok()) break;
         stats_.bytes_written += store_.run_bytes(partition(g, 0), partition(g, state_count_ - 1));
         t0 = Clock::now();
@@ -295,6 +336,7 @@ Status OptimizerSwapper::read_sub_group(std::size_t sub_group, std::span<float> 
 
 Status OptimizerSwapper::write_sub_group(std::size_t sub_group, std::span<const float> params,
                                          std::span<const std::span<const float>> moments) {
+    ZINF_ASSERT(!speculating_);
     ZINF_ASSERT_LT(sub_group, sub_group_count_);
     ZINF_ASSERT_LE(moments.size(), state_count_ - 1);
     const std::uint64_t numel = sub_group_numel(sub_group);

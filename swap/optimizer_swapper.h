@@ -6,6 +6,12 @@
 // optimizer, write group i-1 (`pipeline_read` / `pipeline_write` of the `offload_optimizer` config
 // turn each overlap on). The step is I/O-bound by design; the update runs hidden under the
 // transfers.
+//
+// Speculation (copy-on-write stores): speculate() runs the same step but writes every sub-group
+// to its shadow extents, so the states the step started from stay intact on disk. Then
+// commit_speculation() makes the new states current at once, or discard_speculation() forgets
+// them: a step taken with a guessed clipping coefficient is undone by reading the old bytes
+// again, never by an arithmetic inverse, so a redo is bitwise the step taken directly.
 #pragma once
 
 #include <chrono>
@@ -118,6 +124,18 @@ public:
     // an I/O error the sub-groups already written hold the new step and the failed one holds
     // no valid copy, so the caller restores a checkpoint.
     Status step(const kernels::OptimizerParams& params, GradientSource& grads);
+    // The same step, written to the shadow extents (the store must be copy-on-write:
+    // kInvalidArgument otherwise). The states read stay the current ones until
+    // commit_speculation(); read_sub_group() still returns them. On any error the shadows are
+    // discarded and every sub-group keeps the state from before the step. The gradient source
+    // sees the new parameters (updated, param_copy) as in step(): after a discard the caller
+    // republishes them.
+    Status speculate(const kernels::OptimizerParams& params, GradientSource& grads);
+    // Makes the speculated states current (all sub-groups or, on kIo, none).
+    Status commit_speculation();
+    // Forgets the speculated states: the next step starts from the ones before speculate().
+    void discard_speculation();
+    bool speculating() const noexcept { return speculating_; }
     // The same reads and writes in the same pattern without the optimizer: the I/O-bound limit
     // the step is measured against (zinfinity-bench optimizer). Leaves the states unchanged.
     Status io_only_pass();
@@ -147,7 +165,10 @@ private:
 
     OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
                      const OptimizerSwapperOptions& options);
-    Status run(const kernels::OptimizerParams* params, GradientSource* grads);
+    Status run(const kernels::OptimizerParams* params, GradientSource* grads,
+               WriteTarget target = WriteTarget::kCurrent);
+    Status check_params(const kernels::OptimizerParams& params) const;
+    std::size_t partition_count() const noexcept { return sub_group_count_ * state_count_; }
     Status issue_read(std::size_t sub_group, SwapTicket& ticket);
     Status update(std::size_t sub_group, SwapTicket& ticket, const kernels::OptimizerParams& params,
                   GradientSource& grads);
@@ -163,6 +184,7 @@ private:
     std::size_t state_count_ = 0;
     std::size_t sub_group_count_ = 0;
     std::size_t ticket_count_ = 1;
+    bool speculating_ = false;  // shadows written by speculate(), not yet committed
     std::unique_ptr<TensorSwapper> swapper_;
     std::unique_ptr<SwapTicket[]> tickets_;
     OptimizerStepStats stats_;

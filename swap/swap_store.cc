@@ -92,7 +92,8 @@ SwapStore::SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions&
       name_(options.name),
       verify_(options.verify_checksums),
       stripe_chunk_bytes_(options.stripe_chunk_bytes != 0 ? options.stripe_chunk_bytes
-                                                          : engine.aio().block_size_bytes) {}
+                                                          : engine.aio().block_size_bytes),
+      planes_(options.copy_on_write ? 2 : 1) {}
 
 Result<std::unique_ptr<SwapStore>> SwapStore::create(io::Engine& engine,
                                                      const SwapStoreOptions& options) {
@@ -145,7 +146,8 @@ Status SwapStore::space_check() const {
     // Bytes needed per file system (several paths may share one): the data stripes round up to
     // whole chunks; the checksum file lives in the first path.
     const std::size_t paths = run_dir_.base_paths().size();
-    const std::uint64_t chunks = (data_bytes_ + stripe_chunk_bytes_ - 1) / stripe_chunk_bytes_;
+    const std::uint64_t file = file_bytes();
+    const std::uint64_t chunks = (file + stripe_chunk_bytes_ - 1) / stripe_chunk_bytes_;
     const std::uint64_t per_path = (chunks + paths - 1) / paths * stripe_chunk_bytes_;
     struct Need {
         std::string path;
@@ -159,7 +161,7 @@ Status SwapStore::space_check() const {
             return Status::from_errno(errno, str_cat("stat ", base));
         Need& n = needs[st.st_dev];
         if (n.path.empty()) n.path = base;
-        n.bytes += std::min(per_path, data_bytes_);
+        n.bytes += std::min(per_path, file);
     }
     for (const auto& [dev, need] : needs) {
         ZINF_ASSIGN_OR_RETURN(const std::uint64_t free_bytes, free_space_bytes(need.path));
@@ -185,13 +187,13 @@ Status SwapStore::commit() {
     data_options.mode = 0600;
     data_options.trusted_directory = true;
     data_options.stripe_chunk_bytes = stripe_chunk_bytes_;
-    data_options.preallocate_bytes = data_bytes_;
+    data_options.preallocate_bytes = file_bytes();
     const std::vector<std::string> data_paths = run_dir_.file_paths(kDataFileName);
     ZINF_ASSIGN_OR_RETURN(data_file_, engine_.open(data_paths, data_options));
     if (verify_) {
         // The table lives in memory only: swap files belong to one run and are never read by
         // another, so a copy on disk would have no reader.
-        auto sums = AlignedBuffer::allocate(sums_bytes_, kExtentAlignmentBytes, true);
+        auto sums = AlignedBuffer::allocate(sums_bytes_ * planes_, kExtentAlignmentBytes, true);
         if (!sums.has_value()) {
             (void)engine_.close(data_file_);
             return sums.error();
@@ -202,8 +204,9 @@ Status SwapStore::commit() {
     live_ = std::make_unique<Live[]>(partitions_.size());
     committed_ = true;
     log::info("swap '", name_, "': ", partitions_.size(), " partitions, ",
-              format_bytes(data_bytes_), " in ", data_paths.size(), " path(s) under ",
-              run_dir_.run_paths().front(), verify_ ? ", checksums on" : ", checksums off");
+              format_bytes(file_bytes()), " in ", data_paths.size(), " path(s) under ",
+              run_dir_.run_paths().front(), verify_ ? ", checksums on" : ", checksums off",
+              planes_ == 2 ? ", copy-on-write" : "");
     return Status::ok();
 }
 
@@ -223,7 +226,9 @@ Extent SwapStore::extent(PartitionId partition) const {
     const auto it = index_.find(partition);
     ZINF_ASSERT(it != index_.end());
     const Partition& p = partitions_[it->second];
-    return Extent{p.offset_bytes, p.size_bytes, it->second};
+    const std::uint32_t plane =
+        committed_ ? live_[it->second].plane.load(std::memory_order_acquire) : 0;
+    return Extent{p.offset_bytes, p.size_bytes, it->second, plane, file_offset(p, plane)};
 }
 
 std::uint64_t SwapStore::run_bytes(PartitionId first, PartitionId last) const {
@@ -255,6 +260,78 @@ void SwapStore::invalidate(PartitionId partition) {
     live.state.store(State::kEmpty, std::memory_order_release);
 }
 
+bool SwapStore::has_shadow(PartitionId partition) const {
+    const auto it = index_.find(partition);
+    if (it == index_.end() || !committed_) return false;
+    return live_[it->second].shadow.load(std::memory_order_acquire) == State::kValid;
+}
+
+Result<std::uint32_t> SwapStore::id_range(PartitionId first, std::size_t count) const {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(first));
+    for (std::size_t i = 1; i < count; ++i) {
+        ZINF_ASSIGN_OR_RETURN(const std::uint32_t at,
+                              index_of(first + static_cast<PartitionId>(i)));
+        (void)at;
+    }
+    return index;
+}
+
+Result<std::size_t> SwapStore::commit_shadows(PartitionId first, std::size_t count) {
+    ZINF_ASSERT(committed_);
+    ZINF_ASSERT(copy_on_write());
+    ZINF_ASSERT_MSG(id_range(first, count).has_value(), "a partition id not reserved");
+    // First every check, then every switch: a failed shadow leaves all of them as they were, so
+    // no commit ever yields a mix of two writes' results.
+    for (std::size_t i = 0; i < count; ++i) {
+        const Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+        const State shadow = live.shadow.load(std::memory_order_acquire);
+        ZINF_ASSERT_MSG(shadow != State::kWriting && live.readers.load() == 0 &&
+                            live.state.load() != State::kWriting,
+                        "commit_shadows with an operation in flight");
+        if (shadow == State::kFailed) {
+            return Status::io_error(
+                str_cat("swap '", name_, "': commit refused: the shadow write of partition ",
+                        first + i, " failed; every partition keeps its current copy"),
+                EIO);
+        }
+    }
+    std::size_t switched = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+        Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+        if (live.shadow.load(std::memory_order_relaxed) != State::kValid) continue;
+        live.plane.store(1 - live.plane.load(std::memory_order_relaxed), std::memory_order_release);
+        live.state.store(State::kValid, std::memory_order_release);
+        live.shadow.store(State::kEmpty, std::memory_order_release);
+        ++switched;
+    }
+    return switched;
+}
+
+void SwapStore::discard_shadows(PartitionId first, std::size_t count) {
+    ZINF_ASSERT(committed_);
+    ZINF_ASSERT_MSG(id_range(first, count).has_value(), "a partition id not reserved");
+    for (std::size_t i = 0; i < count; ++i) {
+        Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+        ZINF_ASSERT_MSG(live.shadow.load() != State::kWriting,
+                        "discard_shadows with a shadow write in flight");
+        live.shadow.store(State::kEmpty, std::memory_order_release);
+    }
+}
+
+Result<std::uint32_t> SwapStore::run_plane(std::uint32_t first, std::uint32_t count) const {
+    const std::uint32_t plane = live_[first].plane.load(std::memory_order_acquire);
+    for (std::uint32_t i = first + 1; i < first + count; ++i) {
+        if (live_[i].plane.load(std::memory_order_acquire) != plane) {
+            return Status::invalid_argument(
+                str_cat("swap '", name_, "': partitions ", partitions_[first].id, " and ",
+                        partitions_[i].id,
+                        " of one run have their current copies in different "
+                        "planes (a shadow of one was committed without the other)"));
+        }
+    }
+    return plane;
+}
+
 Result<std::uint32_t> SwapStore::run_indices(std::span<const PartitionId> partitions) const {
     if (partitions.empty() || partitions.size() > kMaxRunPartitions) {
         return Status::invalid_argument(str_cat("swap '", name_, "': a run holds 1 to ",
@@ -277,15 +354,16 @@ Result<std::uint32_t> SwapStore::run_indices(std::span<const PartitionId> partit
 // Operations
 
 Status SwapStore::swap_out(PartitionId partition, std::span<const std::byte> buffer,
-                           SwapHandle& handle) {
+                           SwapHandle& handle, WriteTarget target) {
     ZINF_ASSIGN_OR_RETURN(const std::uint32_t index, index_of(partition));
-    return submit_out(index, 1, buffer, handle);
+    return submit_out(index, 1, buffer, handle, target);
 }
 
 Status SwapStore::swap_out_run(std::span<const PartitionId> partitions,
-                               std::span<const std::byte> buffer, SwapHandle& handle) {
+                               std::span<const std::byte> buffer, SwapHandle& handle,
+                               WriteTarget target) {
     ZINF_ASSIGN_OR_RETURN(const std::uint32_t first, run_indices(partitions));
-    return submit_out(first, static_cast<std::uint32_t>(partitions.size()), buffer, handle);
+    return submit_out(first, static_cast<std::uint32_t>(partitions.size()), buffer, handle, target);
 }
 
 Status SwapStore::swap_in(PartitionId partition, std::span<std::byte> buffer, SwapHandle& handle) {
@@ -327,10 +405,19 @@ Status SwapStore::swap_in_range(PartitionId partition, std::uint64_t offset_byte
 }
 
 Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
-                             std::span<const std::byte> buffer, SwapHandle& handle) {
+                             std::span<const std::byte> buffer, SwapHandle& handle,
+                             WriteTarget target) {
     ZINF_ASSERT(committed_);
     ZINF_ASSERT(!handle.in_use());
     ZINF_ASSERT_GT(count, 0u);
+    const bool shadow = target == WriteTarget::kShadow;
+    if (shadow && !copy_on_write()) {
+        return Status::invalid_argument(
+            str_cat("swap '", name_, "': a shadow swap-out of partition ", partitions_[first].id,
+                    " needs a copy-on-write store"));
+    }
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t current_plane, run_plane(first, count));
+    const std::uint32_t plane = shadow ? 1 - current_plane : current_plane;
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
     const std::uint64_t length = b.offset_bytes + b.size_bytes - a.offset_bytes;
@@ -339,14 +426,27 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
                                                 " needs a buffer of ", length, " bytes, got ",
                                                 buffer.size()));
     }
-    // Claim the partitions: from here until wait() none of them is valid on disk.
+    // Claim the partitions: from here until wait() none of them is valid on disk (a shadow
+    // write: none of their shadows; the current copies stay valid and readable).
     for (std::uint32_t i = first; i < first + count; ++i) {
         Live& live = live_[i];
+        if (shadow) {
+            const State before = live.shadow.exchange(State::kWriting, std::memory_order_acq_rel);
+            ZINF_ASSERT_MSG(before != State::kWriting, "two shadow writes of one partition");
+            ZINF_ASSERT_MSG(live.state.load() != State::kWriting,
+                            "a shadow write beside a write of the current copy");
+            live.before_write = before;
+            continue;
+        }
         ZINF_ASSERT_MSG(live.readers.load(std::memory_order_acquire) == 0,
                         "swap_out of a partition that is being swapped in");
+        ZINF_ASSERT_MSG(live.shadow.load() != State::kWriting,
+                        "a write of the current copy beside a shadow write");
         const State before = live.state.exchange(State::kWriting, std::memory_order_acq_rel);
         ZINF_ASSERT_MSG(before != State::kWriting, "two swap-outs of one partition in flight");
         live.before_write = before;
+        // The current copy is being rewritten: a pending shadow is superseded.
+        live.shadow.store(State::kEmpty, std::memory_order_release);
     }
     // A write the engine will discard leaves the disk as it was: its checksums must too.
     handle.unhashed_ = engine_.discarding();
@@ -355,7 +455,7 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
         for (std::uint32_t i = first; i < first + count; ++i) {
             const Partition& p = partitions_[i];
             const std::byte* data = buffer.data() + (p.offset_bytes - a.offset_bytes);
-            std::uint64_t* sums = sums_of(p);
+            std::uint64_t* sums = sums_of(p, plane);
             for_each_block(p.block_count, [&](std::uint32_t k) {
                 const std::uint64_t from = static_cast<std::uint64_t>(k) * kSwapBlockBytes;
                 const std::uint64_t len =
@@ -367,15 +467,18 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
         checksum_bytes_.fetch_add(length, std::memory_order_relaxed);
     }
     handle.op_ = io::OpKind::kWrite;
+    handle.shadow_ = shadow;
+    handle.plane_ = plane;
     handle.first_index_ = first;
     handle.count_ = count;
     handle.range_ = false;
     handle.buffer_ = const_cast<std::byte*>(buffer.data());
-    const Status s = engine_.submit_write(handle.data_io_, data_file_, a.offset_bytes,
+    const Status s = engine_.submit_write(handle.data_io_, data_file_, file_offset(a, plane),
                                           std::span<const std::byte>(handle.buffer_, length));
     if (!s.is_ok()) {
         for (std::uint32_t i = first; i < first + count; ++i) {
-            live_[i].state.store(State::kFailed, std::memory_order_release);
+            (shadow ? live_[i].shadow : live_[i].state)
+                .store(State::kFailed, std::memory_order_release);
         }
         return s.with_context(str_cat("swap '", name_, "': swap-out of partition ", a.id));
     }
@@ -392,7 +495,8 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
     ZINF_ASSERT_GT(count, 0u);
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
-    const std::uint64_t file_offset = a.offset_bytes + (range ? range_offset : 0);
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t plane, run_plane(first, count));
+    const std::uint64_t at = file_offset(a, plane) + (range ? range_offset : 0);
     const std::uint64_t length =
         range ? range_length : b.offset_bytes + b.size_bytes - a.offset_bytes;
     if (buffer.size() < length) {
@@ -415,14 +519,15 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
         live_[i].readers.fetch_add(1, std::memory_order_acq_rel);
     }
     handle.op_ = io::OpKind::kRead;
+    handle.shadow_ = false;
+    handle.plane_ = plane;
     handle.first_index_ = first;
     handle.count_ = count;
     handle.range_ = range;
     handle.range_offset_bytes_ = range_offset;
     handle.range_length_bytes_ = range_length;
     handle.buffer_ = buffer.data();
-    const Status s =
-        engine_.submit_read(handle.data_io_, data_file_, file_offset, buffer.first(length));
+    const Status s = engine_.submit_read(handle.data_io_, data_file_, at, buffer.first(length));
     if (!s.is_ok()) {
         for (std::uint32_t i = first; i < first + count; ++i) {
             live_[i].readers.fetch_sub(1, std::memory_order_acq_rel);
@@ -434,12 +539,12 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
     return Status::ok();
 }
 
-Status SwapStore::verify_blocks(const Partition& p, std::uint64_t from_bytes,
+Status SwapStore::verify_blocks(const Partition& p, std::uint32_t plane, std::uint64_t from_bytes,
                                 std::uint64_t to_bytes, const std::byte* data) noexcept {
     // `data` holds partition bytes [from_bytes, to_bytes), whole blocks (the last may be short).
     ZINF_ASSERT(is_aligned(from_bytes, kSwapBlockBytes));
     ZINF_ASSERT(to_bytes == p.size_bytes || is_aligned(to_bytes, kSwapBlockBytes));
-    const std::uint64_t* sums = sums_of(p);
+    const std::uint64_t* sums = sums_of(p, plane);
     const auto first_block = static_cast<std::uint32_t>(from_bytes / kSwapBlockBytes);
     const auto block_count =
         static_cast<std::uint32_t>((to_bytes - from_bytes + kSwapBlockBytes - 1) / kSwapBlockBytes);
@@ -467,8 +572,8 @@ Status SwapStore::verify_blocks(const Partition& p, std::uint64_t from_bytes,
         return Status::corruption(str_cat(
             "swap '", name_, "': checksum mismatch in partition ", p.id, " at offset ", at,
             " (swap block ", k, " of ", p.block_count, ", ", len, " bytes at swap-file offset ",
-            p.offset_bytes + at, " under ", run_dir_.run_paths().front(), "): expected xxh3 ",
-            hex64(sums[k]), ", read ", hex64(got)));
+            file_offset(p, plane) + at, " under ", run_dir_.run_paths().front(),
+            "): expected xxh3 ", hex64(sums[k]), ", read ", hex64(got)));
     }
     return Status::ok();
 }
@@ -488,9 +593,10 @@ Status SwapStore::complete(SwapHandle& handle) {
         const bool consistent = discarded == handle.unhashed_ || !verify_;
         const State state = status.is_ok() && consistent ? State::kValid : State::kFailed;
         for (std::uint32_t i = first; i < first + count; ++i) {
-            ZINF_ASSERT(live_[i].state.load() == State::kWriting);
-            live_[i].state.store(discarded && consistent ? live_[i].before_write : state,
-                                 std::memory_order_release);
+            std::atomic<State>& target = handle.shadow_ ? live_[i].shadow : live_[i].state;
+            ZINF_ASSERT(target.load() == State::kWriting);
+            target.store(discarded && consistent ? live_[i].before_write : state,
+                         std::memory_order_release);
         }
         if (status.is_ok() && !discarded) {
             bytes_out_.fetch_add(b.offset_bytes + b.size_bytes - a.offset_bytes,
@@ -502,14 +608,14 @@ Status SwapStore::complete(SwapHandle& handle) {
             const std::uint64_t t0 = now_ns();
             std::uint64_t hashed = 0;
             if (handle.range_) {
-                status = verify_blocks(a, handle.range_offset_bytes_,
+                status = verify_blocks(a, handle.plane_, handle.range_offset_bytes_,
                                        handle.range_offset_bytes_ + handle.range_length_bytes_,
                                        handle.buffer_);
                 hashed = handle.range_length_bytes_;
             } else {
                 for (std::uint32_t i = first; i < first + count && status.is_ok(); ++i) {
                     const Partition& p = partitions_[i];
-                    status = verify_blocks(p, 0, p.size_bytes,
+                    status = verify_blocks(p, handle.plane_, 0, p.size_bytes,
                                            handle.buffer_ + (p.offset_bytes - a.offset_bytes));
                     hashed += p.size_bytes;
                 }
@@ -527,7 +633,9 @@ Status SwapStore::complete(SwapHandle& handle) {
     in_flight_.fetch_sub(1, std::memory_order_relaxed);
     if (!status.is_ok() && status.code() != StatusCode::kCorruption) {
         return status.with_context(str_cat(
-            "swap '", name_, "': ", handle.op_ == io::OpKind::kWrite ? "swap-out" : "swap-in",
+            "swap '", name_, "': ",
+            handle.op_ == io::OpKind::kWrite ? (handle.shadow_ ? "shadow swap-out" : "swap-out")
+                                             : "swap-in",
             " of partition ", a.id, count > 1 ? str_cat(" and ", count - 1, " following") : ""));
     }
     return status;

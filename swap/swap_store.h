@@ -13,6 +13,15 @@
 // another, so a copy on disk would have no reader (checkpoints carry their own checksums). The
 // swap file lives as long as the store.
 //
+// Copy-on-write (SwapStoreOptions::copy_on_write): every partition has two extents, one per
+// "plane" (plane 1 is laid out like plane 0, after it). The partition's current copy lives in
+// one plane; a shadow swap-out (WriteTarget::kShadow) writes the other, leaving the current
+// bytes and their checksums intact and readable, so a speculative result can be written while
+// the state it came from stays available. commit_shadows() then makes the written shadows
+// current all at once, or refuses and changes nothing when one of them failed;
+// discard_shadows() forgets them (a rollback: the old bytes are simply read again). A shadow
+// write moves the same bytes as an in-place one; the cost is the second plane's disk space.
+//
 // Lifecycle: create() -> reserve()* -> commit() -> swap_out / swap_in ... -> destruction (removes
 // the files and the run directory).
 #pragma once
@@ -53,7 +62,14 @@ struct SwapStoreOptions {
     // Bytes per stripe chunk over several paths; 0: the engine's aio.block_size.
     std::uint64_t stripe_chunk_bytes = 0;
     std::string name = "swap";  // named in messages ("optimizer", "params")
+    // Two extents per partition (see above): shadow writes and commit_shadows(). Doubles the
+    // file.
+    bool copy_on_write = false;
 };
+
+// Where a swap-out goes: over the current copy (which is invalid until the write completes),
+// or (copy-on-write stores) to the partition's shadow extent, the current copy untouched.
+enum class WriteTarget : std::uint8_t { kCurrent, kShadow };
 
 struct SwapStoreStats {
     std::uint64_t bytes_swapped_out = 0;
@@ -65,9 +81,13 @@ struct SwapStoreStats {
 
 // Where a partition lives in the swap file.
 struct Extent {
-    std::uint64_t offset_bytes = 0;  // in the logical swap file, kExtentAlignmentBytes-aligned
-    std::uint64_t size_bytes = 0;    // the partition's bytes
-    std::uint32_t layout_index = 0;  // position in reserve() order
+    // In the layout of one plane, kExtentAlignmentBytes-aligned: offsets of partitions in one
+    // plane differ by their distance in a run buffer.
+    std::uint64_t offset_bytes = 0;
+    std::uint64_t size_bytes = 0;         // the partition's bytes
+    std::uint32_t layout_index = 0;       // position in reserve() order
+    std::uint32_t plane = 0;              // of the current copy (always 0 without copy-on-write)
+    std::uint64_t file_offset_bytes = 0;  // of the current copy in the logical swap file
 };
 
 // The span a sub-range read transfers: the range widened to whole swap blocks when checksums
@@ -112,6 +132,8 @@ private:
     friend class SwapStore;
     SwapStore* store_ = nullptr;
     io::OpKind op_ = io::OpKind::kRead;
+    bool shadow_ = false;            // a write to the shadow extents
+    std::uint32_t plane_ = 0;        // the plane read or written
     std::uint32_t first_index_ = 0;  // layout index of the first partition
     std::uint32_t count_ = 0;        // partitions in the run
     // Sub-range read: what was read and where it sits (count_ == 1).
@@ -152,7 +174,11 @@ public:
     // now until wait() reports success. Preconditions (asserted): committed, no other
     // operation on the partition in flight, handle not in use. Errors at submit: kNotFound for
     // an unknown partition, the engine's submit errors. Thread-safe for distinct partitions.
-    Status swap_out(PartitionId partition, std::span<const std::byte> buffer, SwapHandle& handle);
+    // kShadow (copy-on-write stores; kInvalidArgument otherwise): writes the shadow extent; the
+    // current copy stays valid and readable meanwhile, and becomes the old one at
+    // commit_shadows(). A write to the current copy supersedes (forgets) a pending shadow.
+    Status swap_out(PartitionId partition, std::span<const std::byte> buffer, SwapHandle& handle,
+                    WriteTarget target = WriteTarget::kCurrent);
     // Asynchronous swap-in of the whole partition into `buffer` (at least size_bytes). Errors
     // at submit: kNotFound for an unknown partition or one without a valid copy on disk.
     // Concurrent swap-ins of one partition are allowed; a swap-out concurrent with them is not.
@@ -170,9 +196,9 @@ public:
     // buffer holds each partition at (extent offset − first extent offset), i.e. run_bytes()
     // bytes with the alignment padding between them. Preconditions as for one partition;
     // kInvalidArgument when the ids are not consecutive in layout order or exceed
-    // kMaxRunPartitions.
+    // kMaxRunPartitions, or (copy-on-write) when their current copies are not in one plane.
     Status swap_out_run(std::span<const PartitionId> partitions, std::span<const std::byte> buffer,
-                        SwapHandle& handle);
+                        SwapHandle& handle, WriteTarget target = WriteTarget::kCurrent);
     Status swap_in_run(std::span<const PartitionId> partitions, std::span<std::byte> buffer,
                        SwapHandle& handle);
 
@@ -188,8 +214,23 @@ public:
     // Forgets the disk copy (e.g. the tier layer holds a newer one); it will not be read.
     void invalidate(PartitionId partition);
 
+    // Copy-on-write. True when the partition's shadow holds a completed write not yet committed.
+    bool has_shadow(PartitionId partition) const;
+    // Makes the completed shadows of partitions [first, first + count) (ids) current, all of them
+    // or none: kIo, naming the partition and changing nothing, when one of their shadow writes
+    // failed. Partitions without a shadow keep their current copy.
+    // Preconditions (asserted): a copy-on-write store, no operation in flight on them, every id
+    // reserved. Returns how many partitions switched.
+    Result<std::size_t> commit_shadows(PartitionId first, std::size_t count);
+    // Forgets every shadow of partitions [first, first + count): their current copies stay.
+    void discard_shadows(PartitionId first, std::size_t count);
+    bool copy_on_write() const noexcept { return planes_ == 2; }
+
     std::size_t partition_count() const noexcept { return partitions_.size(); }
+    // The partitions' bytes in one plane (with alignment padding); the file holds
+    // data_bytes() × planes.
     std::uint64_t data_bytes() const noexcept { return data_bytes_; }
+    std::uint64_t file_bytes() const noexcept { return data_bytes_ * planes_; }
     bool verify_checksums() const noexcept { return verify_; }
     const std::string& name() const noexcept { return name_; }
     // The stripes of the data file (tests flip bytes in them) and the run directories.
@@ -212,25 +253,37 @@ private:
         std::uint32_t block_count = 0;
     };
     struct Live {  // per-partition state touched by concurrent operations
-        std::atomic<State> state{State::kEmpty};
+        std::atomic<State> state{State::kEmpty};  // of the current copy
         std::atomic<std::uint32_t> readers{0};
         // The state before the swap-out in flight: what a discarded write returns it to.
         State before_write = State::kEmpty;
+        // Copy-on-write: the plane of the current copy, and the state of the other plane's
+        // (the shadow's) copy. Changed only with nothing in flight on the partition.
+        std::atomic<std::uint32_t> plane{0};
+        std::atomic<State> shadow{State::kEmpty};
     };
 
     SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions& options);
     Result<std::uint32_t> index_of(PartitionId partition) const;
     Result<std::uint32_t> run_indices(std::span<const PartitionId> partitions) const;
     Status submit_out(std::uint32_t first, std::uint32_t count, std::span<const std::byte> buffer,
-                      SwapHandle& handle);
+                      SwapHandle& handle, WriteTarget target);
+    // The plane of the current copies of layout indices [first, first + count), or
+    // kInvalidArgument when they are not all in one.
+    Result<std::uint32_t> run_plane(std::uint32_t first, std::uint32_t count) const;
+    Result<std::uint32_t> id_range(PartitionId first, std::size_t count) const;
     Status submit_in(std::uint32_t first, std::uint32_t count, std::uint64_t range_offset,
                      std::uint64_t range_length, bool range, std::span<std::byte> buffer,
                      SwapHandle& handle);
     Status complete(SwapHandle& handle);
-    Status verify_blocks(const Partition& p, std::uint64_t from_bytes, std::uint64_t to_bytes,
-                         const std::byte* data) noexcept;
-    std::uint64_t* sums_of(const Partition& p) noexcept {
-        return reinterpret_cast<std::uint64_t*>(sums_.data() + p.sums_offset_bytes);
+    Status verify_blocks(const Partition& p, std::uint32_t plane, std::uint64_t from_bytes,
+                         std::uint64_t to_bytes, const std::byte* data) noexcept;
+    std::uint64_t* sums_of(const Partition& p, std::uint32_t plane) noexcept {
+        return reinterpret_cast<std::uint64_t*>(sums_.data() + p.sums_offset_bytes +
+                                                plane * sums_bytes_);
+    }
+    std::uint64_t file_offset(const Partition& p, std::uint32_t plane) const noexcept {
+        return p.offset_bytes + plane * data_bytes_;
     }
     Status space_check() const;
 
@@ -239,6 +292,7 @@ private:
     std::string name_;
     bool verify_ = true;
     std::uint64_t stripe_chunk_bytes_ = 0;
+    std::uint32_t planes_ = 1;  // 2 with copy-on-write
     bool committed_ = false;
     std::vector<Partition> partitions_;                     // layout order
     std::unordered_map<PartitionId, std::uint32_t> index_;  // id -> layout index

@@ -115,13 +115,13 @@ Result<std::size_t> TensorSwapper::swap_out(std::span<const SwapOutItem> items,
     return n;
 }
 
-Status TensorSwapper::write_back(SwapTicket& ticket) {
+Status TensorSwapper::write_back(SwapTicket& ticket, WriteTarget target) {
     ZINF_ASSERT(ticket.buffer_.valid());
     ZINF_ASSERT(!ticket.in_flight());
     ZINF_ASSERT(!ticket.range_);
     ZINF_ASSERT_GT(ticket.count_, 0u);
     return store_.swap_out_run(std::span<const PartitionId>(ticket.ids_.data(), ticket.count_),
-                               ticket.buffer_.span(), ticket.handle_);
+                               ticket.buffer_.span(), ticket.handle_, target);
 }
 
 Status TensorSwapper::swap_in_range(PartitionId partition, std::uint64_t offset_bytes,

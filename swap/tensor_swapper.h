@@ -87,8 +87,9 @@ public:
     Result<std::size_t> prepare(std::span<const PartitionId> partitions, SwapTicket& ticket);
     // Writes the ticket's partitions back from its buffer (after a completed swap_in whose data
     // the caller updated in place): no copy. Precondition: the ticket holds a completed
-    // whole-partition swap-in or swap-out.
-    Status write_back(SwapTicket& ticket);
+    // whole-partition swap-in or swap-out. kShadow: to the partitions' shadow extents
+    // (copy-on-write stores; see SwapStore).
+    Status write_back(SwapTicket& ticket, WriteTarget target = WriteTarget::kCurrent);
     // Reads bytes [offset_bytes, offset_bytes + length_bytes) of one partition; ticket.data(0)
     // is then exactly those bytes. kInvalidArgument when the (block-widened) range exceeds a
     // pool buffer.

@@ -1,6 +1,7 @@
 // OptimizerSwapper: the streamed step over NVMe-resident states is bitwise the same as the
 // kernel run over the whole arrays in memory, for every pipeline setting and optimizer, and for
-// states stored as bf16 and int8 (runs of global flat indices included).
+// states stored as bf16 and int8 (runs of global flat indices included); speculated steps,
+// committed, redone or discarded, are bitwise the steps taken directly.
 #include "swap/optimizer_swapper.h"
 
 #include <gtest/gtest.h>
@@ -217,6 +218,239 @@ TEST(OptimizerSwapper, CompressedStatesMatchInMemoryStepBitwise) {
         run_case({K::kAdagrad, true, false, false, dtype});
         run_case({K::kLion, false, true, true, dtype});
     }
+}
+
+// Speculation: every step is first taken with grad_scale 1 into the shadow extents; then,
+// as the engine will once the global norm is known, it is committed, rolled back and redone
+// with the clipping scale, or discarded (an overflow step). The states end bitwise equal to
+// the kernel run over whole arrays with the decided scales, while a speculated step is pending
+// the states read back are the old ones, and a failed speculation leaves them unchanged.
+void run_speculation_case(StateDType dtype) {
+    SCOPED_TRACE(state_dtype_name(dtype));
+    const std::uint64_t seed = zinf::test::seed();
+    std::mt19937_64 rng(seed);
+    constexpr std::uint64_t kNumel = 40'000;
+    constexpr std::uint64_t kSubGroup = 8'192;  // 5 sub-groups, the last one short
+    std::vector<float> params(kNumel), grads(kNumel);
+    std::vector<std::uint16_t> grads16(kNumel);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (auto& x : params) x = normal(rng);
+    for (auto& x : grads) x = normal(rng) * 1e-2f;
+    auto kernel = kernels::OptimizerKernel::create(kernels::best_isa(), 2);
+    ASSERT_TRUE(kernel.has_value());
+    constexpr std::uint64_t kRoundingSeed = 0x5eed;
+    // The reference: whole arrays, stored as the store keeps them.
+    std::vector<float> ref_p = params;
+    RefMoment ref_m(dtype, kNumel), ref_v(dtype, kNumel);
+    const std::vector<kernels::StateSegment> segments =
+        dtype == StateDType::kFp32 ? std::vector<kernels::StateSegment>{}
+                                   : std::vector<kernels::StateSegment>{{0, kNumel, 4096}};
+    auto reference_step = [&](const kernels::OptimizerParams& hp) {
+        if (dtype == StateDType::kFp32) {
+            kernels::OptimizerState ref;
+            ref.params = ref_p;
+            ref.moments[0] = ref_m.values;
+            ref.moments[1] = ref_v.values;
+            ASSERT_TRUE(kernel->step(hp, ref, kernels::GradView::fp32(grads)).is_ok());
+            return;
+        }
+        kernels::StoredState ref;
+        ref.params = ref_p;
+        ref.dtype = dtype;
+        ref.rounding_seed = kRoundingSeed;
+        ref.moments[0] = ref_m.stored;
+        ref.scales[0] = ref_m.scales;
+        ref.moments[1] = ref_v.stored;
+        ref.scales[1] = ref_v.scales;
+        ASSERT_TRUE(
+            kernels::step_segments(*kernel, hp, ref, 0, segments, kernels::GradView::fp32(grads))
+                .is_ok());
+    };
+
+    zinf::test::TempDir dir("opt");
+    auto engine = test::make_sim_engine(seed);
+    PinnedPoolOptions po;
+    po.buffer_count = OptimizerSwapper::buffers_needed(OptimizerSwapperOptions{});
+    po.buffer_size_bytes = OptimizerSwapper::buffer_size_bytes(
+        kSubGroup, kernels::OptimizerKind::kAdamW, false, dtype);
+    po.allow_unlocked = true;
+    auto pool = PinnedPool::create(po);
+    ASSERT_TRUE(pool.has_value());
+    ASSERT_TRUE((*pool)->register_with(*engine).is_ok());
+    SwapStoreOptions so;
+    so.paths = {dir.path()};
+    so.name = "optimizer";
+    so.copy_on_write = true;
+    auto store = SwapStore::create(*engine, so);
+    ASSERT_TRUE(store.has_value());
+    OptimizerSwapperOptions oo;
+    oo.numel = kNumel;
+    oo.sub_group_numel = kSubGroup;
+    oo.state_dtype = dtype;
+    oo.segments = segments;
+    oo.rounding_seed = kRoundingSeed;
+    auto swapper = OptimizerSwapper::create(**store, **pool, *kernel, oo);
+    ASSERT_TRUE(swapper.has_value()) << swapper.status().to_string();
+    ASSERT_TRUE((*store)->commit().is_ok());
+    VectorParams init(params);
+    ASSERT_TRUE((*swapper)->initialize(init).is_ok());
+    VectorGrads source(grads, grads16, false);
+    OptimizerSwapper& sw = **swapper;
+
+    // What the store holds, decoded: the master and both moments of every sub-group.
+    auto read_all = [&] {
+        std::vector<float> all(3 * kNumel);
+        for (std::size_t g = 0; g < sw.sub_group_count(); ++g) {
+            const std::uint64_t n = sw.sub_group_numel(g);
+            const std::uint64_t off = sw.sub_group_offset_numel(g);
+            const std::span<float> moments[2] = {std::span(all.data() + kNumel + off, n),
+                                                 std::span(all.data() + 2 * kNumel + off, n)};
+            EXPECT_TRUE(sw.read_sub_group(g, std::span(all.data() + off, n), moments).is_ok());
+        }
+        return all;
+    };
+    auto reference_all = [&] {
+        const OptimizerDescriptor& d = optimizer_descriptor(kernels::OptimizerKind::kAdamW);
+        std::vector<float> all(3 * kNumel);
+        std::memcpy(all.data(), ref_p.data(), kNumel * 4);
+        RefMoment* refs[2] = {&ref_m, &ref_v};
+        for (std::size_t i = 0; i < 2; ++i) {
+            std::vector<float> values = refs[i]->values;
+            if (dtype != StateDType::kFp32) {
+                kernels::decode_moment(dtype, d.moments[i].non_negative, refs[i]->stored,
+                                       refs[i]->scales, values);
+            }
+            std::memcpy(all.data() + (i + 1) * kNumel, values.data(), kNumel * 4);
+        }
+        return all;
+    };
+
+    kernels::OptimizerParams hp;
+    hp.lr = 1e-2;
+    hp.weight_decay = 0.01;
+    std::uint64_t updates = 0;
+    // What each step turns out to need once its norm is known.
+    enum class Outcome { kCommit, kClip, kOverflow };
+    for (const Outcome outcome :
+         {Outcome::kCommit, Outcome::kClip, Outcome::kOverflow, Outcome::kClip, Outcome::kCommit}) {
+        SCOPED_TRACE(static_cast<int>(outcome));
+        const std::vector<float> before = read_all();
+        hp.step = updates + 1;
+        hp.grad_scale = 1.0;
+        ASSERT_TRUE(sw.speculate(hp, source).is_ok());
+        EXPECT_TRUE(sw.speculating());
+        EXPECT_EQ(read_all(), before);  // the old states stay current until the commit
+        switch (outcome) {
+            case Outcome::kCommit:
+                ASSERT_TRUE(sw.commit_speculation().is_ok());
+                reference_step(hp);
+                ++updates;
+                break;
+            case Outcome::kClip:
+                sw.discard_speculation();
+                EXPECT_EQ(read_all(), before);
+                hp.grad_scale = 0.37;
+                ASSERT_TRUE(sw.speculate(hp, source).is_ok());
+                ASSERT_TRUE(sw.commit_speculation().is_ok());
+                reference_step(hp);
+                ++updates;
+                break;
+            case Outcome::kOverflow:
+                sw.discard_speculation();
+                break;
+        }
+        EXPECT_FALSE(sw.speculating());
+        ASSERT_EQ(read_all(), reference_all());
+    }
+    EXPECT_EQ(updates, 4u);
+    EXPECT_EQ((*pool)->free_count(), (*pool)->buffer_count());
+    swapper->reset();
+    store->reset();
+}
+
+TEST(OptimizerSwapper, SpeculatedStepsCommitOrRollBackBitwise) {
+    run_speculation_case(StateDType::kFp32);
+    run_speculation_case(StateDType::kInt8);
+}
+
+// A fault inside a speculated step: speculate() fails, and every sub-group (those already
+// written to their shadows included) reads back the state from before the step; a second
+// speculation with the fault gone then commits. Swept over the step's I/O pieces.
+TEST(OptimizerSwapper, FailedSpeculationLeavesTheOldStates) {
+    const std::uint64_t seed = zinf::test::seed();
+    constexpr std::uint64_t kNumel = 20'000;
+    constexpr std::uint64_t kSubGroup = 4'096;
+    std::vector<float> params(kNumel, 0.5f), grads(kNumel, 0.25f);
+    std::vector<std::uint16_t> grads16;
+    auto kernel = kernels::OptimizerKernel::create(kernels::Isa::kScalar, 1);
+    ASSERT_TRUE(kernel.has_value());
+    std::uint64_t failures = 0;
+    for (std::uint64_t n = 1; n <= 200; ++n) {
+        SCOPED_TRACE(n);
+        zinf::test::TempDir dir("opt");
+        io::FaultPlan plan;
+        plan.seed = seed;
+        plan.fail_nth_op = n;
+        auto engine = test::make_sim_engine(seed, plan);
+        PinnedPoolOptions po;
+        po.buffer_count = OptimizerSwapper::buffers_needed(OptimizerSwapperOptions{});
+        po.buffer_size_bytes =
+            OptimizerSwapper::buffer_size_bytes(kSubGroup, kernels::OptimizerKind::kAdamW);
+        po.allow_unlocked = true;
+        auto pool = PinnedPool::create(po);
+        ASSERT_TRUE((*pool)->register_with(*engine).is_ok());
+        SwapStoreOptions so;
+        so.paths = {dir.path()};
+        so.copy_on_write = true;
+        auto store = SwapStore::create(*engine, so);
+        ASSERT_TRUE(store.has_value());
+        OptimizerSwapperOptions oo;
+        oo.numel = kNumel;
+        oo.sub_group_numel = kSubGroup;
+        auto swapper = OptimizerSwapper::create(**store, **pool, *kernel, oo);
+        ASSERT_TRUE(swapper.has_value());
+        ASSERT_TRUE((*store)->commit().is_ok());
+        VectorParams init(params);
+        if (!(*swapper)->initialize(init).is_ok()) {  // the fault hit the set-up
+            swapper->reset();
+            store->reset();
+            continue;
+        }
+        VectorGrads source(grads, grads16, false);
+        kernels::OptimizerParams hp;
+        hp.lr = 0.1;
+        hp.step = 1;
+        const Status s = (*swapper)->speculate(hp, source);
+        const std::uint64_t injected = engine->stats().faults_injected;
+        if (s.is_ok()) {
+            // Past the step's pieces (the fault may yet hit the reads below): done.
+            EXPECT_EQ(injected, 0u);
+            ASSERT_TRUE((*swapper)->commit_speculation().is_ok());
+            swapper->reset();
+            store->reset();
+            break;
+        }
+        ++failures;
+        EXPECT_EQ(injected, 1u) << s.to_string();
+        EXPECT_FALSE((*swapper)->speculating());
+        for (std::size_t g = 0; g < (*swapper)->sub_group_count(); ++g) {
+            const std::uint64_t len = (*swapper)->sub_group_numel(g);
+            std::vector<float> p(len), m(len), v(len);
+            const std::span<float> moments[2] = {m, v};
+            ASSERT_TRUE((*swapper)->read_sub_group(g, p, moments).is_ok());
+            EXPECT_EQ(p, std::vector<float>(len, 0.5f)) << g;
+            EXPECT_EQ(m, std::vector<float>(len, 0.f)) << g;
+        }
+        ASSERT_TRUE((*swapper)->speculate(hp, source).is_ok());
+        ASSERT_TRUE((*swapper)->commit_speculation().is_ok());
+        std::vector<float> p(kSubGroup), m(kSubGroup), v(kSubGroup);
+        const std::span<float> moments[2] = {m, v};
+        ASSERT_TRUE((*swapper)->read_sub_group(0, p, moments).is_ok());
+        EXPECT_LT(p[0], 0.5f);  // the step happened
+        swapper->reset();
+        store->reset();
+    }
+    EXPECT_GE(failures, 10u);  // reads and writes of five sub-groups
 }
 
 TEST(OptimizerSwapper, CompressedStatesTakeFewerBytes) {

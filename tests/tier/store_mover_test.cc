@@ -291,7 +291,7 @@ TEST(StoreMover, FlippedByteInTheSwapFileIsCorruptionNamingThePartition) {
     ASSERT_EQ(paths.size(), 1u);
     const int fd = ::open(paths[0].c_str(), O_RDWR);
     ASSERT_GE(fd, 0) << std::strerror(errno);
-    const auto at = static_cast<off_t>(rig.store->extent(12).offset_bytes + flip_at);
+    const auto at = static_cast<off_t>(rig.store->extent(12).file_offset_bytes + flip_at);
     unsigned char c = 0;
     ASSERT_EQ(::pread(fd, &c, 1, at), 1);
     c ^= 0x01;
