@@ -211,8 +211,57 @@ Status OptimizerSwapper::check_params(const kernels::OptimizerParams& params) co
 
 Status OptimizerSwapper::step(const kernels::OptimizerParams& params, GradientSource& grads) {
     ZINF_ASSERT_MSG(!speculating_, "step() while a speculated step awaits commit or discard");
+    if (store_.copy_on_write()) {
+        ZINF_TRY(speculate(params, grads));
+        return commit_speculation();
+    }
     ZINF_TRY(check_params(params));
     return run(&params, &grads);
+}
+
+Status OptimizerSwapper::pin_states() {
+    return store_.pin(options_.first_partition, partition_count());
+}
+
+std::uint64_t OptimizerSwapper::pinned_read_bytes(std::size_t sub_group) const {
+    return store_.run_bytes(partition(sub_group, 0), partition(sub_group, state_count_ - 1));
+}
+
+Status OptimizerSwapper::read_pinned_sub_group(std::size_t sub_group, std::span<float> params,
+                                               std::span<const std::span<float>> moments,
+                                               AlignedBuffer& scratch) const {
+    ZINF_ASSERT_LT(sub_group, sub_group_count_);
+    ZINF_ASSERT_LE(moments.size(), state_count_ - 1);
+    const std::uint64_t numel = sub_group_numel(sub_group);
+    ZINF_ASSERT_EQ(params.size(), numel);
+    const std::uint64_t bytes = pinned_read_bytes(sub_group);
+    if (scratch.size() < bytes) {
+        ZINF_ASSIGN_OR_RETURN(scratch, AlignedBuffer::allocate_for_io(bytes));
+    }
+    PartitionId ids[kMaxStates];
+    for (std::size_t k = 0; k < state_count_; ++k) ids[k] = partition(sub_group, k);
+    SwapHandle handle;
+    ZINF_TRY(store_.swap_in_pinned_run(std::span<const PartitionId>(ids, state_count_),
+                                       scratch.span().first(bytes), handle));
+    ZINF_TRY(handle.wait());
+    const std::uint64_t base = store_.extent(ids[0]).offset_bytes;
+    auto data = [&](std::size_t k) {
+        const Extent e = store_.extent(ids[k]);
+        return std::span<const std::byte>(scratch.data() + (e.offset_bytes - base), e.size_bytes);
+    };
+    std::memcpy(params.data(), data(0).data(), numel * sizeof(float));
+    const OptimizerDescriptor& d = optimizer_descriptor(options_.kind);
+    for (std::size_t k = 0; k < moments.size(); ++k) {
+        if (moments[k].empty()) continue;
+        ZINF_ASSERT_EQ(moments[k].size(), numel);
+        kernels::decode_stored_moment(options_.state_dtype, d.moments[k].non_negative, data(k + 1),
+                                      moments[k]);
+    }
+    return Status::ok();
+}
+
+void OptimizerSwapper::unpin_sub_group(std::size_t sub_group) {
+    store_.unpin(partition(sub_group, 0), state_count_);
 }
 
 Status OptimizerSwapper::speculate(const kernels::OptimizerParams& params, GradientSource& grads) {

@@ -11,7 +11,9 @@
 // to its shadow extents, so the states the step started from stay intact on disk. Then
 // commit_speculation() makes the new states current at once, or discard_speculation() forgets
 // them: a step taken with a guessed clipping coefficient is undone by reading the old bytes
-// again, never by an arithmetic inverse, so a redo is bitwise the step taken directly.
+// again, never by an arithmetic inverse, so a redo is bitwise the step taken directly. On such a
+// store step() is speculate() and commit in one: the states alternate between the two extents,
+// so a snapshot (pin_states) stays readable, by another thread, while the next step runs.
 #pragma once
 
 #include <chrono>
@@ -136,6 +138,18 @@ public:
     // Forgets the speculated states: the next step starts from the ones before speculate().
     void discard_speculation();
     bool speculating() const noexcept { return speculating_; }
+
+    // Snapshots (copy-on-write stores): pins every sub-group's current states (see
+    // SwapStore::pin). read_pinned_sub_group() then reads a sub-group's pinned states from any
+    // thread, beside steps on this one, into `scratch` (resized to pinned_read_bytes()), and
+    // unpin_sub_group() releases it: a step that would overwrite a pinned sub-group waits for
+    // that. Errors: kInvalidArgument without copy-on-write; the store's read errors.
+    Status pin_states();
+    Status read_pinned_sub_group(std::size_t sub_group, std::span<float> params,
+                                 std::span<const std::span<float>> moments,
+                                 AlignedBuffer& scratch) const;
+    void unpin_sub_group(std::size_t sub_group);
+    std::uint64_t pinned_read_bytes(std::size_t sub_group) const;
     // The same reads and writes in the same pattern without the optimizer: the I/O-bound limit
     // the step is measured against (zinfinity-bench optimizer). Leaves the states unchanged.
     Status io_only_pass();

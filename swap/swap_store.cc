@@ -318,6 +318,74 @@ void SwapStore::discard_shadows(PartitionId first, std::size_t count) {
     }
 }
 
+Status SwapStore::pin(PartitionId first, std::size_t count) {
+    ZINF_ASSERT(committed_);
+    if (!copy_on_write()) {
+        return Status::invalid_argument(
+            str_cat("swap '", name_, "': pinning partitions needs a copy-on-write store"));
+    }
+    ZINF_ASSERT_MSG(id_range(first, count).has_value(), "a partition id not reserved");
+    for (std::size_t i = 0; i < count; ++i) {
+        const Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+        const State state = live.state.load(std::memory_order_acquire);
+        ZINF_ASSERT_MSG(state != State::kWriting, "pin() of a partition being written in place");
+        ZINF_ASSERT_MSG(live.pinned_plane.load() == kUnpinned, "pin() of a pinned partition");
+        if (state != State::kValid) {
+            return Status::not_found(str_cat("swap '", name_, "': cannot pin partition ", first + i,
+                                             ": no valid copy on disk"));
+        }
+    }
+    const std::lock_guard lock(pin_mutex_);
+    for (std::size_t i = 0; i < count; ++i) {
+        Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+        live.pinned_plane.store(live.plane.load(std::memory_order_acquire),
+                                std::memory_order_release);
+    }
+    return Status::ok();
+}
+
+void SwapStore::unpin(PartitionId first, std::size_t count) {
+    ZINF_ASSERT(committed_);
+    {
+        const std::lock_guard lock(pin_mutex_);
+        for (std::size_t i = 0; i < count; ++i) {
+            Live& live = live_[index_.at(first + static_cast<PartitionId>(i))];
+            ZINF_ASSERT_MSG(live.pinned_readers.load() == 0,
+                            "unpin() with a pinned read in flight");
+            live.pinned_plane.store(kUnpinned, std::memory_order_release);
+        }
+    }
+    pin_released_.notify_all();
+}
+
+bool SwapStore::is_pinned(PartitionId partition) const {
+    const auto it = index_.find(partition);
+    if (it == index_.end() || !committed_) return false;
+    return live_[it->second].pinned_plane.load(std::memory_order_acquire) != kUnpinned;
+}
+
+Status SwapStore::swap_in_pinned_run(std::span<const PartitionId> partitions,
+                                     std::span<std::byte> buffer, SwapHandle& handle) {
+    ZINF_ASSIGN_OR_RETURN(const std::uint32_t first, run_indices(partitions));
+    return submit_in(first, static_cast<std::uint32_t>(partitions.size()), 0, 0, false, buffer,
+                     handle, true);
+}
+
+void SwapStore::wait_unpinned(std::uint32_t first, std::uint32_t count, std::uint32_t plane) {
+    if (!copy_on_write()) return;
+    auto free = [&] {
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            if (live_[i].pinned_plane.load(std::memory_order_acquire) == plane) return false;
+        }
+        return true;
+    };
+    if (free()) return;
+    const std::uint64_t t0 = now_ns();
+    std::unique_lock lock(pin_mutex_);
+    pin_released_.wait(lock, free);
+    pin_wait_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+}
+
 Result<std::uint32_t> SwapStore::run_plane(std::uint32_t first, std::uint32_t count) const {
     const std::uint32_t plane = live_[first].plane.load(std::memory_order_acquire);
     for (std::uint32_t i = first + 1; i < first + count; ++i) {
@@ -418,6 +486,7 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
     }
     ZINF_ASSIGN_OR_RETURN(const std::uint32_t current_plane, run_plane(first, count));
     const std::uint32_t plane = shadow ? 1 - current_plane : current_plane;
+    wait_unpinned(first, count, plane);
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
     const std::uint64_t length = b.offset_bytes + b.size_bytes - a.offset_bytes;
@@ -489,13 +558,25 @@ Status SwapStore::submit_out(std::uint32_t first, std::uint32_t count,
 
 Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint64_t range_offset,
                             std::uint64_t range_length, bool range, std::span<std::byte> buffer,
-                            SwapHandle& handle) {
+                            SwapHandle& handle, bool pinned) {
     ZINF_ASSERT(committed_);
     ZINF_ASSERT(!handle.in_use());
     ZINF_ASSERT_GT(count, 0u);
     const Partition& a = partitions_[first];
     const Partition& b = partitions_[first + count - 1];
-    ZINF_ASSIGN_OR_RETURN(const std::uint32_t plane, run_plane(first, count));
+    std::uint32_t plane = 0;
+    if (pinned) {
+        plane = live_[first].pinned_plane.load(std::memory_order_acquire);
+        for (std::uint32_t i = first; i < first + count; ++i) {
+            if (plane == kUnpinned || live_[i].pinned_plane.load() != plane) {
+                return Status::invalid_argument(str_cat(
+                    "swap '", name_, "': pinned read of partition ", partitions_[i].id,
+                    plane == kUnpinned ? ", which is not pinned" : ", pinned in another plane"));
+            }
+        }
+    } else {
+        ZINF_ASSIGN_OR_RETURN(plane, run_plane(first, count));
+    }
     const std::uint64_t at = file_offset(a, plane) + (range ? range_offset : 0);
     const std::uint64_t length =
         range ? range_length : b.offset_bytes + b.size_bytes - a.offset_bytes;
@@ -504,7 +585,8 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
                                                 " needs a buffer of ", length, " bytes, got ",
                                                 buffer.size()));
     }
-    for (std::uint32_t i = first; i < first + count; ++i) {
+    // A pinned copy was valid when pinned and is never written while pinned.
+    for (std::uint32_t i = first; i < first + count && !pinned; ++i) {
         const State state = live_[i].state.load(std::memory_order_acquire);
         ZINF_ASSERT_MSG(state != State::kWriting, "swap_in of a partition being swapped out");
         if (state != State::kValid) {
@@ -516,10 +598,12 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
         }
     }
     for (std::uint32_t i = first; i < first + count; ++i) {
-        live_[i].readers.fetch_add(1, std::memory_order_acq_rel);
+        (pinned ? live_[i].pinned_readers : live_[i].readers)
+            .fetch_add(1, std::memory_order_acq_rel);
     }
     handle.op_ = io::OpKind::kRead;
     handle.shadow_ = false;
+    handle.pinned_ = pinned;
     handle.plane_ = plane;
     handle.first_index_ = first;
     handle.count_ = count;
@@ -530,7 +614,8 @@ Status SwapStore::submit_in(std::uint32_t first, std::uint32_t count, std::uint6
     const Status s = engine_.submit_read(handle.data_io_, data_file_, at, buffer.first(length));
     if (!s.is_ok()) {
         for (std::uint32_t i = first; i < first + count; ++i) {
-            live_[i].readers.fetch_sub(1, std::memory_order_acq_rel);
+            (pinned ? live_[i].pinned_readers : live_[i].readers)
+                .fetch_sub(1, std::memory_order_acq_rel);
         }
         return s.with_context(str_cat("swap '", name_, "': swap-in of partition ", a.id));
     }
@@ -625,7 +710,9 @@ Status SwapStore::complete(SwapHandle& handle) {
         }
         if (status.is_ok()) bytes_in_.fetch_add(handle.data_io_.bytes(), std::memory_order_relaxed);
         for (std::uint32_t i = first; i < first + count; ++i) {
-            const std::uint32_t before = live_[i].readers.fetch_sub(1, std::memory_order_acq_rel);
+            const std::uint32_t before =
+                (handle.pinned_ ? live_[i].pinned_readers : live_[i].readers)
+                    .fetch_sub(1, std::memory_order_acq_rel);
             ZINF_ASSERT_GT(before, 0u);
         }
     }
@@ -648,6 +735,7 @@ SwapStoreStats SwapStore::stats() const noexcept {
     s.checksum_bytes = checksum_bytes_.load(std::memory_order_relaxed);
     s.checksum_ns = checksum_ns_.load(std::memory_order_relaxed);
     s.corruptions = corruptions_.load(std::memory_order_relaxed);
+    s.pin_wait_ns = pin_wait_ns_.load(std::memory_order_relaxed);
     return s;
 }
 
@@ -657,6 +745,7 @@ void SwapStore::reset_stats() noexcept {
     checksum_bytes_.store(0);
     checksum_ns_.store(0);
     corruptions_.store(0);
+    pin_wait_ns_.store(0);
 }
 
 }  // namespace zinf::swap

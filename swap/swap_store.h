@@ -21,6 +21,9 @@
 // current all at once, or refuses and changes nothing when one of them failed;
 // discard_shadows() forgets them (a rollback: the old bytes are simply read again). A shadow
 // write moves the same bytes as an in-place one; the cost is the second plane's disk space.
+// pin() holds a partition's current copy where it is (a snapshot, e.g. for a checkpoint copied
+// in the background): swap_in_pinned() reads it whatever was committed since, and a write that
+// would land on a pinned extent waits until unpin() (the wait is counted in pin_wait_ns).
 //
 // Lifecycle: create() -> reserve()* -> commit() -> swap_out / swap_in ... -> destruction (removes
 // the files and the run directory).
@@ -28,9 +31,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -77,6 +82,7 @@ struct SwapStoreStats {
     std::uint64_t checksum_bytes = 0;  // hashed, out and in
     std::uint64_t checksum_ns = 0;     // time spent hashing and comparing
     std::uint64_t corruptions = 0;
+    std::uint64_t pin_wait_ns = 0;  // writes waiting for a pinned extent's release
 };
 
 // Where a partition lives in the swap file.
@@ -133,6 +139,7 @@ private:
     SwapStore* store_ = nullptr;
     io::OpKind op_ = io::OpKind::kRead;
     bool shadow_ = false;            // a write to the shadow extents
+    bool pinned_ = false;            // a read of pinned copies
     std::uint32_t plane_ = 0;        // the plane read or written
     std::uint32_t first_index_ = 0;  // layout index of the first partition
     std::uint32_t count_ = 0;        // partitions in the run
@@ -226,6 +233,21 @@ public:
     void discard_shadows(PartitionId first, std::size_t count);
     bool copy_on_write() const noexcept { return planes_ == 2; }
 
+    // Pins the current copies of partitions [first, first + count) (ids), each where it is now,
+    // until unpin(). kInvalidArgument on a store without copy-on-write; kNotFound, pinning
+    // nothing, when one has no valid current copy. Precondition (asserted): none of them pinned
+    // or being written in place. Thread-safe with operations on other partitions and with
+    // shadow writes.
+    Status pin(PartitionId first, std::size_t count);
+    // Reads the pinned copies of a run (consecutive in the layout, pinned in one plane) into
+    // `buffer`, verified with that copy's checksums; safe beside any step on the same partitions
+    // (their writes go to the other plane, or wait). kInvalidArgument when one is not pinned.
+    Status swap_in_pinned_run(std::span<const PartitionId> partitions, std::span<std::byte> buffer,
+                              SwapHandle& handle);
+    // Releases the pins (no pinned read in flight, asserted); writes waiting for them go on.
+    void unpin(PartitionId first, std::size_t count);
+    bool is_pinned(PartitionId partition) const;
+
     std::size_t partition_count() const noexcept { return partitions_.size(); }
     // The partitions' bytes in one plane (with alignment padding); the file holds
     // data_bytes() × planes.
@@ -261,7 +283,13 @@ private:
         // (the shadow's) copy. Changed only with nothing in flight on the partition.
         std::atomic<std::uint32_t> plane{0};
         std::atomic<State> shadow{State::kEmpty};
+        // The plane held by pin(), or kUnpinned; reads of it in flight.
+        std::atomic<std::uint32_t> pinned_plane{kUnpinned};
+        std::atomic<std::uint32_t> pinned_readers{0};
     };
+    static constexpr std::uint32_t kUnpinned = ~std::uint32_t{0};
+    // Blocks while a partition of the run is pinned in `plane`.
+    void wait_unpinned(std::uint32_t first, std::uint32_t count, std::uint32_t plane);
 
     SwapStore(io::Engine& engine, RunDir run_dir, const SwapStoreOptions& options);
     Result<std::uint32_t> index_of(PartitionId partition) const;
@@ -274,7 +302,7 @@ private:
     Result<std::uint32_t> id_range(PartitionId first, std::size_t count) const;
     Status submit_in(std::uint32_t first, std::uint32_t count, std::uint64_t range_offset,
                      std::uint64_t range_length, bool range, std::span<std::byte> buffer,
-                     SwapHandle& handle);
+                     SwapHandle& handle, bool pinned = false);
     Status complete(SwapHandle& handle);
     Status verify_blocks(const Partition& p, std::uint32_t plane, std::uint64_t from_bytes,
                          std::uint64_t to_bytes, const std::byte* data) noexcept;
@@ -309,6 +337,9 @@ private:
     std::atomic<std::uint64_t> checksum_bytes_{0};
     std::atomic<std::uint64_t> checksum_ns_{0};
     std::atomic<std::uint64_t> corruptions_{0};
+    std::atomic<std::uint64_t> pin_wait_ns_{0};
+    std::mutex pin_mutex_;
+    std::condition_variable pin_released_;
 };
 
 }  // namespace zinf::swap

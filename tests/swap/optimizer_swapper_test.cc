@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu_features.h"
@@ -451,6 +454,106 @@ TEST(OptimizerSwapper, FailedSpeculationLeavesTheOldStates) {
         store->reset();
     }
     EXPECT_GE(failures, 10u);  // reads and writes of five sub-groups
+}
+
+// Snapshots: the states pinned before two steps read back as they were, from another thread,
+// while the steps run; the second step (which would overwrite the pinned extents) waits until
+// the sub-groups are released, and ends bitwise where two plain steps end.
+TEST(OptimizerSwapper, PinnedStatesStayReadableWhileStepsRun) {
+    const std::uint64_t seed = zinf::test::seed();
+    constexpr std::uint64_t kNumel = 30'000;
+    constexpr std::uint64_t kSubGroup = 8'192;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> params(kNumel), grads(kNumel);
+    for (auto& x : params) x = normal(rng);
+    for (auto& x : grads) x = normal(rng) * 1e-2f;
+    std::vector<std::uint16_t> grads16;
+    auto kernel = kernels::OptimizerKernel::create(kernels::best_isa(), 1);
+    ASSERT_TRUE(kernel.has_value());
+    // Three steps in memory: the state after one (the snapshot) and after three.
+    std::vector<float> ref_p = params, ref_m(kNumel), ref_v(kNumel);
+    std::vector<float> snap_p, snap_m;
+    kernels::OptimizerParams hp;
+    hp.lr = 1e-2;
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+        hp.step = step;
+        kernels::OptimizerState ref;
+        ref.params = ref_p;
+        ref.moments[0] = ref_m;
+        ref.moments[1] = ref_v;
+        ASSERT_TRUE(kernel->step(hp, ref, kernels::GradView::fp32(grads)).is_ok());
+        if (step == 1) {
+            snap_p = ref_p;
+            snap_m = ref_m;
+        }
+    }
+
+    zinf::test::TempDir dir("opt");
+    auto engine = test::make_sim_engine(seed);
+    PinnedPoolOptions po;
+    po.buffer_count = OptimizerSwapper::buffers_needed(OptimizerSwapperOptions{});
+    po.buffer_size_bytes =
+        OptimizerSwapper::buffer_size_bytes(kSubGroup, kernels::OptimizerKind::kAdamW);
+    po.allow_unlocked = true;
+    auto pool = PinnedPool::create(po);
+    ASSERT_TRUE((*pool)->register_with(*engine).is_ok());
+    SwapStoreOptions so;
+    so.paths = {dir.path()};
+    so.copy_on_write = true;
+    auto store = SwapStore::create(*engine, so);
+    OptimizerSwapperOptions oo;
+    oo.numel = kNumel;
+    oo.sub_group_numel = kSubGroup;
+    auto swapper = OptimizerSwapper::create(**store, **pool, *kernel, oo);
+    ASSERT_TRUE(swapper.has_value());
+    ASSERT_TRUE((*store)->commit().is_ok());
+    OptimizerSwapper& sw = **swapper;
+    VectorParams init(params);
+    ASSERT_TRUE(sw.initialize(init).is_ok());
+    VectorGrads source(grads, grads16, false);
+    hp.step = 1;
+    ASSERT_TRUE(sw.step(hp, source).is_ok());
+    ASSERT_TRUE(sw.pin_states().is_ok());
+
+    // Two more steps on another thread: the first writes the free extents, the second waits.
+    std::atomic<bool> done{false};
+    Status stepped;
+    std::thread steps([&] {
+        for (std::uint64_t step = 2; step <= 3 && stepped.is_ok(); ++step) {
+            kernels::OptimizerParams p = hp;
+            p.step = step;
+            stepped = sw.step(p, source);
+        }
+        done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(done.load());  // the third step cannot pass the pinned sub-group 0
+    AlignedBuffer scratch;
+    for (std::size_t g = 0; g < sw.sub_group_count(); ++g) {
+        const std::uint64_t n = sw.sub_group_numel(g);
+        const std::uint64_t off = sw.sub_group_offset_numel(g);
+        std::vector<float> p(n), m(n);
+        const std::span<float> moments[1] = {m};
+        ASSERT_TRUE(sw.read_pinned_sub_group(g, p, moments, scratch).is_ok());
+        EXPECT_EQ(std::memcmp(p.data(), snap_p.data() + off, n * 4), 0) << g;
+        EXPECT_EQ(std::memcmp(m.data(), snap_m.data() + off, n * 4), 0) << g;
+        sw.unpin_sub_group(g);
+    }
+    steps.join();
+    ASSERT_TRUE(stepped.is_ok()) << stepped.to_string();
+    EXPECT_GT((*store)->stats().pin_wait_ns, 0u);
+    for (std::size_t g = 0; g < sw.sub_group_count(); ++g) {
+        const std::uint64_t n = sw.sub_group_numel(g);
+        const std::uint64_t off = sw.sub_group_offset_numel(g);
+        std::vector<float> p(n), m(n), v(n);
+        const std::span<float> moments[2] = {m, v};
+        ASSERT_TRUE(sw.read_sub_group(g, p, moments).is_ok());
+        EXPECT_EQ(std::memcmp(p.data(), ref_p.data() + off, n * 4), 0) << g;
+        EXPECT_EQ(std::memcmp(v.data(), ref_v.data() + off, n * 4), 0) << g;
+    }
+    swapper->reset();
+    store->reset();
 }
 
 TEST(OptimizerSwapper, CompressedStatesTakeFewerBytes) {

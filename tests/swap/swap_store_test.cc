@@ -500,6 +500,47 @@ TEST(SwapStore, ShadowPlanesHaveTheirOwnChecksumsAndRunsStayInOnePlane) {
               StatusCode::kInvalidArgument);
 }
 
+// Pins: a pinned copy reads back after commits of newer shadows; pinning what has no valid copy,
+// pinning on a plain store and a pinned read of an unpinned partition are refused.
+TEST(SwapStore, PinnedCopySurvivesCommitsAndBadPinsAreRefused) {
+    const std::uint64_t seed = zinf::test::seed();
+    Fixture f;
+    ASSERT_TRUE(f.open(test::make_sim_engine(seed), true, 1, true).is_ok());
+    constexpr std::size_t kBytes = 100'000;
+    ASSERT_TRUE(f.store->reserve(0, kBytes).is_ok());
+    ASSERT_TRUE(f.store->reserve(1, kBytes).is_ok());
+    ASSERT_TRUE(f.store->commit().is_ok());
+    std::mt19937_64 rng(seed);
+    const auto first = test::random_bytes(kBytes, rng);
+    const auto second = test::random_bytes(kBytes, rng);
+    EXPECT_EQ(f.store->pin(0, 1).code(), StatusCode::kNotFound);  // never written
+    ASSERT_TRUE(write(*f.store, 0, first, WriteTarget::kCurrent).is_ok());
+    ASSERT_TRUE(f.store->pin(0, 1).is_ok());
+    EXPECT_TRUE(f.store->is_pinned(0));
+    ASSERT_TRUE(write(*f.store, 0, second, WriteTarget::kShadow).is_ok());
+    ASSERT_TRUE(f.store->commit_shadows(0, 1).has_value());
+    EXPECT_EQ(read_back(*f.store, 0, kBytes), second);  // the current copy
+    std::vector<std::byte> back(kBytes);
+    const PartitionId run[1] = {0};
+    SwapHandle h;
+    ASSERT_TRUE(f.store->swap_in_pinned_run(run, back, h).is_ok());
+    ASSERT_TRUE(h.wait().is_ok());
+    EXPECT_EQ(back, first);  // the pinned one
+    f.store->unpin(0, 1);
+    EXPECT_FALSE(f.store->is_pinned(0));
+    EXPECT_EQ(f.store->swap_in_pinned_run(run, back, h).code(), StatusCode::kInvalidArgument);
+    // Unpinned, the old extent takes the next shadow without waiting.
+    ASSERT_TRUE(write(*f.store, 0, first, WriteTarget::kShadow).is_ok());
+    EXPECT_EQ(f.store->stats().pin_wait_ns, 0u);
+
+    Fixture plain;
+    ASSERT_TRUE(plain.open(test::make_sim_engine(seed)).is_ok());
+    ASSERT_TRUE(plain.store->reserve(0, kBytes).is_ok());
+    ASSERT_TRUE(plain.store->commit().is_ok());
+    ASSERT_TRUE(write(*plain.store, 0, first, WriteTarget::kCurrent).is_ok());
+    EXPECT_EQ(plain.store->pin(0, 1).code(), StatusCode::kInvalidArgument);
+}
+
 // A fault at every position of four concurrent shadow writes: the commit is all or nothing.
 // When any shadow failed it is refused and every partition reads its old bytes.
 TEST(SwapStore, ShadowCommitIsAllOrNothingUnderFaults) {
