@@ -273,7 +273,7 @@ Status OptimizerSwapper::speculate(const kernels::OptimizerParams& params, Gradi
                     store_.name(), "' is not)"));
     }
     ZINF_TRY(check_params(params));
-    const Status s = run(&params, &grads, WriteTarget::kShadow);
+    Status s = run(&params, &grads, WriteTarget::kShadow);
     if (!s.is_ok()) {
         store_.discard_shadows(options_.first_partition, partition_count());
         return s;

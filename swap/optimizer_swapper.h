@@ -173,6 +173,7 @@ public:
     }
     const OptimizerStepStats& last_step_stats() const noexcept { return stats_; }
     const OptimizerSwapperOptions& options() const noexcept { return options_; }
+    const SwapStore& store() const noexcept { return store_; }
 
 private:
     static constexpr std::size_t kMaxTickets = 3;

@@ -159,6 +159,9 @@ struct CsvMonitorConfig {
 // zinfinity's `swap` block.
 struct SwapConfig {
     bool verify_checksums = true;
+    // Optimizer states on NVMe are copy-on-write (twice their disk space), and a checkpoint
+    // copies them in the background from a pinned snapshot while training goes on.
+    bool background_checkpoint = false;
 };
 
 // zinfinity's `comm` block: the collectives between data-parallel ranks.

@@ -245,6 +245,7 @@ constexpr KeyInfo kKeys[] = {
 
     // ---- zinfinity's blocks ---------------------------------------------------------------------
     {"swap.verify_checksums", S::kZinfinity, "", "verify every swap block read back (true)"},
+    {"swap.background_checkpoint", S::kZinfinity, "", "optimizer states on NVMe kept copy-on-write (twice their disk space); a checkpoint copies them from a snapshot in the background while training goes on (false)"},
     {"comm.deterministic", S::kZinfinity, "", "sum reductions in rank order: bitwise reproducible (false)"},
     {"comm.timeout_s", S::kZinfinity, "", "a collective not done after this many seconds stops every rank with an error (600; 0: no bound)"},
     {"cpu_optimizer.isa", S::kZinfinity, "", "auto, avx512, avx2, scalar (ZINF_CPU_ISA overrides)"},

@@ -102,6 +102,7 @@ Engine::Engine(const config::EngineConfig& config, engine::OffloadPlan plan, mod
       scaler_(config.fp16) {}
 
 Engine::~Engine() {
+    if (const Status s = wait_checkpoint(); !s.is_ok()) log::error(s.to_string());
     // Nothing may still run on the stream when buffers go.
     (void)device_.synchronize(stream());
 }
@@ -368,7 +369,8 @@ Status Engine::build_summary() {
     return Status::ok();
 }
 
-void Engine::set_io_discard(bool on) {
+Status Engine::set_io_discard(bool on) {
+    ZINF_TRY(wait_checkpoint());
     if (offload_) offload_->set_io_discard(on);
     model_.set_io_discard(on);
     if (io_discard_ && !on) {
@@ -377,6 +379,7 @@ void Engine::set_io_discard(bool on) {
             "--measure-overlap), so the states are not the trained ones";
     }
     io_discard_ = on;
+    return Status::ok();
 }
 
 std::uint64_t Engine::io_ops_discarded() const {
@@ -665,6 +668,7 @@ Status Engine::run_optimizer(double unscale) {
     }
     Status s = states_->step(p, *optimizer_io_);
     optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
+    times_.checkpoint_wait_seconds = states_->snapshot_wait_seconds();
     if (s.is_ok()) s = device_.synchronize(stream());
     // publish_parameters is a collective: every rank enters it, or none does.
     ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));

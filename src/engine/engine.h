@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -87,7 +89,11 @@ struct EngineTimes {
     double forward_seconds = 0.0;
     double backward_seconds = 0.0;
     double optimizer_seconds = 0.0;
-    double checkpoint_seconds = 0.0;
+    double checkpoint_seconds = 0.0;  // training stopped for checkpoints
+    // swap.background_checkpoint: the optimizer states' copies, on their own thread, and the
+    // time steps waited for a part of a snapshot still being copied.
+    double checkpoint_background_seconds = 0.0;
+    double checkpoint_wait_seconds = 0.0;
 };
 
 // I/O of the offloaded states (parameters and optimizer on NVMe), cumulative since create.
@@ -193,7 +199,14 @@ public:
     // Writes every state to <dir>/<tag> atomically (see checkpoint_files.h). With several ranks
     // (a collective: every rank calls it) each writes its shard <dir>/<tag>/rank<r>, and the
     // checkpoint appears, with `latest` naming it, only once every shard is written.
+    // With swap.background_checkpoint (one rank, optimizer states on NVMe) it writes the rest,
+    // pins the states and returns; a thread copies the states from the snapshot while training
+    // goes on, and the checkpoint appears (and `latest` names it) once that copy is complete.
     Status save_checkpoint(const std::string& dir, const std::string& tag);
+    // Waits for a checkpoint still being written in the background and returns how it ended
+    // (ok when none). save_checkpoint, load_checkpoint and the destructor wait first.
+    Status wait_checkpoint();
+    bool checkpoint_in_progress() const noexcept { return background_ != nullptr; }
     // Restores every state from <dir>/<tag>; the engine continues bitwise as the one that saved.
     // A checkpoint of another world size or ZeRO stage is re-partitioned: each rank reads every
     // shard it needs (whole, so that every checksum is verified) and takes its elements.
@@ -251,7 +264,8 @@ public:
     // no longer the trained ones, so once it is turned off again the engine refuses to go on
     // (as after a failed step) until load_checkpoint succeeds. forward/backward/step work
     // while it is on (their results mean nothing); save_checkpoint refuses.
-    void set_io_discard(bool on);
+    // A checkpoint being copied in the background completes first (its error is returned).
+    Status set_io_discard(bool on);
     bool io_discarding() const noexcept { return io_discard_; }
     // Operations completed without I/O while discarding, since create.
     std::uint64_t io_ops_discarded() const;
@@ -295,6 +309,26 @@ private:
     void initial_master(std::size_t offset, std::span<float> out) const;
     // Checkpoints (engine_checkpoint.cc).
     Status save_states(engine::CheckpointWriter& w);
+    Status save_state_files(
+        engine::CheckpointWriter& w,
+        const std::function<Status(std::size_t, const engine::StateChunk&)>& read) const;
+    Status save_parameters(engine::CheckpointWriter& w);
+    // A checkpoint whose optimizer states a thread of its own copies from a pinned snapshot
+    // while training goes on (swap.background_checkpoint). The writer commits (manifest, fsync,
+    // rename, `latest`) only once every file is written: until then the previous checkpoint is
+    // the latest one, and a crash leaves it intact.
+    struct BackgroundCheckpoint {
+        engine::CheckpointWriter writer;
+        std::string name;  // <dir>/<tag>
+        std::uint64_t step = 0;
+        std::thread thread;
+        Status status;  // the thread's, read after join
+        double copy_seconds = 0.0;
+        BackgroundCheckpoint(engine::CheckpointWriter w, std::string n, std::uint64_t s)
+            : writer(std::move(w)), name(std::move(n)), step(s) {}
+    };
+    bool background_checkpoints() const noexcept;
+    Status start_background_save(const std::string& dir, const std::string& tag);
     void describe_states(engine::CheckpointWriter& w) const;
     Status save_sharded(const std::string& dir, const std::string& tag);
     // save_sharded's steps: rank 0 opens the checkpoint, every rank saves its shard, rank 0
@@ -392,6 +426,8 @@ private:
     EngineTimes times_;
     std::string summary_;
     TraceRecorder* trace_ = nullptr;
+    // Last, so that it is joined (in ~Engine) while everything it reads still exists.
+    std::unique_ptr<BackgroundCheckpoint> background_;
 };
 
 }  // namespace zinf

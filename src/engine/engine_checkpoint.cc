@@ -16,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/state_codec.h"
@@ -134,6 +135,16 @@ private:
 }  // namespace
 
 Status Engine::save_states(engine::CheckpointWriter& w) {
+    ZINF_TRY(save_state_files(
+        w, [&](std::size_t k, const engine::StateChunk& c) { return states_->read_chunk(k, c); }));
+    return save_parameters(w);
+}
+
+// The optimizer's state files, chunk by chunk as `read` gives them (the store's current states,
+// or a pinned snapshot read from the background thread).
+Status Engine::save_state_files(
+    engine::CheckpointWriter& w,
+    const std::function<Status(std::size_t, const engine::StateChunk&)>& read) const {
     const engine::StateLayout layout = states_->layout();
     const StateDType sd = states_->state_dtype();
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
@@ -151,7 +162,7 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const std::size_t n = states_->chunk_length(k);
         const engine::StateChunk c = buffers.chunk(n);
-        ZINF_TRY(states_->read_chunk(k, c));
+        ZINF_TRY(read(k, c));
         for (std::size_t i = 0; i < n_files; ++i) {
             if (i == 0 || sd == StateDType::kFp32) {
                 ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
@@ -168,7 +179,11 @@ Status Engine::save_states(engine::CheckpointWriter& w) {
         ZINF_TRY(w.end_file(files[i]));
         if (i > 0 && int8) ZINF_TRY(w.end_file(scale_files[i]));
     }
-    // The parameters (the optimizer domain), in their dtype.
+    return Status::ok();
+}
+
+// The parameters (the optimizer domain), in their dtype.
+Status Engine::save_parameters(engine::CheckpointWriter& w) {
     const std::size_t eb = dtype_size_bytes(plan_.dtype);
     const std::size_t chunk = std::max<std::size_t>(1, states_->chunk_numel());
     std::vector<std::byte> params(chunk * eb);
@@ -511,6 +526,58 @@ Status Engine::find_shards(const std::string& dir, const std::string& tag, const
     return Status::ok();
 }
 
+bool Engine::background_checkpoints() const noexcept {
+    return config_.swap.background_checkpoint && communicator_.world_size() == 1 &&
+           states_ != nullptr && states_->snapshots();
+}
+
+Status Engine::wait_checkpoint() {
+    if (!background_) return Status::ok();
+    background_->thread.join();
+    const std::unique_ptr<BackgroundCheckpoint> done = std::move(background_);
+    times_.checkpoint_background_seconds += done->copy_seconds;
+    if (!done->status.is_ok()) {
+        return done->status.with_context(str_cat("checkpoint ", done->name,
+                                                 " (written in the background; not saved, latest "
+                                                 "unchanged)"));
+    }
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.2f", done->copy_seconds);
+    log::info("checkpoint saved: ", done->name, " (step ", done->step,
+              "; optimizer states copied in the background in ", seconds, " s)");
+    return Status::ok();
+}
+
+Status Engine::start_background_save(const std::string& dir, const std::string& tag) {
+    ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(file_system(), dir, tag));
+    ZINF_TRY(save_parameters(w));
+    describe_states(w);
+    ZINF_TRY(write_checkpoint_extras(w));
+    ZINF_TRY(states_->pin_snapshot());
+    background_ =
+        std::make_unique<BackgroundCheckpoint>(std::move(w), dir + "/" + tag, global_steps_);
+    BackgroundCheckpoint* bg = background_.get();
+    bg->thread = std::thread([this, bg] {
+        const auto t0 = std::chrono::steady_clock::now();
+        AlignedBuffer scratch;
+        std::size_t released = 0;  // chunks [0, released) are let go
+        bg->status = save_state_files(bg->writer, [&](std::size_t k, const engine::StateChunk& c) {
+            Status s = states_->read_snapshot_chunk(k, c, scratch);
+            states_->release_snapshot_chunk(k);
+            released = k + 1;
+            return s;
+        });
+        // After an error, every chunk still pinned is released: the steps waiting go on.
+        for (std::size_t k = released; k < states_->chunk_count(); ++k) {
+            states_->release_snapshot_chunk(k);
+        }
+        if (bg->status.is_ok()) bg->status = bg->writer.commit();
+        bg->copy_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    return Status::ok();
+}
+
 Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     if (micro_steps_ % gradient_accumulation_steps() != 0 || forward_done_ || backward_done_) {
         return Status::invalid_argument(
@@ -522,7 +589,16 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
             "save_checkpoint: the engine's I/O is being discarded (set_io_discard)");
     }
     TraceScope span(trace_, "save_checkpoint", "io", 1);
+    // One checkpoint at a time: the previous one (if still being copied) completes first.
+    ZINF_TRY(wait_checkpoint());
     ZINF_TRY(device_.synchronize(stream()));
+    if (background_checkpoints()) {
+        ZINF_TRY(start_background_save(dir, tag));
+        times_.checkpoint_seconds += span.end();
+        log::info("checkpoint ", dir, "/", tag, " (step ", global_steps_,
+                  "): optimizer states being copied in the background");
+        return Status::ok();
+    }
     if (communicator_.world_size() > 1) {
         ZINF_TRY(save_sharded(dir, tag));
     } else {
@@ -709,6 +785,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
+    ZINF_TRY(wait_checkpoint());
     SavedShape saved;
     auto shards = open_shards(dir, tag, saved);
     const bool same = shards.has_value() && same_layout(saved);

@@ -217,13 +217,19 @@ void predict_activations(const Sizer& s) {
 void predict_nvme(const Sizer& s) {
     const OffloadPlan& p = s.plan;
     const std::uint64_t eb = s.eb();
+    // Copy-on-write stores (swap.background_checkpoint) hold two extents per partition.
+    const std::uint64_t param_planes = p.parameter_store.copy_on_write ? 2 : 1;
+    const std::uint64_t optimizer_planes = p.optimizer_store.copy_on_write ? 2 : 1;
     if (p.parameters == Home::kNvme) {
         std::uint64_t bytes = 0;
         for (std::size_t i = 0; i < s.part.parameter_count(); ++i) {
             bytes += align_up(static_cast<std::size_t>(s.part.slot(i).slice_numel * eb),
                               static_cast<std::size_t>(kPageBytes));
         }
-        s.out.nvme.add(Holder::kParameters, "parameter partitions", bytes);
+        s.out.nvme.add(
+            Holder::kParameters,
+            param_planes == 2 ? "parameter partitions (copy-on-write: x2)" : "parameter partitions",
+            bytes * param_planes);
     }
     if (p.optimizer_states == Home::kNvme) {
         // Each sub-group's master and moments as stored (OptimizerSwapper's partitions).
@@ -234,11 +240,17 @@ void predict_nvme(const Sizer& s) {
                 bytes += swap::OptimizerSwapper::state_bytes(k, n, p.state_dtype);
             }
         }
-        s.out.nvme.add(Holder::kOptimizerStates, "optimizer states (fp32 master + moments)", bytes);
+        s.out.nvme.add(Holder::kOptimizerStates,
+                       optimizer_planes == 2
+                           ? "optimizer states (fp32 master + moments; copy-on-write: x2)"
+                           : "optimizer states (fp32 master + moments)",
+                       bytes * optimizer_planes);
     }
     if (p.gradients == Home::kNvme) {
-        s.out.nvme.add(Holder::kGradients, "streamed gradients",
-                       static_cast<std::uint64_t>(p.domain_numel) * eb);
+        s.out.nvme.add(
+            Holder::kGradients,
+            optimizer_planes == 2 ? "streamed gradients (copy-on-write: x2)" : "streamed gradients",
+            static_cast<std::uint64_t>(p.domain_numel) * eb * optimizer_planes);
     }
 }
 

@@ -174,6 +174,11 @@ Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first
     plan.optimizer_store.name = "optimizer";
     plan.stores_shared =
         plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
+    // swap.background_checkpoint: the states alternate between two extents, so that a
+    // checkpoint's snapshot stays readable while the next step runs (a shared store is the
+    // parameters' one: all of it is copy-on-write).
+    plan.optimizer_store.copy_on_write = config.swap.background_checkpoint;
+    if (plan.stores_shared) plan.parameter_store.copy_on_write = config.swap.background_checkpoint;
     return Status::ok();
 }
 
@@ -455,7 +460,8 @@ std::string OffloadPlan::describe() const {
             " (", joined(optimizer_store.paths), stores_shared ? ", the parameters' store" : "",
             "; ", optimizer_stack.swappers[0].pipeline_read ? "pipelined reads" : "serial reads",
             ", ", optimizer_stack.swappers[0].pipeline_write ? "pipelined writes" : "serial writes",
-            "; pinned ", format_bytes(optimizer_pinned_bytes()), ")");
+            "; pinned ", format_bytes(optimizer_pinned_bytes()),
+            optimizer_store.copy_on_write ? "; copy-on-write for background checkpoints" : "", ")");
     }
     if (host_budget_bytes > 0) {
         s += str_cat("\n    host budget ", format_bytes(host_budget_bytes), ", pinned ",

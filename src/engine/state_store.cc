@@ -180,7 +180,8 @@ public:
     NvmeStateStore(const OffloadPlan& plan, swap::OptimizerSwapper& swapper)
         : StateStore(plan.domain_numel, plan.sub_group_numel, StateLayout::of(plan.optimizer),
                      plan.state_dtype),
-          swapper_(swapper) {
+          swapper_(swapper),
+          store_(swapper.store()) {
         ZINF_ASSERT_EQ(swapper.options().sub_group_numel, plan.sub_group_numel);
         ZINF_ASSERT_EQ(swapper.sub_group_count(), chunk_count());
     }
@@ -209,9 +210,26 @@ public:
     }
     Status io_only_pass() override { return swapper_.io_only_pass(); }
     double last_read_wait_seconds() const noexcept override { return read_wait_seconds_; }
+    bool snapshots() const noexcept override { return store_.copy_on_write(); }
+    Status pin_snapshot() override {
+        if (!snapshots()) return StateStore::pin_snapshot();
+        return swapper_.pin_states();
+    }
+    Status read_snapshot_chunk(std::size_t k, const StateChunk& out,
+                               AlignedBuffer& scratch) const override {
+        check_chunk(k, out);
+        return swapper_.read_pinned_sub_group(
+            k, out.master,
+            std::span<const std::span<float>>(out.moments.data(), layout().moment_count), scratch);
+    }
+    void release_snapshot_chunk(std::size_t k) override { swapper_.unpin_sub_group(k); }
+    double snapshot_wait_seconds() const noexcept override {
+        return static_cast<double>(store_.stats().pin_wait_ns) * 1e-9;
+    }
 
 private:
     swap::OptimizerSwapper& swapper_;
+    const swap::SwapStore& store_;
     double read_wait_seconds_ = 0.0;
 };
 

@@ -112,6 +112,24 @@ public:
     // Seconds the last step waited for reads (NVMe only).
     virtual double last_read_wait_seconds() const noexcept { return 0.0; }
 
+    // Snapshots (NVMe on a copy-on-write store): pin_snapshot() holds every chunk's states as
+    // they are now; read_snapshot_chunk() reads chunk k of it from another thread while steps go
+    // on (a step waits only for a chunk still pinned where it would write), and
+    // release_snapshot_chunk() lets go of it. `scratch` is the reading thread's buffer.
+    virtual bool snapshots() const noexcept { return false; }
+    virtual Status pin_snapshot() {
+        return Status::not_supported(
+            "state snapshots need optimizer states on a copy-on-write "
+            "NVMe store (swap.background_checkpoint)");
+    }
+    virtual Status read_snapshot_chunk(std::size_t /*k*/, const StateChunk& /*out*/,
+                                       AlignedBuffer& /*scratch*/) const {
+        return Status::not_supported("no state snapshot");
+    }
+    virtual void release_snapshot_chunk(std::size_t /*k*/) {}
+    // Seconds steps have waited for pinned chunks, in all.
+    virtual double snapshot_wait_seconds() const noexcept { return 0.0; }
+
 protected:
     StateStore(std::size_t numel, std::size_t chunk_numel, StateLayout layout,
                StateDType dtype) noexcept

@@ -352,6 +352,8 @@ Result<TrainSummary> Trainer::run(TrainerObserver& observer) {
         (options_.save_every == 0 || engine_.global_steps() % every != 0)) {
         ZINF_TRY(save(observer));
     }
+    // A checkpoint still being copied in the background completes (or reports) before the end.
+    ZINF_TRY(engine_.wait_checkpoint().with_context("checkpoint"));
     s.steps_run = engine_.global_steps() - run_->start_step;
     s.skipped_steps = engine_.skipped_steps();
     s.samples_per_second =
@@ -511,7 +513,7 @@ Result<OverlapFigures> Trainer::measure_overlap(std::uint64_t steps) {
     // Compute-only: the same engine with its I/O discarded, so that it keeps to the budgets
     // training keeps to (a second engine with every state in memory would not fit where
     // offload is needed). One warm-up step, as for the other passes.
-    engine_.set_io_discard(true);
+    ZINF_TRY(engine_.set_io_discard(true));
     ZINF_TRY(train_steps(engine_, batcher_, 1));
     const std::uint64_t discarded_before = engine_.io_ops_discarded();
     const IoFigures io_before = engine_.io_figures();
@@ -522,7 +524,7 @@ Result<OverlapFigures> Trainer::measure_overlap(std::uint64_t steps) {
     f.compute_only_ops_discarded = engine_.io_ops_discarded() - discarded_before;
     f.compute_only_bytes_moved = (io_after.bytes_read - io_before.bytes_read) +
                                  (io_after.bytes_written - io_before.bytes_written);
-    engine_.set_io_discard(false);
+    ZINF_TRY(engine_.set_io_discard(false));
     ZINF_TRY(timed);
     return f;
 }

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "src/device/cpu_compute.h"
 #include "src/device/cpu_device.h"
@@ -314,7 +318,7 @@ TEST(EngineTest, DiscardedIoMovesNothingAndTheEngineRefusesUntilALoad) {
 
     Trainer d(load_config(with_nvme(json, nvme2.path())));
     d.run(2);
-    d.engine().set_io_discard(true);
+    ASSERT_TRUE(d.engine().set_io_discard(true).is_ok());
     const IoFigures before = d.engine().io_figures();
     d.run(2);
     const IoFigures after = d.engine().io_figures();
@@ -324,7 +328,7 @@ TEST(EngineTest, DiscardedIoMovesNothingAndTheEngineRefusesUntilALoad) {
     const Status save = d.engine().save_checkpoint(ckpt.path(), "discarded");
     EXPECT_EQ(save.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(save.message().find("set_io_discard"), std::string::npos) << save.to_string();
-    d.engine().set_io_discard(false);
+    ASSERT_TRUE(d.engine().set_io_discard(false).is_ok());
     const Status refused = d.engine().save_checkpoint(ckpt.path(), "after");
     EXPECT_NE(refused.message().find("I/O discarded"), std::string::npos) << refused.to_string();
     EXPECT_FALSE(std::filesystem::exists(ckpt.file("after")));
@@ -428,6 +432,142 @@ INSTANTIATE_TEST_SUITE_P(
             R"("zero_optimization": {"stage": 1},)",
             {"optimizer.type=Lion", "optimizer.params.lr=0.001", "model.layers=[24,32,4]",
              "model.dropout=0.2", "model.layernorm=true", "gradient_accumulation_steps=2"}}));
+
+// The posix file system, except that writes to files whose path contains `gated` wait until
+// open() is called: it holds a background checkpoint's copy at its first state file.
+class GatedFileSystem final : public io::FileSystem {
+public:
+    explicit GatedFileSystem(std::string gated) : gated_(std::move(gated)) {}
+    void open() {
+        {
+            const std::lock_guard lock(mutex_);
+            open_ = true;
+        }
+        opened_.notify_all();
+    }
+    bool waited() const { return waited_.load(); }
+
+    Result<io::Directory> open_directory(const std::string& path, bool follow_last) override {
+        return inner_.open_directory(path, follow_last);
+    }
+    Result<io::Directory> open_directory_at(const io::Directory& parent,
+                                            std::string_view name) override {
+        return inner_.open_directory_at(parent, name);
+    }
+    Result<FileDescriptor> open_at(const io::Directory& dir, std::string_view name, int flags,
+                                   unsigned mode) override {
+        return inner_.open_at(dir, name, flags, mode);
+    }
+    Status make_directory_at(const io::Directory& parent, std::string_view name,
+                             unsigned mode) override {
+        return inner_.make_directory_at(parent, name, mode);
+    }
+    Status preallocate(int fd, std::uint64_t length_bytes, std::string_view what) override {
+        return inner_.preallocate(fd, length_bytes, what);
+    }
+    Status sync(int fd, bool data_only, std::string_view what) override {
+        return inner_.sync(fd, data_only, what);
+    }
+    Status rename_at(const io::Directory& dir, std::string_view from,
+                     std::string_view to) override {
+        return inner_.rename_at(dir, from, to);
+    }
+    Status remove_at(const io::Directory& dir, std::string_view name, bool directory) override {
+        return inner_.remove_at(dir, name, directory);
+    }
+    Status write_all(int fd, std::span<const std::byte> bytes, std::string_view what) override {
+        if (what.find(gated_) != std::string_view::npos) {
+            std::unique_lock lock(mutex_);
+            if (!open_) waited_ = true;
+            opened_.wait(lock, [&] { return open_; });
+        }
+        return inner_.write_all(fd, bytes, what);
+    }
+    Status read_exact(int fd, std::span<std::byte> bytes, std::string_view what) override {
+        return inner_.read_exact(fd, bytes, what);
+    }
+
+private:
+    io::FileSystem& inner_ = io::posix_file_system();
+    std::string gated_;
+    std::mutex mutex_;
+    std::condition_variable opened_;
+    bool open_ = false;
+    std::atomic<bool> waited_{false};
+};
+
+// swap.background_checkpoint: the checkpoint holds the states of the step it was taken at,
+// although steps ran while its copy was held back (the first wrote the states' other extents,
+// the second waited for the snapshot's release); it becomes `latest` only once complete, and
+// resuming from it is bitwise the uninterrupted run (which ran without copy-on-write).
+TEST(CheckpointTest, BackgroundCheckpointKeepsItsStepWhileTrainingGoesOn) {
+    test::TempDir nvme_a("nvme"), nvme_b("nvme"), nvme_c("nvme");
+    const std::string extra = std::string(kNvmeZero) + R"( "bf16": {"enabled": true},)";
+    const auto plain = load_config(with_nvme(small_config(extra), nvme_a.path()));
+    const std::string background = extra + R"( "swap": {"background_checkpoint": true},)";
+    const auto config_b = load_config(with_nvme(small_config(background), nvme_b.path()));
+    const auto config_c = load_config(with_nvme(small_config(background), nvme_c.path()));
+    const std::uint64_t n = 9, k = 4;
+    Trainer full(plain);
+    const auto full_losses = bits(full.run(n));
+    const auto full_params = bits(full.engine().master_parameters().value());
+
+    test::TempDir dir("ckpt");
+    std::vector<std::uint32_t> resumed;
+    {
+        GatedFileSystem gated("master.fp32");
+        EngineOptions options;
+        options.file_system = &gated;
+        Trainer first(config_b, TrainingStack::create(config_b, options));
+        EXPECT_NE(first.engine().plan().describe().find("copy-on-write"), std::string::npos);
+        // Two extents per partition: twice the plain run's swap bytes, predicted and on disk.
+        const std::uint64_t predicted = first.engine().memory_prediction().nvme.total_bytes();
+        EXPECT_EQ(predicted, 2 * full.engine().memory_prediction().nvme.total_bytes());
+        auto swap_file_bytes = [](const std::string& path) {
+            std::uint64_t bytes = 0;
+            for (const auto& e : std::filesystem::recursive_directory_iterator(path)) {
+                if (e.path().filename() == "swap.data") bytes += e.file_size();
+            }
+            return bytes;
+        };
+        EXPECT_GT(swap_file_bytes(nvme_a.path()), 0u);
+        EXPECT_EQ(swap_file_bytes(nvme_b.path()), 2 * swap_file_bytes(nvme_a.path()));
+        resumed = bits(first.run(k));
+        ASSERT_TRUE(first.engine().save_checkpoint(dir.path(), "step4"));
+        EXPECT_TRUE(first.engine().checkpoint_in_progress());
+        first.run(1);  // writes the other extents: no wait
+        // The copy reaches its first state file (and stops there) in its own time.
+        for (int i = 0; i < 1000 && !gated.waited(); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!gated.waited()) {
+            gated.open();  // else the engine's destructor would wait for the copy for ever
+            FAIL() << "the background copy never reached its first state file";
+        }
+        EXPECT_FALSE(std::filesystem::exists(dir.path() + "/step4"));  // not yet complete
+        EXPECT_FALSE(std::filesystem::exists(dir.path() + "/latest"));
+        // The next step would overwrite the snapshot: it waits until the copy lets it go.
+        std::thread opener([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            gated.open();
+        });
+        first.run(1);
+        opener.join();
+        EXPECT_GT(first.engine().times().checkpoint_wait_seconds, 0.1);
+        ASSERT_TRUE(first.engine().wait_checkpoint());
+        EXPECT_FALSE(first.engine().checkpoint_in_progress());
+        EXPECT_GT(first.engine().times().checkpoint_background_seconds, 0.1);
+        EXPECT_TRUE(std::filesystem::exists(dir.path() + "/step4"));
+    }
+    Trainer second(config_c);
+    const Status s = second.engine().load_checkpoint(dir.path(), "step4");
+    ASSERT_TRUE(s) << s.to_string();
+    EXPECT_EQ(second.engine().global_steps(), k);
+    const auto rest = bits(second.run(n - k));
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    EXPECT_EQ(resumed, full_losses);
+    EXPECT_EQ(bits(second.engine().master_parameters().value()), full_params);
+}
 
 // Overwrites one byte of a checkpoint file in place (0x55 at `offset`).
 void overwrite_byte(const std::string& path, std::streamoff offset) {

@@ -4,6 +4,8 @@
 // open, mkdir, fallocate, fsync, rename, write, read) — the injected fault surfaces as exactly
 // one clean error naming the file (and, for a piece, the offset); nothing hangs; the run leaves
 // no swap file and no locked memory behind; and the last complete checkpoint resumes bitwise.
+// Both with checkpoints written in the foreground and with the optimizer states copied in the
+// background (swap.background_checkpoint).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -87,10 +89,15 @@ std::vector<std::string> entries(const std::string& dir) {
     return out;
 }
 
-class FaultSweep : public ::testing::Test {
+// The parameter: swap.background_checkpoint (the optimizer states' copy runs on a thread of its
+// own, beside the next step, and commits when done; its faults surface at the next save or load).
+class FaultSweep : public ::testing::TestWithParam<bool> {
 protected:
     void SetUp() override {
-        config_ = load_config(with_nvme(small_config(kNvmeZero), swap_.path()));
+        const std::string background =
+            GetParam() ? R"( "swap": {"background_checkpoint": true},)" : "";
+        config_ =
+            load_config(with_nvme(small_config(std::string(kNvmeZero) + background), swap_.path()));
         // The references: the scenario without faults, and a step after loading each tag.
         const Outcome clean = run_scenario(config_, {}, ref_.path());
         ASSERT_TRUE(clean.error.is_ok()) << clean.error.to_string();
@@ -124,7 +131,7 @@ protected:
     long locked_baseline_ = 0;
 };
 
-TEST_F(FaultSweep, EveryIoPieceFailedEndsInOneCleanErrorAndTheLastCheckpointResumes) {
+TEST_P(FaultSweep, EveryIoPieceFailedEndsInOneCleanErrorAndTheLastCheckpointResumes) {
     std::uint64_t reached = 0;
     for (std::uint64_t n = 1; n < 100000; ++n) {
         std::filesystem::remove_all(ckpt_.path());
@@ -154,7 +161,7 @@ TEST_F(FaultSweep, EveryIoPieceFailedEndsInOneCleanErrorAndTheLastCheckpointResu
     EXPECT_GT(reached, 50u);
 }
 
-TEST_F(FaultSweep, EveryFileCallFailedEndsInOneCleanErrorAndTheLastCheckpointResumes) {
+TEST_P(FaultSweep, EveryFileCallFailedEndsInOneCleanErrorAndTheLastCheckpointResumes) {
     std::uint64_t reached = 0;
     for (std::uint64_t n = 1; n < 10000; ++n) {
         std::filesystem::remove_all(ckpt_.path());
@@ -187,6 +194,11 @@ TEST_F(FaultSweep, EveryFileCallFailedEndsInOneCleanErrorAndTheLastCheckpointRes
                 static_cast<unsigned long long>(reached));
     EXPECT_GT(reached, 20u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, FaultSweep, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                             return param.param ? "InTheBackground" : "InTheForeground";
+                         });
 
 }  // namespace
 }  // namespace zinf

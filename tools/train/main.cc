@@ -340,6 +340,13 @@ void print_summary(const zinf::TrainSummary& s, const zinf::TrainingStack& stack
         "%.1f s\n",
         t.forward_seconds, t.backward_seconds, t.optimizer_seconds, s.data_seconds,
         t.checkpoint_seconds);
+    if (t.checkpoint_background_seconds > 0) {
+        std::printf(
+            "  checkpoints in the background (swap.background_checkpoint): training stopped "
+            "%.2f s, optimizer states copied beside training in %.2f s, steps waited %.2f s for "
+            "the copy\n",
+            t.checkpoint_seconds, t.checkpoint_background_seconds, t.checkpoint_wait_seconds);
+    }
     const zinf::IoFigures io = engine.io_figures();
     std::printf(
         "  memory: device peak %.1f MiB of %.1f MiB budget; pinned host %.1f MiB; host RSS peak "
