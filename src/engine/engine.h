@@ -311,7 +311,8 @@ private:
     Status save_states(engine::CheckpointWriter& w);
     Status save_state_files(
         engine::CheckpointWriter& w,
-        const std::function<Status(std::size_t, const engine::StateChunk&)>& read) const;
+        const std::function<Status(std::size_t, const engine::StateChunk&)>& read,
+        bool parameters_from_master) const;
     Status save_parameters(engine::CheckpointWriter& w);
     // A checkpoint whose optimizer states a thread of its own copies from a pinned snapshot
     // while training goes on (swap.background_checkpoint). The writer commits (manifest, fsync,

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cast.h"
 #include "kernels/state_codec.h"
 #include "src/base/log.h"
 #include "src/engine/checkpoint_files.h"
@@ -136,15 +137,20 @@ private:
 
 Status Engine::save_states(engine::CheckpointWriter& w) {
     ZINF_TRY(save_state_files(
-        w, [&](std::size_t k, const engine::StateChunk& c) { return states_->read_chunk(k, c); }));
+        w, [&](std::size_t k, const engine::StateChunk& c) { return states_->read_chunk(k, c); },
+        false));
     return save_parameters(w);
 }
 
 // The optimizer's state files, chunk by chunk as `read` gives them (the store's current states,
-// or a pinned snapshot read from the background thread).
+// or a pinned snapshot read from the background thread). With `parameters_from_master`, the
+// parameters file too, from each chunk's master: the parameters are always the master rounded
+// to their dtype (initialised from the values they were rounded from, and written from the
+// stepped master after every step), so the file is bitwise what save_parameters reads.
 Status Engine::save_state_files(
     engine::CheckpointWriter& w,
-    const std::function<Status(std::size_t, const engine::StateChunk&)>& read) const {
+    const std::function<Status(std::size_t, const engine::StateChunk&)>& read,
+    bool parameters_from_master) const {
     const engine::StateLayout layout = states_->layout();
     const StateDType sd = states_->state_dtype();
     engine::ChunkBuffers buffers(layout, states_->chunk_numel());
@@ -159,10 +165,26 @@ Status Engine::save_state_files(
             ZINF_ASSIGN_OR_RETURN(scale_files[i], w.begin_file(scales_file_name(layout, i)));
         }
     }
+    engine::CheckpointFile param_file;
+    std::vector<std::uint16_t> narrow(
+        parameters_from_master && plan_.dtype != DType::kFloat32 ? states_->chunk_numel() : 0);
+    if (parameters_from_master) {
+        ZINF_ASSIGN_OR_RETURN(param_file,
+                              w.begin_file("parameters." + std::string(dtype_name(plan_.dtype))));
+    }
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
         const std::size_t n = states_->chunk_length(k);
         const engine::StateChunk c = buffers.chunk(n);
         ZINF_TRY(read(k, c));
+        if (parameters_from_master) {
+            if (plan_.dtype == DType::kFloat32) {
+                ZINF_TRY(param_file.append(std::as_bytes(c.master)));
+            } else {
+                const std::span<std::uint16_t> to(narrow.data(), n);
+                kernels::cast_from_fp32(kernel_.isa(), c.master, to, plan_.dtype);
+                ZINF_TRY(param_file.append(std::as_bytes(to)));
+            }
+        }
         for (std::size_t i = 0; i < n_files; ++i) {
             if (i == 0 || sd == StateDType::kFp32) {
                 ZINF_TRY(files[i].append(std::as_bytes(state_span(c, i))));
@@ -179,6 +201,7 @@ Status Engine::save_state_files(
         ZINF_TRY(w.end_file(files[i]));
         if (i > 0 && int8) ZINF_TRY(w.end_file(scale_files[i]));
     }
+    if (parameters_from_master) ZINF_TRY(w.end_file(param_file));
     return Status::ok();
 }
 
@@ -550,7 +573,6 @@ Status Engine::wait_checkpoint() {
 
 Status Engine::start_background_save(const std::string& dir, const std::string& tag) {
     ZINF_ASSIGN_OR_RETURN(auto w, engine::CheckpointWriter::create(file_system(), dir, tag));
-    ZINF_TRY(save_parameters(w));
     describe_states(w);
     ZINF_TRY(write_checkpoint_extras(w));
     ZINF_TRY(states_->pin_snapshot());
@@ -561,12 +583,15 @@ Status Engine::start_background_save(const std::string& dir, const std::string& 
         const auto t0 = std::chrono::steady_clock::now();
         AlignedBuffer scratch;
         std::size_t released = 0;  // chunks [0, released) are let go
-        bg->status = save_state_files(bg->writer, [&](std::size_t k, const engine::StateChunk& c) {
-            Status s = states_->read_snapshot_chunk(k, c, scratch);
-            states_->release_snapshot_chunk(k);
-            released = k + 1;
-            return s;
-        });
+        bg->status = save_state_files(
+            bg->writer,
+            [&](std::size_t k, const engine::StateChunk& c) {
+                Status s = states_->read_snapshot_chunk(k, c, scratch);
+                states_->release_snapshot_chunk(k);
+                released = k + 1;
+                return s;
+            },
+            true);
         // After an error, every chunk still pinned is released: the steps waiting go on.
         for (std::size_t k = released; k < states_->chunk_count(); ++k) {
             states_->release_snapshot_chunk(k);

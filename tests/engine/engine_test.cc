@@ -569,6 +569,62 @@ TEST(CheckpointTest, BackgroundCheckpointKeepsItsStepWhileTrainingGoesOn) {
     EXPECT_EQ(bits(second.engine().master_parameters().value()), full_params);
 }
 
+// The files of a background checkpoint (the parameters written from the snapshot's master
+// among them) are byte for byte those of a checkpoint written in the foreground at the same
+// step, for parameters in fp32, bf16 and fp16 and int8 moments.
+TEST(CheckpointTest, BackgroundCheckpointFilesAreTheForegroundOnes) {
+    const char* dtypes[] = {"", R"( "bf16": {"enabled": true},)",
+                            R"( "fp16": {"enabled": true, "initial_scale_power": 8},)",
+                            R"( "bf16": {"enabled": true}, "zero_optimization": )"
+                            R"({"offload_optimizer": {"state_dtype": "int8"}},)"};
+    for (const char* dtype : dtypes) {
+        SCOPED_TRACE(dtype);
+        test::TempDir nvme_a("nvme"), nvme_b("nvme"), dir_a("ckpt"), dir_b("ckpt");
+        // The int8 case overrides offload_optimizer: its own small config keeps the rest.
+        const bool int8 = std::string(dtype).find("int8") != std::string::npos;
+        const std::string extra =
+            int8 ? std::string(R"("bf16": {"enabled": true}, "swap": {"background_checkpoint": )")
+                 : std::string(kNvmeZero) + dtype + R"( "swap": {"background_checkpoint": )";
+        std::vector<std::string> overrides;
+        if (int8) {
+            overrides = {"zero_optimization.stage=3", "zero_optimization.sub_group_size=4096",
+                         "zero_optimization.offload_optimizer.device=nvme",
+                         "zero_optimization.offload_optimizer.state_dtype=int8"};
+        }
+        const auto nvme_override = [&](const std::string& path) {
+            std::vector<std::string> o = overrides;
+            if (int8) o.push_back("zero_optimization.offload_optimizer.nvme_path=" + path);
+            return o;
+        };
+        const auto fg = load_config(with_nvme(small_config(extra + "false},"), nvme_a.path()),
+                                    nvme_override(nvme_a.path()));
+        const auto bg = load_config(with_nvme(small_config(extra + "true},"), nvme_b.path()),
+                                    nvme_override(nvme_b.path()));
+        Trainer a(fg), b(bg);
+        a.run(3);
+        b.run(3);
+        ASSERT_TRUE(a.engine().save_checkpoint(dir_a.path(), "s"));
+        ASSERT_TRUE(b.engine().save_checkpoint(dir_b.path(), "s"));
+        ASSERT_TRUE(b.engine().checkpoint_in_progress());
+        b.run(2);  // the copy runs beside these steps
+        ASSERT_TRUE(b.engine().wait_checkpoint());
+        std::size_t compared = 0;
+        for (const auto& e : std::filesystem::directory_iterator(dir_a.path() + "/s")) {
+            const std::string name = e.path().filename();
+            if (name == "manifest.txt") continue;  // the configs' digests differ
+            std::ifstream fa(e.path(), std::ios::binary),
+                fb(dir_b.path() + "/s/" + name, std::ios::binary);
+            ASSERT_TRUE(fb.good()) << name << " missing from the background checkpoint";
+            const std::string ca((std::istreambuf_iterator<char>(fa)), {});
+            const std::string cb((std::istreambuf_iterator<char>(fb)), {});
+            EXPECT_EQ(ca.size(), cb.size()) << name;
+            EXPECT_TRUE(ca == cb) << name << " differs";
+            ++compared;
+        }
+        EXPECT_GE(compared, 4u);  // parameters, master, two moments
+    }
+}
+
 // Overwrites one byte of a checkpoint file in place (0x55 at `offset`).
 void overwrite_byte(const std::string& path, std::streamoff offset) {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
