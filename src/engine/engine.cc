@@ -207,6 +207,13 @@ Status Engine::build(const zero::Partitioning& part) {
         },
         stream()));
     ZINF_TRY(init_states());
+    if (config_.swap.background_checkpoint && !background_checkpoints() &&
+        communicator_.rank() == 0) {
+        log::warning("swap.background_checkpoint: checkpoints are written in the foreground (",
+                     communicator_.world_size() > 1 ? "several ranks"
+                                                    : "the optimizer states are not on NVMe",
+                     "; background copies need one rank and offload_optimizer nvme)");
+    }
 
     const std::size_t rows = config_.batch.train_micro_batch_size_per_gpu;
     const model::BatchShape shape = model_.batch_shape();

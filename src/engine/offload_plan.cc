@@ -153,7 +153,7 @@ std::uint64_t rounding_seed_of(std::uint64_t seed) noexcept {
 // offload_optimizer "nvme": the swapper's sub-groups and its pinned buffers (one group: the
 // rank's optimizer domain), sized as every NVMe optimizer is (swap::layout_optimizer_stack).
 Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first_partition,
-                           OffloadPlan& plan) {
+                           int world_size, OffloadPlan& plan) {
     const auto& zc = config.zero;
     const auto& oo = zc.offload_optimizer;
     swap::OptimizerStackOptions so;
@@ -176,9 +176,11 @@ Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first
         plan.parameters == Home::kNvme && oo.nvme_path == zc.offload_param.nvme_path;
     // swap.background_checkpoint: the states alternate between two extents, so that a
     // checkpoint's snapshot stays readable while the next step runs (a shared store is the
-    // parameters' one: all of it is copy-on-write).
-    plan.optimizer_store.copy_on_write = config.swap.background_checkpoint;
-    if (plan.stores_shared) plan.parameter_store.copy_on_write = config.swap.background_checkpoint;
+    // parameters' one: all of it is copy-on-write). One rank only: several write their
+    // checkpoints in the foreground, and their stores stay single.
+    const bool cow = config.swap.background_checkpoint && world_size == 1;
+    plan.optimizer_store.copy_on_write = cow;
+    if (plan.stores_shared) plan.parameter_store.copy_on_write = cow;
     return Status::ok();
 }
 
@@ -372,7 +374,7 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
 
     if (plan.parameters == Home::kNvme) ZINF_TRY(size_parameter_tiers(config, in, plan));
     if (plan.optimizer_states == Home::kNvme) {
-        ZINF_TRY(size_optimizer_swap(config, part.parameter_count(), plan));
+        ZINF_TRY(size_optimizer_swap(config, part.parameter_count(), in.world_size, plan));
         plan.optimizer_pool_registered_with_device =
             in.device_kind != DeviceKind::kCpu && zc.offload_optimizer.pin_memory;
     }

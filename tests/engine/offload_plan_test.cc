@@ -191,6 +191,26 @@ TEST(OffloadPlan, SeparatePathsMeanSeparateStores) {
     EXPECT_EQ(p.optimizer_store.name, "optimizer");
 }
 
+// swap.background_checkpoint doubles the NVMe stores (copy-on-write) on one rank only: several
+// ranks write their checkpoints in the foreground, and their stores stay single.
+TEST(OffloadPlan, BackgroundCheckpointsMakeOneRanksStoresCopyOnWrite) {
+    const std::vector<std::string> on = {"swap.background_checkpoint=true"};
+    const OffloadPlan single = plan_of(kNvmeBoth, on);
+    EXPECT_TRUE(single.stores_shared);
+    EXPECT_TRUE(single.optimizer_store.copy_on_write);
+    EXPECT_TRUE(single.parameter_store.copy_on_write);
+    const OffloadPlan separate =
+        plan_of(kNvmeBoth, {on[0], "zero_optimization.offload_optimizer.nvme_path=/x"});
+    EXPECT_TRUE(separate.optimizer_store.copy_on_write);
+    EXPECT_FALSE(separate.parameter_store.copy_on_write);
+    EXPECT_FALSE(plan_of(kNvmeBoth).optimizer_store.copy_on_write);
+    PlanInputs two = inputs();
+    two.world_size = 2;
+    const OffloadPlan ranks = plan_of(kNvmeBoth, on, two);
+    EXPECT_FALSE(ranks.optimizer_store.copy_on_write);
+    EXPECT_FALSE(ranks.parameter_store.copy_on_write);
+}
+
 TEST(OffloadPlan, OptimizerNamesMapToTheKernelsKinds) {
     OffloadPlan p = plan_of("", {"optimizer.type=Adam", "optimizer.params.adam_w_mode=true"});
     EXPECT_EQ(p.optimizer.kind, kernels::OptimizerKind::kAdamW);

@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -249,6 +251,123 @@ TEST(TrainCliTest, ResumeThroughTheToolIsBitwiseExact) {
     const std::string trace = slurp(dir.file("trace.json"));
     EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
     EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
+}
+
+// The losses of a loss log by micro-step; a line cut short by a kill (no fp32 bits after the
+// loss) is left out.
+std::map<long, std::string> losses_by_step(const std::string& path) {
+    std::map<long, std::string> m;
+    for (const std::string& l : lines(path)) {
+        std::istringstream in(l);
+        long step = 0;
+        std::string loss, bits;
+        if (in >> step >> loss >> bits && bits.size() == 8) m[step] = loss + " " + bits;
+    }
+    return m;
+}
+
+// kill -9 at many points of a run that checkpoints every step with the optimizer states copied
+// in the background (swap.background_checkpoint): each run resumes from `latest` and is killed
+// again, a little further in each time. `latest` must always name a complete checkpoint (the
+// next run resumes from it), every loss computed on the way equals the uninterrupted run's at
+// the same micro-step, the last run ends with the same losses, and the killed runs' swap files
+// are gone once a run has ended.
+TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteCheckpoint) {
+    test::TempDir dir("train");
+    const std::string swap = dir.file("swap");
+    const std::string config = dir.file("nvme.json");
+    std::ofstream(config) << R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "seed": 5,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.002}},
+  "zero_optimization": {"stage": 3, "sub_group_size": 100000,
+    "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                 swap + R"(", "buffer_count": 4, "buffer_size": 600000,
+                      "max_in_cpu": 1200000},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                 swap + R"("}},
+  "swap": {"background_checkpoint": true},
+  "model": {"type": "mlp", "layers": [128, 768, 768, 10]},
+  "data": {"dataset": "synthetic", "synthetic_samples": 320, "epochs": 6},
+  "device": {"type": "cpu", "memory_budget": 67108864},
+  "cpu_optimizer": {"threads": 1}
+})";
+    const std::string common = "--config " + config + " --no-eval --progress off --save-every 1";
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult full = train(
+        dir, common + " --save-dir " + dir.file("ref") + " --loss-log " + dir.file("full.losses"));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(full.exit_code, 0) << full.out;
+    ASSERT_NE(full.out.find("checkpoints in the background"), std::string::npos) << full.out;
+    const auto reference = losses_by_step(dir.file("full.losses"));
+    ASSERT_EQ(reference.size(), 60u);
+
+    const std::string ckpt = dir.file("ckpt");
+    constexpr int kKills = 12;
+    int killed = 0;
+    int resumed = 0;
+    for (int i = 0; i < kKills; ++i) {
+        // Points spread over the first half of the run (start-up included), in a scrambled
+        // order; a run that ends before its kill starts the next one afresh.
+        const double at = seconds * (0.05 + 0.45 * ((i * 5) % kKills + 0.5) / kKills);
+        const std::string log = dir.file("part" + std::to_string(i) + ".losses");
+        std::string script = "resume=; [ -e " + ckpt + "/latest ] && resume='--resume " + ckpt +
+                             "'\necho resume=$resume\n";
+        script += "$TRAIN " + common + " --save-dir " + ckpt + " $resume --loss-log " + log +
+                  " > " + dir.file("part-out.txt") + " 2>&1 &\npid=$!\n";
+        script += "sleep " + std::to_string(at) + "\nkill -KILL $pid\nwait $pid; echo exit=$?";
+        const RunResult r = run_script(dir, script);
+        const std::string out = test::read_text(dir.file("part-out.txt"));
+        if (r.out.find("exit=137") != std::string::npos) {
+            ++killed;
+        } else {
+            ASSERT_NE(r.out.find("exit=0"), std::string::npos) << r.out << out;
+            std::filesystem::remove_all(ckpt);
+        }
+        if (r.out.find("resume=--resume") != std::string::npos) ++resumed;
+        for (const auto& [step, loss] : losses_by_step(log)) {
+            ASSERT_TRUE(reference.count(step)) << step;
+            EXPECT_EQ(loss, reference.at(step)) << "kill " << i << ", micro-step " << step;
+        }
+    }
+    std::printf("%d of %d runs killed part-way, %d resumed from latest (a whole run: %.2f s)\n",
+                killed, kKills, resumed, seconds);
+    EXPECT_GE(killed, kKills / 2) << "most runs must have been killed part-way (the whole run took "
+                                  << seconds << " s)";
+    EXPECT_GE(resumed, 2) << "the killed runs left no checkpoint to resume from";
+
+    // The last run goes on from `latest` (or from the start) to the end.
+    const std::string resume =
+        std::filesystem::exists(ckpt + "/latest") ? " --resume " + ckpt : std::string();
+    const RunResult last = train(
+        dir, common + " --save-dir " + ckpt + resume + " --loss-log " + dir.file("last.losses"));
+    ASSERT_EQ(last.exit_code, 0) << last.out;
+    const auto tail = losses_by_step(dir.file("last.losses"));
+    for (const auto& [step, loss] : tail) EXPECT_EQ(loss, reference.at(step)) << step;
+    if (!tail.empty()) {
+        EXPECT_EQ(tail.rbegin()->first, reference.rbegin()->first);
+    }
+    for (const auto& e : std::filesystem::directory_iterator(swap)) {
+        EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << e.path();
+    }
+}
+
+// swap.background_checkpoint where it cannot apply (here the optimizer states in host memory):
+// a warning says so, and the checkpoints are written in the foreground.
+TEST(TrainCliTest, BackgroundCheckpointWithoutNvmeStatesWarnsAndSavesInTheForeground) {
+    test::TempDir dir("train");
+    const std::string config = dir.file("small.json");
+    std::ofstream(config) << kSmallConfig;
+    const RunResult r = train(dir, "--config " + config + " --max-steps 2 --no-eval --save-dir " +
+                                       dir.file("ckpt") + " --set swap.background_checkpoint=true");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("swap.background_checkpoint: checkpoints are written in the foreground "
+                         "(the optimizer states are not on NVMe"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("checkpoints in the background"), std::string::npos) << r.out;
+    EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt") + "/latest")) << r.out;
 }
 
 // The progress line is redrawn (carriage returns on stderr) with --progress on, and not by
