@@ -232,6 +232,9 @@ public:
     // Forgets every shadow of partitions [first, first + count): their current copies stay.
     void discard_shadows(PartitionId first, std::size_t count);
     bool copy_on_write() const noexcept { return planes_ == 2; }
+    // Whether the engine discards the I/O (io::Engine::set_discard): a discarded write leaves
+    // its partitions, and a discarded shadow write its shadows, as they were.
+    bool discarding() const noexcept { return engine_.discarding(); }
 
     // Pins the current copies of partitions [first, first + count) (ids), each where it is now,
     // until unpin(). kInvalidArgument on a store without copy-on-write; kNotFound, pinning

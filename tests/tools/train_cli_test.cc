@@ -123,6 +123,19 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
     EXPECT_NE(trace.find("swap in\""), std::string::npos);
     EXPECT_NE(trace.find("\"forward\""), std::string::npos);
     EXPECT_NE(trace.find("\"optimizer\""), std::string::npos);
+
+    // The same with copy-on-write states and a checkpoint copied in the background: the
+    // compute-only pass discards the steps' shadow writes too, which leaves the states as they
+    // were instead of committing them.
+    const RunResult cow =
+        train(dir, "--config " + config + " --measure-overlap --overlap-steps 2 --save-dir " +
+                       dir.file("ckpt") + " --set swap.background_checkpoint=true");
+    ASSERT_EQ(cow.exit_code, 0) << cow.out;
+    EXPECT_NE(cow.out.find("copy-on-write for background checkpoints"), std::string::npos)
+        << cow.out;
+    EXPECT_NE(cow.out.find("optimizer states copied beside training"), std::string::npos)
+        << cow.out;
+    EXPECT_NE(cow.out.find("real / max(compute-only, I/O-only) = "), std::string::npos) << cow.out;
 }
 
 // --io-faults: a failed read or write stops the run naming the injected fault, the swap
