@@ -306,13 +306,28 @@ TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteC
   "cpu_optimizer": {"threads": 1}
 })";
     const std::string common = "--config " + config + " --no-eval --progress off --save-every 1";
-    const auto t0 = std::chrono::steady_clock::now();
-    const RunResult full = train(
-        dir, common + " --save-dir " + dir.file("ref") + " --loss-log " + dir.file("full.losses"));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ASSERT_EQ(full.exit_code, 0) << full.out;
-    ASSERT_NE(full.out.find("checkpoints in the background"), std::string::npos) << full.out;
+    // The uninterrupted run, timed: to its first complete checkpoint (`latest` appears) and to
+    // its end. The kill points below are placed by these two times, so that they fall alike
+    // on a slow build (sanitizers) or a loaded machine.
+    const std::string ref = dir.file("ref");
+    const RunResult timing = run_script(
+        dir, "start=$(date +%s%N)\n$TRAIN " + common + " --save-dir " + ref + " --loss-log " +
+                 dir.file("full.losses") + " > " + dir.file("full-out.txt") +
+                 " 2>&1 &\npid=$!\nwhile kill -0 $pid 2>/dev/null && [ ! -e " + ref +
+                 "/latest ]; do sleep 0.01; done\nfirst=$(date +%s%N)\nwait $pid; rc=$?\n"
+                 "echo rc=$rc first_ms=$(( (first - start) / 1000000 )) "
+                 "total_ms=$(( ($(date +%s%N) - start) / 1000000 ))");
+    const std::string full_out = test::read_text(dir.file("full-out.txt"));
+    ASSERT_NE(timing.out.find("rc=0 "), std::string::npos) << timing.out << full_out;
+    ASSERT_NE(full_out.find("checkpoints in the background"), std::string::npos) << full_out;
+    long first_ms = 0;
+    long total_ms = 0;
+    ASSERT_EQ(std::sscanf(timing.out.substr(timing.out.find("first_ms=")).c_str(),
+                          "first_ms=%ld total_ms=%ld", &first_ms, &total_ms),
+              2)
+        << timing.out;
+    const double first = static_cast<double>(first_ms) / 1000.0;
+    const double seconds = static_cast<double>(total_ms) / 1000.0;
     const auto reference = losses_by_step(dir.file("full.losses"));
     ASSERT_EQ(reference.size(), 60u);
 
@@ -321,9 +336,11 @@ TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteC
     int killed = 0;
     int resumed = 0;
     for (int i = 0; i < kKills; ++i) {
-        // Points spread over the first half of the run (start-up included), in a scrambled
-        // order; a run that ends before its kill starts the next one afresh.
-        const double at = seconds * (0.05 + 0.45 * ((i * 5) % kKills + 0.5) / kKills);
+        // Two points before the first checkpoint is complete, the others spread over the first
+        // 60 % of the training after it, in a scrambled order; a run that ends before its kill
+        // starts the next one afresh.
+        const double frac = ((i * 5) % kKills + 0.5) / kKills;
+        const double at = i % 6 == 0 ? first * frac : first + 0.6 * (seconds - first) * frac;
         const std::string log = dir.file("part" + std::to_string(i) + ".losses");
         std::string script = "resume=; [ -e " + ckpt + "/latest ] && resume='--resume " + ckpt +
                              "'\necho resume=$resume\n";
@@ -344,8 +361,10 @@ TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteC
             EXPECT_EQ(loss, reference.at(step)) << "kill " << i << ", micro-step " << step;
         }
     }
-    std::printf("%d of %d runs killed part-way, %d resumed from latest (a whole run: %.2f s)\n",
-                killed, kKills, resumed, seconds);
+    std::printf(
+        "%d of %d runs killed part-way, %d resumed from latest (a whole run: %.2f s, its first "
+        "checkpoint complete at %.2f s)\n",
+        killed, kKills, resumed, seconds, first);
     EXPECT_GE(killed, kKills / 2) << "most runs must have been killed part-way (the whole run took "
                                   << seconds << " s)";
     EXPECT_GE(resumed, 2) << "the killed runs left no checkpoint to resume from";
