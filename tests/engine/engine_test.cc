@@ -575,8 +575,7 @@ TEST(CheckpointTest, BackgroundCheckpointKeepsItsStepWhileTrainingGoesOn) {
 TEST(CheckpointTest, BackgroundCheckpointFilesAreTheForegroundOnes) {
     const char* dtypes[] = {"", R"( "bf16": {"enabled": true},)",
                             R"( "fp16": {"enabled": true, "initial_scale_power": 8},)",
-                            R"( "bf16": {"enabled": true}, "zero_optimization": )"
-                            R"({"offload_optimizer": {"state_dtype": "int8"}},)"};
+                            "int8 moments (overrides below)"};
     for (const char* dtype : dtypes) {
         SCOPED_TRACE(dtype);
         test::TempDir nvme_a("nvme"), nvme_b("nvme"), dir_a("ckpt"), dir_b("ckpt");

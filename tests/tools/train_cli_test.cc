@@ -274,7 +274,7 @@ std::map<long, std::string> losses_by_step(const std::string& path) {
         std::istringstream in(l);
         long step = 0;
         std::string loss, bits;
-        if (in >> step >> loss >> bits && bits.size() == 8) m[step] = loss + " " + bits;
+        if (in >> step >> loss >> bits && bits.size() == 8) m[step] = loss.append(" ").append(bits);
     }
     return m;
 }
@@ -342,11 +342,12 @@ TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteC
         const double frac = ((i * 5) % kKills + 0.5) / kKills;
         const double at = i % 6 == 0 ? first * frac : first + 0.6 * (seconds - first) * frac;
         const std::string log = dir.file("part" + std::to_string(i) + ".losses");
-        std::string script = "resume=; [ -e " + ckpt + "/latest ] && resume='--resume " + ckpt +
-                             "'\necho resume=$resume\n";
-        script += "$TRAIN " + common + " --save-dir " + ckpt + " $resume --loss-log " + log +
-                  " > " + dir.file("part-out.txt") + " 2>&1 &\npid=$!\n";
-        script += "sleep " + std::to_string(at) + "\nkill -KILL $pid\nwait $pid; echo exit=$?";
+        std::string script = "resume=; [ -e " + ckpt;
+        script.append("/latest ] && resume='--resume ").append(ckpt);
+        script.append("'\necho resume=$resume\n$TRAIN ").append(common);
+        script.append(" --save-dir ").append(ckpt).append(" $resume --loss-log ").append(log);
+        script.append(" > ").append(dir.file("part-out.txt")).append(" 2>&1 &\npid=$!\nsleep ");
+        script.append(std::to_string(at)).append("\nkill -KILL $pid\nwait $pid; echo exit=$?");
         const RunResult r = run_script(dir, script);
         const std::string out = test::read_text(dir.file("part-out.txt"));
         if (r.out.find("exit=137") != std::string::npos) {
