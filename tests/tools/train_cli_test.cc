@@ -51,6 +51,16 @@ std::vector<std::string> lines(const std::string& path) {
     return v;
 }
 
+// What a swap directory holds besides its lock file (top level): the swap files belong to the
+// run, so after a run has ended, nothing.
+std::vector<std::string> left_in_swap(const std::string& swap) {
+    std::vector<std::string> left;
+    for (const auto& e : std::filesystem::directory_iterator(swap)) {
+        if (e.path().filename() != "zinfinity-swap.lock") left.push_back(e.path().string());
+    }
+    return left;
+}
+
 bool have_fashion_mnist() {
     return std::filesystem::exists(std::string(data::kFashionMnistDirectory) +
                                    "/train-images-idx3-ubyte.gz");
@@ -78,10 +88,7 @@ TEST(TrainCliTest, OffloadDoesNotChangeTheLoss) {
     }
     EXPECT_EQ(logs[0], logs[1]);
     EXPECT_EQ(logs[0], logs[2]);
-    // The swap files belong to the run: nothing is left in the swap directory but the lock.
-    for (const auto& e : std::filesystem::directory_iterator(dir.file("swap"))) {
-        EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << e.path();
-    }
+    EXPECT_EQ(left_in_swap(dir.file("swap")), std::vector<std::string>{});
 }
 
 // Parameters and optimizer on NVMe under budgets that force eviction, with --measure-overlap:
@@ -221,9 +228,7 @@ TEST(TrainCliTest, ARunStoppedByATerminationSignalRemovesItsSwapFilesAndDiesOfTh
                                  std::to_string(number) + "): removed 1 swap run directory"),
                   std::string::npos)
             << train_out;
-        for (const auto& e : std::filesystem::directory_iterator(swap)) {
-            EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << name << ": " << e.path();
-        }
+        EXPECT_EQ(left_in_swap(swap), std::vector<std::string>{}) << name;
     }
 }
 
@@ -381,9 +386,7 @@ TEST(TrainCliTest, KilledWhileCheckpointingInTheBackgroundLeavesTheLastCompleteC
     if (!tail.empty()) {
         EXPECT_EQ(tail.rbegin()->first, reference.rbegin()->first);
     }
-    for (const auto& e : std::filesystem::directory_iterator(swap)) {
-        EXPECT_EQ(e.path().filename(), "zinfinity-swap.lock") << e.path();
-    }
+    EXPECT_EQ(left_in_swap(swap), std::vector<std::string>{});
 }
 
 // swap.background_checkpoint where it cannot apply (here the optimizer states in host memory):
