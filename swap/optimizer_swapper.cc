@@ -282,6 +282,36 @@ Status OptimizerSwapper::speculate(const kernels::OptimizerParams& params, Gradi
     return Status::ok();
 }
 
+Status OptimizerSwapper::speculate(const kernels::OptimizerParams& params, GradientSource& grads,
+                                   std::span<const std::uint32_t> order, SubGroupGate& gate) {
+    ZINF_ASSERT_MSG(!speculating_, "speculate() twice without commit or discard");
+    if (!store_.copy_on_write()) {
+        return Status::invalid_argument(
+            str_cat("optimizer swapper: speculation needs a "
+                    "copy-on-write swap store ('",
+                    store_.name(), "' is not)"));
+    }
+    bool permutation = order.size() == sub_group_count_;
+    std::vector<bool> seen(sub_group_count_, false);
+    for (std::size_t i = 0; i < order.size() && permutation; ++i) {
+        permutation = order[i] < sub_group_count_ && !seen[order[i]];
+        if (permutation) seen[order[i]] = true;
+    }
+    if (!permutation) {
+        return Status::invalid_argument(str_cat("optimizer swapper: a sub-group order of ",
+                                                order.size(), " entries is not a permutation of ",
+                                                sub_group_count_, " sub-groups"));
+    }
+    ZINF_TRY(check_params(params));
+    Status s = run(&params, &grads, WriteTarget::kShadow, order, &gate);
+    if (!s.is_ok()) {
+        store_.discard_shadows(options_.first_partition, partition_count());
+        return s;
+    }
+    speculating_ = true;
+    return Status::ok();
+}
+
 Status OptimizerSwapper::commit_speculation() {
     ZINF_ASSERT(speculating_);
     auto switched = store_.commit_shadows(options_.first_partition, partition_count());
@@ -305,28 +335,33 @@ Status OptimizerSwapper::io_only_pass() {
 }
 
 Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSource* grads,
-                             WriteTarget target) {
+                             WriteTarget target, std::span<const std::uint32_t> order,
+                             SubGroupGate* gate) {
     ZINF_ASSERT(store_.committed());
+    ZINF_ASSERT(order.empty() || order.size() == sub_group_count_);
     const auto t_step = Clock::now();
     stats_ = OptimizerStepStats{};
     const std::size_t groups = sub_group_count_;
     const std::size_t tickets = ticket_count_;
     const bool pipeline_read = options_.pipeline_read;
     const bool pipeline_write = options_.pipeline_write;
+    // The i-th sub-group stepped: in index order, or in the caller's.
+    auto group = [&](std::size_t i) -> std::size_t { return order.empty() ? i : order[i]; };
 
-    // Ticket (g % tickets) carries sub-group g. With both pipelines (3 tickets) at the update of
-    // g: g+1 is being read, g-1 written; g+1 reuses the ticket of g-2, whose write was waited
-    // for at the end of iteration g-1.
-    Status status = issue_read(0, tickets_[0]);
-    for (std::size_t g = 0; g < groups && status.is_ok(); ++g) {
-        SwapTicket& current = tickets_[g % tickets];
+    // Ticket (i % tickets) carries the i-th sub-group. With both pipelines (3 tickets) at the
+    // update of i: i+1 is being read, i-1 written; i+1 reuses the ticket of i-2, whose write was
+    // waited for at the end of iteration i-1.
+    Status status = issue_read(group(0), tickets_[0]);
+    for (std::size_t i = 0; i < groups && status.is_ok(); ++i) {
+        const std::size_t g = group(i);
+        SwapTicket& current = tickets_[i % tickets];
         auto t0 = Clock::now();
-        // Start reading g+1 as soon as g's bytes are in, before verifying g's checksums, so
+        // Start reading i+1 as soon as i's bytes are in, before verifying i's checksums, so
         // the disk is never idle while this thread hashes.
         current.wait_transfer();
         stats_.read_wait_seconds += seconds_since(t0);
-        if (pipeline_read && g + 1 < groups) {
-            status = issue_read(g + 1, tickets_[(g + 1) % tickets]);
+        if (pipeline_read && i + 1 < groups) {
+            status = issue_read(group(i + 1), tickets_[(i + 1) % tickets]);
             if (!status.is_ok()) {
                 (void)current.wait();
                 break;
@@ -335,6 +370,10 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
         status = current.wait();
         if (!status.is_ok()) break;
         if (params != nullptr) {
+            if (gate != nullptr) {
+                status = gate->ready(g);
+                if (!status.is_ok()) break;
+            }
             status = update(g, current, *params, *grads);
             if (!status.is_ok()) break;
         }
@@ -344,13 +383,14 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
         t0 = Clock::now();
         if (!pipeline_write) {
             status = current.wait();
-        } else if (g >= 1) {
-            status = tickets_[(g - 1) % tickets].wait();
+        } else if (i >= 1) {
+            status = tickets_[(i - 1) % tickets].wait();
         }
         stats_.write_wait_seconds += seconds_since(t0);
         if (!status.is_ok()) break;
-        if (!pipeline_read && g + 1 < groups)
-            status = issue_read(g + 1, tickets_[(g + 1) % tickets]);
+        if (!pipeline_read && i + 1 < groups) {
+            status = issue_read(group(i + 1), tickets_[(i + 1) % tickets]);
+        }
     }
     if (status.is_ok() && pipeline_write) {
         const auto t0 = Clock::now();

@@ -72,6 +72,17 @@ public:
     }
 };
 
+// When a speculated step taken beside backward may update a sub-group (the overlapped step of
+// swap.overlap_step): called on the stepping thread before each sub-group's update, after its
+// states were read and the next sub-group's read was issued.
+class SubGroupGate {
+public:
+    virtual ~SubGroupGate() = default;
+    // Blocks until sub-group `sub_group`'s gradients are final. An error abandons the step (its
+    // shadows are discarded; the states stay those from before it).
+    virtual Status ready(std::size_t sub_group) = 0;
+};
+
 // Fills the initial master parameters of one sub-group (initialize()).
 class ParamSource {
 public:
@@ -133,6 +144,13 @@ public:
     // sees the new parameters (updated, param_copy) as in step(): after a discard the caller
     // republishes them.
     Status speculate(const kernels::OptimizerParams& params, GradientSource& grads);
+    // The same over the sub-groups in `order` (a permutation of [0, sub_group_count()): the
+    // reads follow it ahead of the updates), each updated only once `gate` lets it: the step
+    // taken beside backward, whose gradients become final layer by layer from the last. The
+    // result is bitwise that of speculate(params, grads). kInvalidArgument for an order that is
+    // not a permutation (nothing read).
+    Status speculate(const kernels::OptimizerParams& params, GradientSource& grads,
+                     std::span<const std::uint32_t> order, SubGroupGate& gate);
     // Makes the speculated states current (all sub-groups or, on kIo, none).
     Status commit_speculation();
     // Forgets the speculated states: the next step starts from the ones before speculate().
@@ -181,7 +199,8 @@ private:
     OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
                      const OptimizerSwapperOptions& options);
     Status run(const kernels::OptimizerParams* params, GradientSource* grads,
-               WriteTarget target = WriteTarget::kCurrent);
+               WriteTarget target = WriteTarget::kCurrent,
+               std::span<const std::uint32_t> order = {}, SubGroupGate* gate = nullptr);
     Status check_params(const kernels::OptimizerParams& params) const;
     std::size_t partition_count() const noexcept { return sub_group_count_ * state_count_; }
     Status issue_read(std::size_t sub_group, SwapTicket& ticket);

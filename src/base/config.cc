@@ -1026,6 +1026,7 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
         ObjectReader s(*sub, "swap", c.warnings);
         ZINF_TRY(s.get_bool("verify_checksums", c.swap.verify_checksums));
         ZINF_TRY(s.get_bool("background_checkpoint", c.swap.background_checkpoint));
+        ZINF_TRY(s.get_bool("overlap_step", c.swap.overlap_step));
         ZINF_TRY(s.finish());
     }
     ZINF_TRY(r.get_object("comm", sub));

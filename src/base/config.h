@@ -162,6 +162,10 @@ struct SwapConfig {
     // Optimizer states on NVMe are copy-on-write (twice their disk space), and a checkpoint
     // copies them in the background from a pinned snapshot while training goes on.
     bool background_checkpoint = false;
+    // The optimizer step of each accumulation window runs beside the window's last backward,
+    // speculatively on copy-on-write states (committed, redone or skipped once the norm is
+    // known; bitwise the sequential step).
+    bool overlap_step = false;
 };
 
 // zinfinity's `comm` block: the collectives between data-parallel ranks.

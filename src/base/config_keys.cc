@@ -246,6 +246,7 @@ constexpr KeyInfo kKeys[] = {
     // ---- zinfinity's blocks ---------------------------------------------------------------------
     {"swap.verify_checksums", S::kZinfinity, "", "verify every swap block read back (true)"},
     {"swap.background_checkpoint", S::kZinfinity, "", "optimizer states on NVMe kept copy-on-write (twice their disk space); a checkpoint copies them from a snapshot in the background while training goes on (false)"},
+    {"swap.overlap_step", S::kZinfinity, "", "the optimizer step of each accumulation window runs beside its last backward on copy-on-write NVMe states, speculatively with clip coefficient 1; committed, redone or skipped once the norm is known, bitwise the sequential step (false)"},
     {"comm.deterministic", S::kZinfinity, "", "sum reductions in rank order: bitwise reproducible (false)"},
     {"comm.timeout_s", S::kZinfinity, "", "a collective not done after this many seconds stops every rank with an error (600; 0: no bound)"},
     {"cpu_optimizer.isa", S::kZinfinity, "", "auto, avx512, avx2, scalar (ZINF_CPU_ISA overrides)"},

@@ -63,10 +63,18 @@ public:
     Status accumulate(model::ParamId id, const float* grad, StreamId stream) override {
         Status s = coordinator_.accumulate_gradient(id, grad, stream);
         if (!s.is_ok()) return s.with_context("gradient of " + registry_.info(id).name);
+        if (overlap_ != nullptr) overlap_->accumulated(id);
+        if (after_gradient_) after_gradient_(id);
         return s;
+    }
+    void set_overlap(engine::OverlapStep* overlap) noexcept { overlap_ = overlap; }
+    void set_after_gradient(std::function<void(std::size_t)> fn) {
+        after_gradient_ = std::move(fn);
     }
 
 private:
+    engine::OverlapStep* overlap_ = nullptr;
+    std::function<void(std::size_t)> after_gradient_;
     zero::ParameterCoordinator& coordinator_;
     const model::ParameterRegistry& registry_;
 };
@@ -198,6 +206,7 @@ Status Engine::build(const zero::Partitioning& part) {
     ZINF_ASSIGN_OR_RETURN(coordinator_, zero::ParameterCoordinator::create(
                                             numels, co, device_, compute_, communicator_));
     adapter_ = std::make_unique<Adapter>(*coordinator_, model_.parameters());
+    adapter_->set_after_gradient(options_.after_gradient);
     const auto& registry = model_.parameters();
     const std::uint64_t seed = config_.seed;
     ZINF_TRY(coordinator_->initialize(
@@ -213,6 +222,13 @@ Status Engine::build(const zero::Partitioning& part) {
                      communicator_.world_size() > 1 ? "several ranks"
                                                     : "the optimizer states are not on NVMe",
                      "; background copies need one rank and offload_optimizer nvme)");
+    }
+
+    if (config_.swap.overlap_step && !plan_.overlap_step && communicator_.rank() == 0) {
+        log::warning("swap.overlap_step: the optimizer step runs after backward (",
+                     plan_.overlap_step_reason,
+                     "; the step beside backward needs one rank, ZeRO stage 2 or 3, "
+                     "offload_optimizer nvme and the gradients in host memory)");
     }
 
     const std::size_t rows = config_.batch.train_micro_batch_size_per_gpu;
@@ -259,6 +275,12 @@ Status Engine::init_states() {
     ZINF_ASSIGN_OR_RETURN(states_,
                           engine::make_state_store(plan_, device_, kernel_,
                                                    offload_ ? offload_->optimizer() : nullptr));
+    if (plan_.overlap_step) {
+        ZINF_ASSIGN_OR_RETURN(
+            overlap_, engine::OverlapStep::create(plan_, *coordinator_, *offload_->optimizer(),
+                                                  *optimizer_io_, device_));
+        adapter_->set_overlap(overlap_.get());
+    }
     FnParamSource source(
         [this](std::uint64_t offset, std::span<float> out) { initial_master(offset, out); });
     return states_->initialize(source);
@@ -483,7 +505,9 @@ Status Engine::backward() {
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
+    begin_overlap();
     if (Status bwd = model_.backward(ctx, static_cast<float>(scale)); !bwd.is_ok()) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
         end_iteration_if_open();
         return bwd;
     }
@@ -544,6 +568,7 @@ Result<double> Engine::begin_backward() {
                                             : "backward: no training forward before it");
     }
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
+    begin_overlap();
     driven_open_ = true;
     driven_training_ = true;
     driven_started_ = std::chrono::steady_clock::now();
@@ -556,6 +581,7 @@ Status Engine::end_backward(bool ok) {
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - driven_started_;
     times_.backward_seconds += took.count();
     if (!ok) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
         end_iteration_if_open();
         forward_done_ = false;
         return Status::ok();
@@ -645,6 +671,10 @@ Status Engine::run_optimizer(double unscale) {
     ZINF_ASSIGN_OR_RETURN(auto stats, gradient_stats());
     last_step_.lr = current_lr();
     if (stats.has_inf_nan && config_.fp16.enabled) {
+        overlap_last_stood_ = false;
+        if (overlap_ && overlap_->speculating()) {
+            overlap_->abandon(engine::OverlapStep::Why::kOverflow);
+        }
         const double before = scaler_.scale();
         scaler_.update(true);
         ++skipped_steps_;
@@ -662,19 +692,9 @@ Status Engine::run_optimizer(double unscale) {
     if (config_.gradient_clipping > 0 && norm > config_.gradient_clipping) {
         coef = config_.gradient_clipping / (norm + 1e-6);
     }
-    kernels::OptimizerParams p = plan_.optimizer;
-    p.step = optimizer_updates_ + 1;
-    p.lr = last_step_.lr;
-    p.grad_scale = unscale * coef;
-    // OneCycle cycles the momentum: DeepSpeed writes betas = (momentum, 0.99) into every
-    // optimizer that has betas (Adagrad has none, and keeps its own).
-    if (const auto beta1 = engine::momentum(config_.scheduler, optimizer_updates_);
-        beta1.has_value() && optimizer_descriptor(p.kind).uses_betas) {
-        p.beta1 = *beta1;
-        p.beta2 = engine::kOneCycleBeta2;
-    }
-    Status s = states_->step(p, *optimizer_io_);
-    optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
+    overlap_last_stood_ = coef == 1.0;
+    const kernels::OptimizerParams p = step_params(unscale * coef);
+    Status s = update_states(p);
     times_.checkpoint_wait_seconds = states_->snapshot_wait_seconds();
     if (s.is_ok()) s = device_.synchronize(stream());
     // publish_parameters is a collective: every rank enters it, or none does.
@@ -697,6 +717,75 @@ Status Engine::run_optimizer(double unscale) {
     return Status::ok();
 }
 
+kernels::OptimizerParams Engine::step_params(double grad_scale) const {
+    kernels::OptimizerParams p = plan_.optimizer;
+    p.step = optimizer_updates_ + 1;
+    p.lr = current_lr();
+    p.grad_scale = grad_scale;
+    // OneCycle cycles the momentum: DeepSpeed writes betas = (momentum, 0.99) into every
+    // optimizer that has betas (Adagrad has none, and keeps its own).
+    if (const auto beta1 = engine::momentum(config_.scheduler, optimizer_updates_);
+        beta1.has_value() && optimizer_descriptor(p.kind).uses_betas) {
+        p.beta1 = *beta1;
+        p.beta2 = engine::kOneCycleBeta2;
+    }
+    return p;
+}
+
+void Engine::begin_overlap() {
+    if (!overlap_ || !is_gradient_accumulation_boundary()) return;
+    if (!overlap_enabled_) {
+        overlap_->abandon(engine::OverlapStep::Why::kFailed);  // nothing running: no count
+        return;
+    }
+    // Clipping and overflow come in runs (early training clips step after step): after a step
+    // that a speculation would not have matched, the next one steps after backward, so that
+    // a run of clipped steps costs no speculated I/O beside backward.
+    if (!overlap_last_stood_ && !options_.speculate_every_window) {
+        overlap_->skip_window();
+        return;
+    }
+    // The step as it will be if the norm asks for no clipping (coefficient 1, no overflow).
+    overlap_params_ = step_params(1.0 / (window_scale_ * communicator_.world_size()));
+    overlap_->begin_backward(overlap_params_, stream());
+}
+
+namespace {
+
+// Whether two steps update the states alike (the speculated step against the one due).
+bool same_step(const kernels::OptimizerParams& a, const kernels::OptimizerParams& b) noexcept {
+    return a.kind == b.kind && a.step == b.step && a.lr == b.lr && a.beta1 == b.beta1 &&
+           a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay &&
+           a.grad_scale == b.grad_scale && a.bias_correction == b.bias_correction &&
+           a.amsgrad == b.amsgrad && a.torch_rounding == b.torch_rounding;
+}
+
+}  // namespace
+
+Status Engine::update_states(const kernels::OptimizerParams& p) {
+    if (overlap_ && overlap_->speculating()) {
+        if (same_step(p, overlap_params_)) {
+            Status s = overlap_->finish();
+            if (s.is_ok()) {
+                auto* swapper = offload_->optimizer();
+                optimizer_read_wait_seconds_ += swapper->last_step_stats().read_wait_seconds;
+                s = swapper->commit_speculation();
+                if (s.is_ok()) s = overlap_->publish(stream());
+                return s;
+            }
+            // Abandoned (kBusy: the backward changed its pattern): step sequentially below.
+            if (s.code() != StatusCode::kBusy) return s;
+        } else {
+            // Clipping (or a learning rate set since the backward began): the speculated
+            // states are discarded and the step taken again from the intact ones.
+            overlap_->abandon(engine::OverlapStep::Why::kClipping);
+        }
+    }
+    Status s = states_->step(p, *optimizer_io_);
+    optimizer_read_wait_seconds_ += states_->last_read_wait_seconds();
+    return s;
+}
+
 Status Engine::step() {
     if (!backward_done_) return Status::invalid_argument("step: no backward since the last step");
     backward_done_ = false;
@@ -710,6 +799,7 @@ Status Engine::step() {
     last_step_.boundary = true;
     ZINF_TRY(coordinator_->reduce_gradients(stream()));
     ZINF_TRY(device_.synchronize(stream()));
+    if (overlap_) overlap_->gradients_final();
     return run_optimizer(1.0 / (window_scale_ * communicator_.world_size()));
 }
 

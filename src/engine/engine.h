@@ -30,6 +30,7 @@
 #include "src/engine/memory_prediction.h"
 #include "src/engine/offload.h"
 #include "src/engine/offload_plan.h"
+#include "src/engine/overlap_step.h"
 #include "src/engine/schedule.h"
 #include "src/engine/state_store.h"
 #include "src/engine/trace.h"
@@ -72,6 +73,12 @@ struct EngineOptions {
     // before anything is created. false skips it, leaving the runtime checks alone (tests of
     // those checks).
     bool admission = true;
+    // Called after each gradient reached the coordinator (tests: a backward slowed this way lets
+    // a step beside it run ahead of the gradients, which swap.overlap_step must not).
+    std::function<void(std::size_t parameter)> after_gradient;
+    // swap.overlap_step speculates in every window, also after a step that clipped or
+    // overflowed (tests: more redone and skipped speculations than the default policy gives).
+    bool speculate_every_window = false;
 };
 
 // What the last step() did.
@@ -291,6 +298,14 @@ public:
     IoFigures io_figures() const;
     std::size_t pinned_bytes() const noexcept;
     std::string residency_summary() const;
+    // swap.overlap_step: speculated steps committed, redone, skipped and abandoned (null
+    // without it), and whether it is on.
+    const engine::OverlapCounts* overlap_counts() const noexcept {
+        return overlap_ ? &overlap_->counts() : nullptr;
+    }
+    // Turns the step beside backward off (true: back on) from the next window, for the
+    // sequential pass of zinfinity-train --measure-overlap. No effect without swap.overlap_step.
+    void set_overlap_step(bool on) noexcept { overlap_enabled_ = on; }
 
 private:
     class Adapter;
@@ -367,6 +382,14 @@ private:
     Status write_checkpoint_extras(engine::CheckpointWriter& w) const;
     Status inference_forward(const Batch& batch);
     Status run_optimizer(double norm_unscale);
+    // The step's optimizer parameters (this step's number, learning rate and momentum) with
+    // gradients multiplied by grad_scale.
+    kernels::OptimizerParams step_params(double grad_scale) const;
+    // The window's last backward begins: the speculated step starts beside it (swap.overlap_step).
+    void begin_overlap();
+    // The optimizer's state update of a boundary step: the speculated one committed where it
+    // stands, else the store's step with `p`.
+    Status update_states(const kernels::OptimizerParams& p);
     Result<kernels::GradStats> gradient_stats();
     Status build_summary();
     Result<std::string> memory_table() const;
@@ -393,12 +416,17 @@ private:
     std::unique_ptr<Adapter> adapter_;
     std::unique_ptr<engine::StateStore> states_;
     std::unique_ptr<engine::OptimizerIo> optimizer_io_;
+    // swap.overlap_step where the plan allows it: the step beside the window's last backward.
+    std::unique_ptr<engine::OverlapStep> overlap_;
+    kernels::OptimizerParams overlap_params_;  // what the speculated step was taken with
     engine::LossScaler scaler_;
     bool in_iteration_ = false;
     // A step or a checkpoint load failed part-way: the states may disagree with each other
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
-    bool io_discard_ = false;  // set_io_discard
+    bool io_discard_ = false;         // set_io_discard
+    bool overlap_enabled_ = true;     // set_overlap_step
+    bool overlap_last_stood_ = true;  // the last step needed no clipping and had no overflow
     double optimizer_read_wait_seconds_ = 0.0;
     std::vector<double> norm_partials_;  // gradient_stats' partial sums
 

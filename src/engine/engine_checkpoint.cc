@@ -811,6 +811,8 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
     ZINF_TRY(wait_checkpoint());
+    // A step that failed before using its speculated states leaves them to be forgotten.
+    if (overlap_ && overlap_->speculating()) overlap_->abandon(engine::OverlapStep::Why::kFailed);
     SavedShape saved;
     auto shards = open_shards(dir, tag, saved);
     const bool same = shards.has_value() && same_layout(saved);

@@ -192,6 +192,11 @@ void predict_host(const Sizer& s) {
         out.pageable_host.add(Holder::kBuffers, "host 16-bit parameters",
                               std::max<std::uint64_t>(p.sub_group_numel * eb, 64));
     }
+    if (p.overlap_step) {
+        // OverlapStep holds the speculated step's new parameters until its commit.
+        out.pageable_host.add(Holder::kBuffers, "new parameters of the step beside backward",
+                              std::max<std::uint64_t>(p.domain_numel * eb, 64));
+    }
 }
 
 // The GPT's kept block inputs off the device: n_layer of them in pinned host memory

@@ -292,6 +292,33 @@ void choose_gradient_home(const config::EngineConfig& config, OffloadPlan& plan)
     }
 }
 
+// swap.overlap_step: one rank, stages 2-3 (each gradient reduced as backward produces it),
+// optimizer states on NVMe, gradients in host memory read in place by the CPU optimizer.
+std::string overlap_step_unusable(const OffloadPlan& plan, int world_size, DeviceKind device) {
+    if (world_size != 1) return "several ranks";
+    if (device != DeviceKind::kCpu) return "a GPU device";
+    if (plan.optimizer_states != Home::kNvme) return "the optimizer states are not on NVMe";
+    if (!plan.stage_plan.gradients_partitioned) {
+        return str_cat("ZeRO stage ", plan.stage,
+                       " reduces the gradients at the step (stages 2-3 hand each one over as "
+                       "backward produces it)");
+    }
+    if (plan.gradients == Home::kNvme) return "the gradients stream to NVMe";
+    if (plan.gradients_copied_to_host) return "the gradients are copied to the host at the step";
+    return "";
+}
+
+void plan_overlap_step(const config::EngineConfig& config, const PlanInputs& in,
+                       OffloadPlan& plan) {
+    if (!config.swap.overlap_step) return;
+    plan.overlap_step_reason = overlap_step_unusable(plan, in.world_size, in.device_kind);
+    plan.overlap_step = plan.overlap_step_reason.empty();
+    if (!plan.overlap_step) return;
+    // The speculated step writes shadows: the states (and a store they share) copy-on-write.
+    plan.optimizer_store.copy_on_write = true;
+    if (plan.stores_shared) plan.parameter_store.copy_on_write = true;
+}
+
 }  // namespace
 
 namespace {
@@ -383,6 +410,7 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
 
     plan.host_budget_bytes = config.device.host_memory_budget_bytes;
     choose_gradient_home(config, plan);
+    plan_overlap_step(config, in, plan);
     const std::uint64_t pinned = plan.parameter_host_tier_bytes + plan.optimizer_pinned_bytes();
     if (plan.host_budget_bytes > 0 && pinned > plan.host_budget_bytes) {
         return Status::invalid_argument(str_cat(
@@ -463,7 +491,10 @@ std::string OffloadPlan::describe() const {
             "; ", optimizer_stack.swappers[0].pipeline_read ? "pipelined reads" : "serial reads",
             ", ", optimizer_stack.swappers[0].pipeline_write ? "pipelined writes" : "serial writes",
             "; pinned ", format_bytes(optimizer_pinned_bytes()),
-            optimizer_store.copy_on_write ? "; copy-on-write for background checkpoints" : "", ")");
+            !optimizer_store.copy_on_write ? ""
+            : overlap_step                 ? "; copy-on-write: the step runs beside backward"
+                                           : "; copy-on-write for background checkpoints",
+            ")");
     }
     if (host_budget_bytes > 0) {
         s += str_cat("\n    host budget ", format_bytes(host_budget_bytes), ", pinned ",

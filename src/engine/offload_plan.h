@@ -116,6 +116,10 @@ struct OffloadPlan {
     tier::ResidencyOptions residency;
     tier::StoreMoverOptions mover;
     bool lock_parameter_host_tier = false;  // offload_param.pin_memory: mlock the host tier
+    // swap.overlap_step: the step beside the window's last backward (src/engine/overlap_step.h)
+    // on copy-on-write optimizer states; when asked for but not possible, why not (warned).
+    bool overlap_step = false;
+    std::string overlap_step_reason;
 
     bool parameters_offloaded() const noexcept { return parameters != Home::kDevice; }
     // Lines for the engine's start-up summary: where each state lives, with the sizes.

@@ -400,4 +400,16 @@ Status OptimizerIo::updated(std::size_t, std::uint64_t offset_numel,
     return Status::ok();
 }
 
+Status OptimizerIo::store_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
+                                     StreamId stream) {
+    if (update_ == ParameterUpdate::kThroughCoordinator) {
+        return coordinator_.write_domain_parameters(offset_numel, bytes, stream);
+    }
+    auto* params = static_cast<std::byte*>(coordinator_.domain().parameters);
+    ZINF_ASSERT(params != nullptr);
+    ZINF_TRY(device_.copy_to_device(params + offset_numel * dtype_size_bytes(dtype_), bytes.data(),
+                                    bytes.size(), stream));
+    return device_.synchronize(stream);
+}
+
 }  // namespace zinf::engine

@@ -184,6 +184,12 @@ public:
     Status updated(std::size_t sub_group, std::uint64_t offset_numel,
                    std::span<const float> params) override;
 
+    // New parameters of domain elements [offset_numel, offset_numel + bytes / dtype size), in
+    // the parameters' dtype, to where the next forward reads them (the step beside backward,
+    // swap.overlap_step, held them until its commit). Blocks until copied.
+    Status store_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
+                            StreamId stream);
+
     // Host bytes held (the gradient copy and the staging buffer).
     std::size_t host_bytes() const noexcept { return host_grads_.size() + staging_.size(); }
 

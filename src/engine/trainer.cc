@@ -504,8 +504,25 @@ Result<OverlapFigures> Trainer::measure_overlap(std::uint64_t steps) {
     }
     OverlapFigures f;
     auto t0 = Clock::now();
+    const engine::OverlapCounts before =
+        engine_.overlap_counts() != nullptr ? *engine_.overlap_counts() : engine::OverlapCounts{};
     ZINF_TRY(train_steps(engine_, batcher_, steps));
     f.real_seconds = seconds_since(t0) / static_cast<double>(steps);
+    if (const engine::OverlapCounts* after = engine_.overlap_counts(); after != nullptr) {
+        f.overlap.recorded = after->recorded - before.recorded;
+        f.overlap.committed = after->committed - before.committed;
+        f.overlap.redone = after->redone - before.redone;
+        f.overlap.skipped = after->skipped - before.skipped;
+        f.overlap.abandoned = after->abandoned - before.abandoned;
+        f.overlap.not_speculated = after->not_speculated - before.not_speculated;
+        // The sequential pass: the same engine with the step after backward.
+        engine_.set_overlap_step(false);
+        t0 = Clock::now();
+        const Status sequential = train_steps(engine_, batcher_, steps);
+        f.sequential_seconds = seconds_since(t0) / static_cast<double>(steps);
+        engine_.set_overlap_step(true);
+        ZINF_TRY(sequential);
+    }
     ZINF_TRY(engine_.io_only_step());  // warm-up, as the real pass had training before it
     t0 = Clock::now();
     for (std::uint64_t i = 0; i < steps; ++i) ZINF_TRY(engine_.io_only_step());

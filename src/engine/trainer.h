@@ -167,6 +167,10 @@ struct OverlapFigures {
     // or wrote during it (operations started before it, e.g. a prefetch; none on a quiet engine).
     std::uint64_t compute_only_ops_discarded = 0;
     std::uint64_t compute_only_bytes_moved = 0;
+    // swap.overlap_step: the same steps with the step after backward (the sequential pass,
+    // same run; 0 without it), and what the real pass's speculated steps became.
+    double sequential_seconds = 0;
+    engine::OverlapCounts overlap;
     double ratio() const noexcept {
         const double bound = std::max(io_only_seconds, compute_only_seconds);
         return bound > 0 ? real_seconds / bound : 0.0;

@@ -211,6 +211,41 @@ TEST(OffloadPlan, BackgroundCheckpointsMakeOneRanksStoresCopyOnWrite) {
     EXPECT_FALSE(ranks.parameter_store.copy_on_write);
 }
 
+// swap.overlap_step: one rank, stages 2-3, NVMe states, gradients in host memory; its states
+// (and a store shared with the parameters) copy-on-write; elsewhere the reason is kept for the
+// warning, and the stores stay single.
+TEST(OffloadPlan, OverlapStepNeedsOneRankAndHostGradientsAndMakesTheStatesCopyOnWrite) {
+    const std::string on = "swap.overlap_step=true";
+    const std::string host = "zero_optimization.offload_optimizer.stream_gradients=false";
+    const OffloadPlan p = plan_of(kNvmeBoth, {on, host});
+    EXPECT_TRUE(p.overlap_step) << p.overlap_step_reason;
+    EXPECT_TRUE(p.optimizer_store.copy_on_write);
+    EXPECT_TRUE(p.parameter_store.copy_on_write);  // the same store
+    EXPECT_NE(p.describe().find("the step runs beside backward"), std::string::npos);
+    EXPECT_FALSE(plan_of(kNvmeBoth, {host}).overlap_step);
+    EXPECT_FALSE(plan_of(kNvmeBoth, {host}).optimizer_store.copy_on_write);
+    const OffloadPlan streamed =
+        plan_of(kNvmeBoth, {on, "zero_optimization.offload_optimizer.stream_gradients=true"});
+    EXPECT_FALSE(streamed.overlap_step);
+    EXPECT_EQ(streamed.overlap_step_reason, "the gradients stream to NVMe");
+    EXPECT_FALSE(streamed.optimizer_store.copy_on_write);
+    const OffloadPlan stage1 =
+        plan_of(R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",)"
+                R"( "nvme_path": "/nonexistent/p"}},)",
+                {on});
+    EXPECT_FALSE(stage1.overlap_step);
+    EXPECT_NE(stage1.overlap_step_reason.find("stage 1"), std::string::npos);
+    const OffloadPlan cpu = plan_of(
+        R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},)", {on});
+    EXPECT_EQ(cpu.overlap_step_reason, "the optimizer states are not on NVMe");
+    PlanInputs two = inputs();
+    two.world_size = 2;
+    const OffloadPlan ranks = plan_of(kNvmeBoth, {on, host}, two);
+    EXPECT_FALSE(ranks.overlap_step);
+    EXPECT_EQ(ranks.overlap_step_reason, "several ranks");
+    EXPECT_FALSE(ranks.optimizer_store.copy_on_write);
+}
+
 TEST(OffloadPlan, OptimizerNamesMapToTheKernelsKinds) {
     OffloadPlan p = plan_of("", {"optimizer.type=Adam", "optimizer.params.adam_w_mode=true"});
     EXPECT_EQ(p.optimizer.kind, kernels::OptimizerKind::kAdamW);

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -49,6 +50,18 @@ private:
     const std::vector<float>& g32_;
     const std::vector<std::uint16_t>& g16_;
     bool bf16_;
+};
+
+// Lets every sub-group through at once, noting the order asked in; fails at call `fail_at`.
+class RecordingGate final : public SubGroupGate {
+public:
+    Status ready(std::size_t sub_group) override {
+        if (calls.size() == fail_at) return Status::busy("gate closed");
+        calls.push_back(sub_group);
+        return Status::ok();
+    }
+    std::vector<std::size_t> calls;
+    std::size_t fail_at = SIZE_MAX;
 };
 
 struct Case {
@@ -340,7 +353,14 @@ void run_speculation_case(StateDType dtype) {
         const std::vector<float> before = read_all();
         hp.step = updates + 1;
         hp.grad_scale = 1.0;
-        ASSERT_TRUE(sw.speculate(hp, source).is_ok());
+        // As beside backward: the last sub-group first, each let through by the gate.
+        std::vector<std::uint32_t> order(sw.sub_group_count());
+        for (std::size_t i = 0; i < order.size(); ++i) {
+            order[i] = static_cast<std::uint32_t>(order.size() - 1 - i);
+        }
+        RecordingGate gate;
+        ASSERT_TRUE(sw.speculate(hp, source, order, gate).is_ok());
+        EXPECT_EQ(gate.calls, std::vector<std::size_t>(order.begin(), order.end()));
         EXPECT_TRUE(sw.speculating());
         EXPECT_EQ(read_all(), before);  // the old states stay current until the commit
         switch (outcome) {
@@ -366,6 +386,70 @@ void run_speculation_case(StateDType dtype) {
         ASSERT_EQ(read_all(), reference_all());
     }
     EXPECT_EQ(updates, 4u);
+    EXPECT_EQ((*pool)->free_count(), (*pool)->buffer_count());
+    swapper->reset();
+    store->reset();
+}
+
+// The step beside backward stopped by its gate part-way (the norm asked for clipping before
+// every sub-group was stepped): nothing is kept, every sub-group reads back its old state, and
+// an order that is not a permutation is refused before anything is read.
+TEST(OptimizerSwapper, GatedSpeculationStoppedPartWayKeepsTheOldStates) {
+    const std::uint64_t seed = zinf::test::seed();
+    constexpr std::uint64_t kNumel = 20'000;
+    constexpr std::uint64_t kSubGroup = 4'096;
+    std::vector<float> params(kNumel, 0.5f), grads(kNumel, 0.25f);
+    std::vector<std::uint16_t> grads16;
+    auto kernel = kernels::OptimizerKernel::create(kernels::Isa::kScalar, 1);
+    ASSERT_TRUE(kernel.has_value());
+    zinf::test::TempDir dir("opt");
+    auto engine = test::make_sim_engine(seed);
+    PinnedPoolOptions po;
+    po.buffer_count = OptimizerSwapper::buffers_needed(OptimizerSwapperOptions{});
+    po.buffer_size_bytes =
+        OptimizerSwapper::buffer_size_bytes(kSubGroup, kernels::OptimizerKind::kAdamW);
+    po.allow_unlocked = true;
+    auto pool = PinnedPool::create(po);
+    ASSERT_TRUE((*pool)->register_with(*engine).is_ok());
+    SwapStoreOptions so;
+    so.paths = {dir.path()};
+    so.copy_on_write = true;
+    auto store = SwapStore::create(*engine, so);
+    ASSERT_TRUE(store.has_value());
+    OptimizerSwapperOptions oo;
+    oo.numel = kNumel;
+    oo.sub_group_numel = kSubGroup;
+    auto swapper = OptimizerSwapper::create(**store, **pool, *kernel, oo);
+    ASSERT_TRUE(swapper.has_value());
+    ASSERT_TRUE((*store)->commit().is_ok());
+    VectorParams init(params);
+    ASSERT_TRUE((*swapper)->initialize(init).is_ok());
+    OptimizerSwapper& sw = **swapper;
+    ASSERT_EQ(sw.sub_group_count(), 5u);
+    VectorGrads source(grads, grads16, false);
+    kernels::OptimizerParams hp;
+    hp.lr = 0.1;
+    hp.step = 1;
+    RecordingGate gate;
+    const std::uint32_t duplicate[] = {4, 3, 3, 1, 0};
+    const Status refused = sw.speculate(hp, source, duplicate, gate);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+    EXPECT_TRUE(gate.calls.empty());
+    EXPECT_EQ(source.calls, 0);
+    const std::uint32_t order[] = {4, 3, 2, 1, 0};
+    gate.fail_at = 3;  // sub-groups 4, 3 and 2 stepped, then stopped
+    const Status stopped = sw.speculate(hp, source, order, gate);
+    EXPECT_EQ(stopped.code(), StatusCode::kBusy) << stopped.to_string();
+    EXPECT_EQ(source.calls, 3);
+    EXPECT_FALSE(sw.speculating());
+    for (std::size_t g = 0; g < sw.sub_group_count(); ++g) {
+        const std::uint64_t len = sw.sub_group_numel(g);
+        std::vector<float> p(len), m(len), v(len);
+        const std::span<float> moments[2] = {m, v};
+        ASSERT_TRUE(sw.read_sub_group(g, p, moments).is_ok());
+        EXPECT_EQ(p, std::vector<float>(len, 0.5f)) << g;
+        EXPECT_EQ(m, std::vector<float>(len, 0.f)) << g;
+    }
     EXPECT_EQ((*pool)->free_count(), (*pool)->buffer_count());
     swapper->reset();
     store->reset();

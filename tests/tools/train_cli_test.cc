@@ -143,6 +143,22 @@ TEST(TrainCliTest, NvmeOffloadWithMeasureOverlap) {
     EXPECT_NE(cow.out.find("optimizer states copied beside training"), std::string::npos)
         << cow.out;
     EXPECT_NE(cow.out.find("real / max(compute-only, I/O-only) = "), std::string::npos) << cow.out;
+
+    // The step beside backward: the real pass speculates (the first window records the order),
+    // a sequential pass is timed beside it, and the summary counts what the speculations became.
+    const RunResult beside =
+        train(dir, "--config " + config + " --measure-overlap --overlap-steps 3 --set " +
+                       "swap.overlap_step=true --set " +
+                       "zero_optimization.offload_optimizer.stream_gradients=false");
+    ASSERT_EQ(beside.exit_code, 0) << beside.out;
+    EXPECT_NE(beside.out.find("copy-on-write: the step runs beside backward"), std::string::npos)
+        << beside.out;
+    EXPECT_NE(beside.out.find("sequential:   "), std::string::npos) << beside.out;
+    EXPECT_NE(beside.out.find(" committed, "), std::string::npos) << beside.out;
+    EXPECT_EQ(beside.out.find(" 0 committed, "), std::string::npos) << beside.out;
+    EXPECT_NE(beside.out.find("optimizer step beside backward (swap.overlap_step): "),
+              std::string::npos)
+        << beside.out;
 }
 
 // --io-faults: a failed read or write stops the run naming the injected fault, the swap

@@ -347,6 +347,15 @@ void print_summary(const zinf::TrainSummary& s, const zinf::TrainingStack& stack
             "the copy\n",
             t.checkpoint_seconds, t.checkpoint_background_seconds, t.checkpoint_wait_seconds);
     }
+    if (const auto* o = engine.overlap_counts(); o != nullptr) {
+        std::printf("  optimizer step beside backward (swap.overlap_step): %" PRIu64
+                    " committed, %" PRIu64 " redone (clipping), %" PRIu64
+                    " skipped (fp16 overflow), %" PRIu64 " abandoned; %" PRIu64
+                    " after backward (the step before clipped or overflowed), %" PRIu64
+                    " recording the order; rollback rate %.1f %%\n",
+                    o->committed, o->redone, o->skipped, o->abandoned, o->not_speculated,
+                    o->recorded, 100.0 * o->rollback_rate());
+    }
     const zinf::IoFigures io = engine.io_figures();
     std::printf(
         "  memory: device peak %.1f MiB of %.1f MiB budget; pinned host %.1f MiB; host RSS peak "
@@ -403,6 +412,17 @@ Status predict(zinf::Trainer& trainer, std::uint64_t count, const zinf::config::
 void print_overlap(const zinf::OverlapFigures& f, std::uint64_t steps) {
     std::printf("measure-overlap: %" PRIu64 " steps per pass\n", steps);
     std::printf("  real steps:   %.3f s/step\n", f.real_seconds);
+    if (f.sequential_seconds > 0) {
+        const auto& o = f.overlap;
+        std::printf(
+            "  sequential:   %.3f s/step (swap.overlap_step off, same run); the real pass's "
+            "steps beside backward: %" PRIu64 " committed, %" PRIu64 " redone (clipping), %" PRIu64
+            " skipped (fp16 overflow), %" PRIu64 " abandoned; %" PRIu64
+            " after backward (the step before clipped or overflowed), %" PRIu64
+            " recording the order; rollback rate %.1f %%\n",
+            f.sequential_seconds, o.committed, o.redone, o.skipped, o.abandoned, o.not_speculated,
+            o.recorded, 100.0 * o.rollback_rate());
+    }
     std::printf(
         "  I/O-only:     %.3f s/step (parameters, gradients, optimizer states; no compute)\n",
         f.io_only_seconds);
