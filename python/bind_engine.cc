@@ -261,6 +261,17 @@ py::dict figures(const Engine& e) {
     d["gradients"] = std::string(engine::home_name(e.plan().gradients));
     d["optimizer_states"] = std::string(engine::home_name(e.plan().optimizer_states));
     d["residency"] = e.residency_summary();
+    if (const engine::OverlapCounts* o = e.overlap_counts(); o != nullptr) {
+        // swap.overlap_step: what the speculated steps beside backward became.
+        py::dict v;
+        v["recorded"] = o->recorded;
+        v["committed"] = o->committed;
+        v["redone"] = o->redone;
+        v["skipped"] = o->skipped;
+        v["abandoned"] = o->abandoned;
+        v["not_speculated"] = o->not_speculated;
+        d["overlap_step"] = v;
+    }
     return d;
 }
 

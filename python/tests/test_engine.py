@@ -370,6 +370,30 @@ def test_bf16_is_bitwise_across_placements_and_clipping_and_fp16_overflow_skip(w
     engine.close()
 
 
+@pytest.mark.parametrize("param", [None, "nvme"])
+def test_optimizer_step_beside_backward_is_bitwise_the_sequential_one(workdir, param):
+    # swap.overlap_step through the front end's hooks: the same losses with and without it,
+    # every window after the recorded one speculated and committed (no clipping).
+    data = batches(12)
+    runs = []
+    for overlap in (False, True):
+        cfg = config(workdir, 3, "nvme", param, bf16={"enabled": True},
+                     swap={"overlap_step": overlap})
+        cfg["zero_optimization"]["offload_optimizer"]["stream_gradients"] = False
+        cfg["zero_optimization"]["sub_group_size"] = 1024
+        engines = []
+        runs.append(train(mlp(), cfg, data, engines))
+        figures = engines[0].figures()
+        engines[0].close()
+        if overlap:
+            counts = figures["overlap_step"]
+            assert counts["recorded"] == 1 and counts["committed"] == len(data) - 1, counts
+            assert counts["redone"] == counts["skipped"] == counts["abandoned"] == 0, counts
+        else:
+            assert "overlap_step" not in figures
+    assert runs[0] == runs[1]
+
+
 def test_client_lr_scheduler_and_optimizer_translate_into_the_engine(workdir):
     data = batches(6)
     model = mlp()

@@ -290,7 +290,9 @@ class ZinfinityEngine(torch.nn.Module):
 
     def figures(self):
         """The engine's figures: bytes read and written, stall, phase times, fetches, where
-        each state lives, and the front end's own time (hooks, copies) in ``front_end_seconds``."""
+        each state lives, and the front end's own time (hooks, copies) in ``front_end_seconds``;
+        with ``swap.overlap_step``, ``overlap_step``: the windows whose step ran beside backward
+        and what became of it (committed, redone, skipped, abandoned, not_speculated, recorded)."""
         f = dict(self._c.figures())
         f["front_end_seconds"] = self._zero.front_end_seconds
         return f
