@@ -292,6 +292,7 @@ double Engine::current_lr() const noexcept {
 }
 
 Result<std::vector<float>> Engine::master_parameters() {
+    settle_overlap();
     std::vector<float> out(states_->numel());
     engine::ChunkBuffers buffers(states_->layout(), states_->chunk_numel());
     for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
@@ -803,7 +804,12 @@ Status Engine::step() {
     return run_optimizer(1.0 / (window_scale_ * communicator_.world_size()));
 }
 
+void Engine::settle_overlap() {
+    if (overlap_ && overlap_->speculating()) overlap_->abandon(engine::OverlapStep::Why::kFailed);
+}
+
 Status Engine::io_only_step() {
+    settle_overlap();
     if (!offload_) return Status::ok();
     ZINF_TRY(check_usable());
     ZINF_ASSERT(!forward_done_);

@@ -390,6 +390,9 @@ private:
     // The optimizer's state update of a boundary step: the speculated one committed where it
     // stands, else the store's step with `p`.
     Status update_states(const kernels::OptimizerParams& p);
+    // A speculated step whose window's step never came (it failed before the states were
+    // updated) is forgotten before anything else reads or writes the states.
+    void settle_overlap();
     Result<kernels::GradStats> gradient_stats();
     Status build_summary();
     Result<std::string> memory_table() const;

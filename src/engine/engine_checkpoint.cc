@@ -613,6 +613,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         return Status::invalid_argument(
             "save_checkpoint: the engine's I/O is being discarded (set_io_discard)");
     }
+    settle_overlap();
     TraceScope span(trace_, "save_checkpoint", "io", 1);
     // One checkpoint at a time: the previous one (if still being copied) completes first.
     ZINF_TRY(wait_checkpoint());
@@ -811,8 +812,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
     ZINF_TRY(wait_checkpoint());
-    // A step that failed before using its speculated states leaves them to be forgotten.
-    if (overlap_ && overlap_->speculating()) overlap_->abandon(engine::OverlapStep::Why::kFailed);
+    settle_overlap();
     SavedShape saved;
     auto shards = open_shards(dir, tag, saved);
     const bool same = shards.has_value() && same_layout(saved);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ struct Trainer {
     TrainingStack stack;
     std::unique_ptr<data::SyntheticDataset> dataset;
     std::unique_ptr<data::Batcher> batcher;
+    // Called by run() between each micro-step's backward and its step (with the micro-step).
+    std::function<void(std::uint64_t)> before_step;
 
     explicit Trainer(const config::EngineConfig& c) : Trainer(c, make_stack(c)) {}
     // Over a stack built elsewhere (a GPU's, create_cuda_training_stack) from the same config.
@@ -135,6 +138,7 @@ struct Trainer {
             losses.push_back(*loss);
             const Status backward = engine().backward();
             ZINF_ASSERT_MSG(backward.is_ok(), backward.to_string());
+            if (before_step) before_step(micro);
             const Status step = engine().step();
             ZINF_ASSERT_MSG(step.is_ok(), step.to_string());
         }

@@ -153,6 +153,44 @@ TEST(OverlapStep, AfterAClippedStepTheNextStepsAfterBackward) {
     EXPECT_EQ(free.counts.not_speculated, 0u);
 }
 
+// Reading the master parameters between the last backward and the step (a speculation under
+// way) forgets the speculation first: the read sees the states before the step, the step is
+// then taken after backward, and the run stays bitwise the sequential one.
+TEST(OverlapStep, ReadingTheStatesMidWindowForgetsTheSpeculation) {
+    const Case& c = kCases[0];
+    auto run = [&](bool overlap, engine::OverlapCounts* counts) {
+        test::TempDir nvme("overlap");
+        const config::EngineConfig config = load_config(
+            with_nvme(small_config(std::string(c.zero) + c.extra), nvme.path()),
+            {str_cat("swap.overlap_step=", overlap ? "true" : "false"), "gradient_clipping=0"});
+        EngineOptions options;
+        options.speculate_every_window = true;
+        Trainer t(config, TrainingStack::create(config, options));
+        std::vector<std::uint32_t> read;
+        t.before_step = [&](std::uint64_t micro) {
+            if (micro != 4) return;
+            auto master = t.engine().master_parameters();
+            ASSERT_TRUE(master.has_value()) << master.error().to_string();
+            read = bits(*master);
+        };
+        std::vector<std::uint32_t> losses = bits(t.run(8));
+        if (counts != nullptr) *counts = *t.engine().overlap_counts();
+        EXPECT_FALSE(read.empty());
+        losses.insert(losses.end(), read.begin(), read.end());
+        auto master = t.engine().master_parameters();
+        EXPECT_TRUE(master.has_value());
+        if (master.has_value()) {
+            const std::vector<std::uint32_t> last = bits(*master);
+            losses.insert(losses.end(), last.begin(), last.end());
+        }
+        return losses;
+    };
+    engine::OverlapCounts counts;
+    EXPECT_EQ(run(true, &counts), run(false, nullptr));
+    EXPECT_EQ(counts.abandoned, 1u);
+    EXPECT_EQ(counts.committed, 6u);
+}
+
 // Off (the default) and where the plan cannot have it, nothing speculates.
 TEST(OverlapStep, UnusablePlacementsStepAfterBackward) {
     test::TempDir nvme("overlap");
