@@ -8,6 +8,7 @@ and trains it on byte-level text (Debian's fortunes). The parameter bytes exceed
 
     PYTHONPATH=build/python /usr/bin/python3 examples/torch_gpt_nvme.py --nvme-path /tmp/swap
     ... --compare      # also the same model trained in memory (stage 0), alternated, same run
+    ... --overlap-step # the optimizer step beside the window's last backward (swap.overlap_step)
 
 Prints each step's time, the front end's own share (hooks, copies), the engine's I/O and fetch
 counts per step, and the peak RSS.
@@ -100,13 +101,14 @@ def config(args, offload):
         "train_micro_batch_size_per_gpu": args.rows,
         "gradient_accumulation_steps": args.micro_steps,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
-        "gradient_clipping": 1.0,
+        "gradient_clipping": args.clipping,
         "zero_optimization": zero,
         "aio": {"block_size": 1048576, "queue_depth": 32},
         "device": {"type": "cpu", "memory_budget": args.device_budget_mib << 20,
                    "host_memory_budget": args.host_budget_mib << 20} if offload else
                   {"type": "cpu", "memory_budget": 64 << 30},
         "steps_per_print": 1000,
+        **({"swap": {"overlap_step": True}} if offload and args.overlap_step else {}),
     }
 
 
@@ -145,6 +147,11 @@ def run(args, offload):
               f"{d['front_end_seconds']:.2f})  read {d['bytes_read'] / 2**20:.0f} MiB  written "
               f"{d['bytes_written'] / 2**20:.0f} MiB  fetches per parameter {reads:.2f}",
               flush=True)
+    if "overlap_step" in after:
+        o = after["overlap_step"]
+        print(f"[{label}] steps beside backward: {o['committed']} committed, {o['redone']} redone "
+              f"for clipping, {o['skipped']} skipped, {o['not_speculated']} stepped after backward "
+              f"(after a clipped step), {o['recorded']} recording the order", flush=True)
     engine.close()
     return times
 
@@ -162,6 +169,10 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--host-budget-mib", type=int, default=64)
     p.add_argument("--device-budget-mib", type=int, default=256)
+    p.add_argument("--clipping", type=float, default=1.0, help="gradient_clipping (0: none)")
+    p.add_argument("--overlap-step", action="store_true",
+                   help="swap.overlap_step: step each sub-group beside the window's last backward "
+                        "as its gradients become final (bitwise the sequential step)")
     p.add_argument("--compare", type=int, default=0, metavar="PAIRS",
                    help="also train it in memory (stage 0): PAIRS alternated pairs, median ratio")
     args = p.parse_args()
