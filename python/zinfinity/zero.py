@@ -272,7 +272,8 @@ class Partitioner:
     def _hook_module(self, module):
         own = [p for p in module._parameters.values() if p is not None and id(p) in self.ids]
         module._zinf_params = own
-        module._zinf_external = list(getattr(module, "_zinf_pending_external", []))
+        module._zinf_registered = list(getattr(module, "_zinf_pending_external", []))
+        module._zinf_external = list(module._zinf_registered)
         module._parameters = _ParameterDict(self, module._parameters)
         self._handles.append(module.register_forward_pre_hook(self._pre_forward))
         self._handles.append(module.register_forward_hook(self._post_forward))
@@ -282,7 +283,11 @@ class Partitioner:
 
     @_front_end
     def _pre_forward(self, module, inputs):
-        params = self._module_params(module)
+        # The module's own parameters and those registered as its external ones; others it was
+        # found reading are fetched again as it reads them (_external_access), as in the first
+        # forward, so that every window fetches in one order and the tiers' recorded access
+        # trace stays valid (fetched here, they moved ahead of the modules that run before).
+        params = module._zinf_params + module._zinf_registered
         self._fetch(params)
         self._stack.append((module, params))
         if not (self._training and torch.is_grad_enabled()):
@@ -756,5 +761,7 @@ def register_external_parameter(module, parameter):
     external = getattr(module, "_zinf_external", None)
     if external is None:
         module._zinf_pending_external = getattr(module, "_zinf_pending_external", []) + [parameter]
-    elif not any(parameter is p for p in external):
-        external.append(parameter)
+    elif not any(parameter is p for p in module._zinf_registered):
+        module._zinf_registered.append(parameter)
+        if not any(parameter is p for p in external):
+            external.append(parameter)
