@@ -450,7 +450,19 @@ def test_zero_init_builds_a_model_whose_parameters_wait_in_a_file(workdir):
         reference[4].bias.fill_(0.25)
     data = batches(5)
     want = torch_losses(reference, data)
-    assert train(model, cfg, data) == want
+    engines = []
+    assert train(model, cfg, data, engines) == want
+    # Under the engine the values are read-only: reading works, a modifier is refused by name
+    # (the change would never reach the engine's master), and nothing changed.
+    with zinfinity.zero.GatheredParameters([model[4].bias]):
+        bias = model[4].bias.detach().clone()
+    assert bias.shape == (10,)
+    with pytest.raises(RuntimeError, match="modifier_rank"):
+        with zinfinity.zero.GatheredParameters([model[4].bias], modifier_rank=0):
+            model[4].bias.data.fill_(1.0)
+    with zinfinity.zero.GatheredParameters([model[4].bias]):
+        assert torch.equal(model[4].bias, bias)
+    engines[0].close()
 
 
 def test_sigterm_closes_the_engine_and_removes_its_swap_files(workdir):

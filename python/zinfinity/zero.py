@@ -715,7 +715,9 @@ class GatheredParameters:
     """``with GatheredParameters(params, modifier_rank=None):`` the parameters are whole torch
     tensors inside the block. Built under ``Init`` and not yet given to ``initialize``, changes
     made inside (with ``modifier_rank`` set) are kept: custom initialisation. Under an engine,
-    the values are read-only (changes are discarded, as DeepSpeed's with ``modifier_rank=None``)."""
+    the values are read-only: ``modifier_rank=None`` reads them (changes are discarded, as
+    DeepSpeed's), and a ``modifier_rank`` is refused, since the engine's fp32 master (in its
+    optimizer states) would not see the change."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         if isinstance(params, torch.Tensor):
@@ -729,6 +731,11 @@ class GatheredParameters:
         if not self.enabled:
             return self
         engine_params = [p for p in self.params if getattr(p, "_zinf_init", None) is None]
+        if engine_params and self.modifier_rank is not None:
+            raise RuntimeError(
+                "GatheredParameters(modifier_rank=...) after initialize: the engine holds these "
+                "parameters and their fp32 master, and does not take changes made here; modify "
+                "them before initialize (under zero.Init), or read them with modifier_rank=None")
         self.partitioner = engine_params[0]._zinf_partitioner if engine_params else None
         if self.partitioner is not None:
             self.partitioner.gather_for_read(engine_params)
