@@ -114,6 +114,25 @@ Result<MachineProfile> parse_profile(const json& j) {
                               positive_number(points[i], where, "write_gb_per_s"));
         p.io.push_back(o);
     }
+    if (j.contains("collectives")) {  // optional: zinfinity-bench comm --profile adds them
+        const json& c = j.at("collectives");
+        if (!c.is_array()) return Status::invalid_argument("collectives: expected an array");
+        for (std::size_t i = 0; i < c.size(); ++i) {
+            const std::string where = str_cat("collectives[", i, "]");
+            MachineProfile::Collective o;
+            o.op = c[i].value("op", std::string());
+            if (o.op != "all_reduce" && o.op != "reduce_scatter" && o.op != "all_gather") {
+                return Status::invalid_argument(
+                    str_cat(where, ".op: expected all_reduce, reduce_scatter or all_gather"));
+            }
+            ZINF_ASSIGN_OR_RETURN(const double ranks, positive_number(c[i], where, "ranks"));
+            ZINF_ASSIGN_OR_RETURN(const double bytes, positive_number(c[i], where, "bytes"));
+            o.ranks = static_cast<int>(ranks);
+            o.bytes = static_cast<std::uint64_t>(bytes);
+            ZINF_ASSIGN_OR_RETURN(o.seconds, positive_number(c[i], where, "seconds"));
+            p.collectives.push_back(o);
+        }
+    }
     return p;
 }
 
@@ -176,6 +195,27 @@ const MachineProfile::Optimizer* MachineProfile::find_optimizer(std::string_view
     return nullptr;
 }
 
+double MachineProfile::collective_seconds(std::string_view op, int ranks, double bytes) const {
+    std::vector<const Collective*> points;
+    for (const Collective& c : collectives) {
+        if (c.op == op && c.ranks == ranks) points.push_back(&c);
+    }
+    if (points.empty()) return -1;
+    std::sort(points.begin(), points.end(),
+              [](const Collective* a, const Collective* b) { return a->bytes < b->bytes; });
+    if (bytes <= double(points.front()->bytes)) return points.front()->seconds;
+    const Collective* last = points.back();
+    if (bytes >= double(last->bytes)) return last->seconds * bytes / double(last->bytes);
+    for (std::size_t i = 1; i < points.size(); ++i) {
+        const Collective* hi = points[i];
+        if (bytes > double(hi->bytes)) continue;
+        const Collective* lo = points[i - 1];
+        const double f = (bytes - double(lo->bytes)) / double(hi->bytes - lo->bytes);
+        return lo->seconds + f * (hi->seconds - lo->seconds);
+    }
+    return last->seconds;
+}
+
 std::string profile_to_json(const MachineProfile& p) {
     json j;
     j["format"] = kProfileFormat;
@@ -198,6 +238,13 @@ std::string profile_to_json(const MachineProfile& p) {
                                      {"threads", o.threads},
                                      {"read_gb_per_s", o.read_gb_per_s},
                                      {"write_gb_per_s", o.write_gb_per_s}});
+    }
+    if (!p.collectives.empty()) {
+        j["collectives"] = json::array();
+        for (const auto& c : p.collectives) {
+            j["collectives"].push_back(
+                {{"op", c.op}, {"ranks", c.ranks}, {"bytes", c.bytes}, {"seconds", c.seconds}});
+        }
     }
     return j.dump(2);
 }
@@ -268,8 +315,61 @@ ModelWork model_work(const config::EngineConfig& config) {
     return w;
 }
 
+// The collectives of one step over `world` ranks, as the ParameterCoordinator issues them, one
+// call per parameter on the training thread (nothing overlaps them): stage 0 all-reduces the
+// whole gradient once per step; stages 1-2 reduce-scatter each gradient (stage 1 once per step,
+// stage 2 each micro-step) and all-gather each parameter after the step; stage 3
+// reduce-scatters each gradient each micro-step and all-gathers each parameter at every fetch
+// (forward, backward and a recomputed forward; persistent ones once per step). Plus the
+// gradient statistics' all-reduce (clipping, overflow).
+void add_collectives(const config::EngineConfig& config, const OffloadPlan& plan, int world,
+                     const MachineProfile& profile, std::span<const std::size_t> numels,
+                     bool recompute, StepPrediction& p) {
+    if (numels.empty()) {
+        p.notes.push_back("collectives between ranks are not counted (no parameter sizes given)");
+        return;
+    }
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
+        if (profile.collective_seconds(op, world, 1) < 0) {
+            p.notes.push_back(
+                str_cat("collectives between ranks are not counted: the profile has no ", op,
+                        " figures for ", world, " ranks (mpirun -np ", world,
+                        " zinfinity-bench comm --profile FILE adds them)"));
+            return;
+        }
+    }
+    const double eb = double(dtype_size_bytes(plan.dtype));
+    const double micro = double(config.batch.gradient_accumulation_steps);
+    const auto call = [&](const char* op, double bytes, double count) {
+        p.collective_calls += static_cast<std::uint64_t>(count);
+        p.collective_bytes += bytes * count;
+        p.collective_s += count * profile.collective_seconds(op, world, bytes);
+    };
+    double total = 0;
+    for (const std::size_t n : numels) total += double(n);
+    if (plan.stage == 0) call("all_reduce", total * eb, 1);
+    const double fetches = recompute ? 3.0 : 2.0;
+    for (const std::size_t n : numels) {
+        const double bytes = double(n) * eb;
+        if (plan.stage == 1 || plan.stage == 2) {
+            call("reduce_scatter", bytes, plan.stage == 1 ? 1.0 : micro);
+            call("all_gather", bytes, 1);
+        } else if (plan.stage == 3) {
+            call("reduce_scatter", bytes, micro);
+            const bool persistent = n <= config.zero.stage3_param_persistence_threshold_numel;
+            call("all_gather", bytes, persistent ? 1.0 : fetches * micro);
+        }
+    }
+    call("all_reduce", 16, 1);
+    p.notes.push_back(str_cat("collectives: ", p.collective_calls, " calls, ",
+                              format_bytes(static_cast<std::uint64_t>(p.collective_bytes)), ", ",
+                              fixed(p.collective_s * 1e3, 1), " ms at the profile's ", world,
+                              "-rank figures (on the training thread, not overlapped)"));
+}
+
 Result<StepPrediction> predict_step(const config::EngineConfig& config, const OffloadPlan& plan,
-                                    int world_size, const MachineProfile& profile) {
+                                    int world_size, const MachineProfile& profile,
+                                    std::span<const std::size_t> parameter_numels) {
     if (config.device.type != "cpu") {
         return Status::not_supported(
             str_cat("step time: the machine profile has no figures for a ", config.device.type,
@@ -398,21 +498,22 @@ Result<StepPrediction> predict_step(const config::EngineConfig& config, const Of
         optimizer_phase = std::max(p.optimizer_s, opt_io) + (opt_io + kernel_s) / groups;
     }
     p.exposed_io_s = exposed_fb + (optimizer_phase - p.optimizer_s);
-    p.step_s = compute_fb + p.optimizer_s + p.exposed_io_s;
     if (world_size > 1) {
-        p.notes.push_back(
-            "collectives between ranks are not counted (the profile has no "
-            "collective figures)");
+        add_collectives(config, plan, world_size, profile, parameter_numels, w.recompute_forward,
+                        p);
     }
+    p.step_s = compute_fb + p.optimizer_s + p.exposed_io_s + p.collective_s;
     return p;
 }
 
 std::string StepPrediction::describe() const {
     auto ms = [](double s) { return str_cat(fixed(s * 1e3, 1), " ms"); };
-    std::string out = str_cat("  predicted step time ", ms(step_s), ": compute ",
-                              ms(forward_s + backward_s + optimizer_s), " (forward ", ms(forward_s),
-                              ", backward ", ms(backward_s), ", optimizer ", ms(optimizer_s),
-                              "), I/O ", ms(io_s), ", of it exposed ", ms(exposed_io_s), "\n");
+    std::string out = str_cat(
+        "  predicted step time ", ms(step_s), ": compute ",
+        ms(forward_s + backward_s + optimizer_s), " (forward ", ms(forward_s), ", backward ",
+        ms(backward_s), ", optimizer ", ms(optimizer_s), "), I/O ", ms(io_s), ", of it exposed ",
+        ms(exposed_io_s),
+        collective_calls > 0 ? str_cat(", collectives ", ms(collective_s)) : std::string(), "\n");
     if (read_bytes + write_bytes > 0) {
         out += str_cat("    I/O per step: read ", format_bytes(std::uint64_t(read_bytes)), " at ",
                        fixed(read_gb_per_s, 2), " GB/s, written ",

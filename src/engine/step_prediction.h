@@ -2,10 +2,14 @@
 // (what moves where, how many bytes), the model's shapes (the GEMMs and elementwise passes of a
 // micro-step) and a machine profile of measured primitives that `zinfinity-bench profile` writes
 // (I/O GB/s per block size and queue depth, GEMM FLOP/s per shape, optimizer parameters per
-// second, memory copy GB/s). zinfinity-plan --profile prints it beside the memory prediction.
+// second, memory copy GB/s; collectives per size and rank count, which
+// `mpirun -np N zinfinity-bench comm --profile FILE` adds). zinfinity-plan --profile prints it
+// beside the memory prediction.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,12 +46,25 @@ struct MachineProfile {
         double write_gb_per_s = 0;
     };
     std::vector<Io> io;
+    // Collectives over zinfinity's MPI communicator, fp32, one call at a time as the engine
+    // issues them (`mpirun -np N zinfinity-bench comm --profile FILE` adds them; optional).
+    struct Collective {
+        std::string op;  // all_reduce | reduce_scatter | all_gather
+        int ranks = 0;
+        std::uint64_t bytes = 0;  // the collective's whole buffer (nccl-tests' convention)
+        double seconds = 0;       // per call, the slowest rank's
+    };
+    std::vector<Collective> collectives;
 
     // The measured point nearest to the shape (log distance over the sorted dimensions).
     const Gemm* nearest_gemm(std::uint64_t m, std::uint64_t n, std::uint64_t k) const noexcept;
     // The point of this block size and queue depth, else the nearest in log distance.
     const Io* nearest_io(std::uint64_t block_size_bytes, int queue_depth) const noexcept;
     const Optimizer* find_optimizer(std::string_view type, std::string_view state_dtype) const;
+    // Seconds of one `op` call over `ranks` ranks on `bytes`: linear between the measured sizes
+    // around it, the smallest size's time below them (latency), proportional beyond the
+    // largest. Negative when the profile has no figure for `op` at `ranks` ranks.
+    double collective_seconds(std::string_view op, int ranks, double bytes) const;
 };
 
 inline constexpr const char* kProfileFormat = "zinfinity-profile 1";
@@ -93,6 +110,11 @@ struct StepPrediction {
     // Of io_s, what is not hidden under compute: forward/backward transfers beyond their compute
     // plus the optimizer pipeline's I/O beyond its kernel (and the pipeline's fill and drain).
     double exposed_io_s = 0;
+    // Collectives between ranks (world_size > 1, with the profile's figures for that many
+    // ranks): the calls of a step and their time, on the training thread, not overlapped.
+    std::uint64_t collective_calls = 0;
+    double collective_bytes = 0;
+    double collective_s = 0;
     double step_s = 0;
     // Per byte kind, for the table: what is read and written each step and why.
     struct Flow {
@@ -111,10 +133,13 @@ struct StepPrediction {
 };
 
 // Predicts the step of `plan` (made from `config` for one rank of `world_size`) with the
-// figures of `profile`. Errors: kNotSupported for a device the profile has no figures for (cuda)
-// or a model without shapes (an external model); kInvalidArgument when the profile lacks the
+// figures of `profile`. `parameter_numels` (the model's parameters, in order) sizes the
+// collectives of several ranks, one call per parameter; without them the collectives are not
+// counted (a note says so). Errors: kNotSupported for a device the profile has no figures for
+// (cuda) or a model without shapes (an external model); kInvalidArgument when the profile lacks the
 // optimizer's figures, naming what to measure.
 Result<StepPrediction> predict_step(const config::EngineConfig& config, const OffloadPlan& plan,
-                                    int world_size, const MachineProfile& profile);
+                                    int world_size, const MachineProfile& profile,
+                                    std::span<const std::size_t> parameter_numels = {});
 
 }  // namespace zinf::engine

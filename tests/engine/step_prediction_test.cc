@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/device/cpu_device.h"
@@ -191,6 +192,78 @@ TEST(StepPrediction, StreamedParametersAndCheckpointsAreCounted) {
     EXPECT_DOUBLE_EQ(p->write_bytes, states + params + kept);
     ASSERT_EQ(p->flows.size(), 3u);
     EXPECT_NE(p->describe().find("activation checkpoints"), std::string::npos);
+}
+
+TEST(MachineProfile, CollectivesInterpolateBetweenMeasuredSizesAndRoundTrip) {
+    MachineProfile p = round_profile();
+    p.collectives = {{"all_gather", 2, 1024, 10e-6}, {"all_gather", 2, 1u << 20, 110e-6}};
+    EXPECT_DOUBLE_EQ(p.collective_seconds("all_gather", 2, 512), 10e-6);  // latency below
+    EXPECT_DOUBLE_EQ(p.collective_seconds("all_gather", 2, (1024.0 + (1u << 20)) / 2), 60e-6);
+    EXPECT_DOUBLE_EQ(p.collective_seconds("all_gather", 2, 2.0 * (1u << 20)), 220e-6);
+    EXPECT_LT(p.collective_seconds("all_gather", 3, 1024), 0);  // not measured at 3 ranks
+    EXPECT_LT(p.collective_seconds("reduce_scatter", 2, 1024), 0);
+    auto back = profile_from_json(profile_to_json(p), "test");
+    ASSERT_TRUE(back.has_value()) << back.error().to_string();
+    ASSERT_EQ(back->collectives.size(), 2u);
+    EXPECT_EQ(back->collectives[1].op, "all_gather");
+    EXPECT_EQ(back->collectives[1].ranks, 2);
+    EXPECT_EQ(back->collectives[1].bytes, 1u << 20);
+    EXPECT_EQ(back->collectives[1].seconds, 110e-6);
+    // A profile without collectives (zinfinity-bench profile alone) still loads.
+    EXPECT_TRUE(profile_from_json(profile_to_json(round_profile()), "test").has_value());
+    std::string text = profile_to_json(p);
+    const std::string op = "\"all_gather\"";
+    text.replace(text.find(op), op.size(), "\"all_to_all\"");
+    auto bad = profile_from_json(text, "p.json");
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_NE(bad.error().to_string().find("collectives[0].op"), std::string::npos)
+        << bad.error().to_string();
+}
+
+// Over two ranks the step gains the coordinator's collectives, one call per parameter: here each
+// collective takes a fixed time per call (1, 2 and 3 ms), so the calls can be counted.
+TEST(StepPrediction, CollectivesOfSeveralRanksAreCountedPerStage) {
+    test::TempDir dir("step");
+    MachineProfile profile = round_profile();
+    for (const auto& [op, t] : {std::pair{"all_reduce", 1e-3}, std::pair{"reduce_scatter", 2e-3},
+                                std::pair{"all_gather", 3e-3}}) {
+        profile.collectives.push_back({op, 2, 1, t});
+        profile.collectives.push_back({op, 2, std::uint64_t{1} << 40, t});
+    }
+    // The fashion-mnist MLP: two weights above the persistence threshold (1e5 elements), the
+    // last weight (10240) and the three biases below it.
+    const std::vector<std::size_t> numels = {784 * 1024, 1024, 1024 * 1024, 1024, 1024 * 10, 10};
+    struct Case {
+        int stage;
+        std::uint64_t calls;
+        double seconds;
+    };
+    // Two micro-steps. Stage 0: the gradient's all-reduce; stage 2: each gradient
+    // reduce-scattered per micro-step (12) and each parameter all-gathered after the step (6);
+    // stage 3: reduce-scatters as stage 2, the two large weights gathered in forward and backward
+    // of each micro-step (8), the persistent four once per step. Each adds the gradient
+    // statistics' all-reduce.
+    for (const Case& k : {Case{0, 2, 2e-3}, Case{2, 19, 12 * 2e-3 + 6 * 3e-3 + 1e-3},
+                          Case{3, 25, 12 * 2e-3 + 12 * 3e-3 + 1e-3}}) {
+        const config::EngineConfig c = shipped(
+            "fashion-mnist.json", dir.path(),
+            {str_cat("zero_optimization.stage=", k.stage), "gradient_accumulation_steps=2"});
+        const OffloadPlan plan = plan_for(c);
+        auto one = predict_step(c, plan, 1, profile, numels);
+        auto two = predict_step(c, plan, 2, profile, numels);
+        ASSERT_TRUE(one.has_value() && two.has_value()) << "stage " << k.stage;
+        EXPECT_EQ(one->collective_calls, 0u);
+        EXPECT_EQ(two->collective_calls, k.calls) << "stage " << k.stage;
+        EXPECT_NEAR(two->collective_s, k.seconds, 1e-12) << "stage " << k.stage;
+        EXPECT_NEAR(two->step_s - one->step_s, k.seconds, 1e-9) << "stage " << k.stage;
+        EXPECT_NE(two->describe().find("collectives"), std::string::npos) << two->describe();
+        // Three ranks were not measured: said, and nothing counted.
+        auto three = predict_step(c, plan, 3, profile, numels);
+        ASSERT_TRUE(three.has_value());
+        EXPECT_EQ(three->collective_calls, 0u);
+        EXPECT_NE(three->describe().find("no all_reduce figures for 3 ranks"), std::string::npos)
+            << three->describe();
+    }
 }
 
 TEST(StepPrediction, WhatTheProfileLacksIsNamed) {

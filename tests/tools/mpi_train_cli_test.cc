@@ -39,6 +39,7 @@ RunResult shell(const test::TempDir& dir, const std::string& script) {
                         << "MPIRUN='" << ZINF_MPIEXEC << " --oversubscribe -np'\n"
                         << "TRAIN='" << ZINF_TRAIN_BINARY << "'\n"
                         << "BENCH='" << ZINF_BENCH_BINARY << "'\n"
+                        << "PLAN='" << ZINF_PLAN_BINARY << "'\n"
                         << script << "\n";
     const std::string out = dir.file("out.txt");
     const auto t0 = Clock::now();
@@ -283,6 +284,55 @@ TEST(MpiBenchComm, PrintsEveryCollectiveBesideMpi) {
     const RunResult bad = shell(dir, "$MPIRUN 2 $BENCH comm --op all_to_all");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.out.find("--op"), std::string::npos) << bad.out;
+}
+
+// zinfinity-bench comm --profile: the collectives' times of 2 ranks go into a machine profile,
+// and zinfinity-plan --ranks 2 counts them in the step time (before: a note that it did not).
+TEST(MpiBenchComm, ProfileGainsTheCollectivesThePlannerCounts) {
+    test::TempDir dir("mpi-cli");
+    const std::string profile = dir.file("profile.json");
+    const RunResult made = shell(dir, "$BENCH profile --quick --path " + dir.path() + " --out " +
+                                          profile + " --block-sizes 1MiB --queue-depths 8");
+    ASSERT_EQ(made.exit_code, 0) << made.out;
+    const std::string plan = "$PLAN --config " + std::string(ZINF_CONFIG_DIR) +
+                             "/fashion-mnist.json --set zero_optimization.stage=3 --ranks 2 "
+                             "--profile " +
+                             profile;
+    const RunResult before = shell(dir, plan);
+    ASSERT_EQ(before.exit_code, 0) << before.out;
+    EXPECT_NE(before.out.find("no all_reduce figures for 2 ranks"), std::string::npos)
+        << before.out;
+    const RunResult comm = shell(dir,
+                                 "$MPIRUN 2 $BENCH comm --sizes 4KiB,1MiB --iters 3 "
+                                 "--rounds 1 --warmup 1 --profile " +
+                                     profile);
+    ASSERT_EQ(comm.exit_code, 0) << comm.out;
+    EXPECT_NE(comm.out.find("collectives of 2 ranks (6 figures) added to"), std::string::npos)
+        << comm.out;
+    const std::string text = slurp(profile);
+    for (const char* op : {"\"all_reduce\"", "\"reduce_scatter\"", "\"all_gather\""}) {
+        EXPECT_EQ(count(text, op), 2u) << op << "\n" << text;
+    }
+    const RunResult after = shell(dir, plan);
+    ASSERT_EQ(after.exit_code, 0) << after.out;
+    EXPECT_EQ(after.out.find("not counted"), std::string::npos) << after.out;
+    EXPECT_NE(after.out.find("ms at the profile's 2-rank figures"), std::string::npos) << after.out;
+    // Measured again: the figures of 2 ranks are replaced, not added to.
+    ASSERT_EQ(shell(dir,
+                    "$MPIRUN 2 $BENCH comm --op all_gather --sizes 4KiB --iters 2 "
+                    "--rounds 1 --profile " +
+                        profile)
+                  .exit_code,
+              0);
+    EXPECT_EQ(count(slurp(profile), "\"all_gather\""), 1u);
+    EXPECT_EQ(count(slurp(profile), "\"reduce_scatter\""), 2u);
+    const RunResult bf16 = shell(dir, "$MPIRUN 2 $BENCH comm --dtype bf16 --profile " + profile);
+    EXPECT_NE(bf16.exit_code, 0);
+    EXPECT_NE(bf16.out.find("--profile records fp32"), std::string::npos) << bf16.out;
+    const RunResult missing =
+        shell(dir, "$MPIRUN 2 $BENCH comm --profile " + dir.file("none.json"));
+    EXPECT_NE(missing.exit_code, 0);
+    EXPECT_NE(missing.out.find("none.json"), std::string::npos) << missing.out;
 }
 
 }  // namespace

@@ -4,13 +4,20 @@
 // size / time, where size is the collective's whole buffer (all-reduce: the buffer; all-gather:
 // what each rank receives; reduce-scatter: what each rank sends), and busbw = algbw x 2(N-1)/N
 // for all-reduce, x (N-1)/N for the other two: the bytes each rank's link carries per second.
+// With --profile FILE the times of ours (fp32) go into a machine profile that `zinfinity-bench
+// profile` wrote, for the planner's step time over that many ranks.
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cast.h"
@@ -18,6 +25,7 @@
 #include "src/base/log.h"
 #include "src/base/units.h"
 #include "src/device/cpu_device.h"
+#include "src/engine/step_prediction.h"
 #include "tools/bench/commands.h"
 #include "tools/bench/stats.h"
 #include "tools/cli/args.h"
@@ -55,6 +63,7 @@ struct CommOptions {
     int rounds = 5;
     bool deterministic = false;
     double min_ratio = 0;
+    std::string profile;  // a machine profile to add the collectives to ("": none)
 };
 
 void declare_flags(cli::Args& args) {
@@ -71,6 +80,11 @@ void declare_flags(cli::Args& args) {
     args.add("min-ratio", "0",
              "exit with status 1 when a size >= 1 MiB has a median ours/MPI busbw ratio\n"
              "below this (0: report only)");
+    args.add("profile", "",
+             "a machine profile (zinfinity-bench profile --out FILE): rank 0 adds ours'\n"
+             "seconds per call at each size for this many ranks (fp32), replacing earlier\n"
+             "figures of the same collective and rank count; zinfinity-plan --ranks N\n"
+             "--profile FILE then counts the collectives in the step time");
 }
 
 Result<CommOptions> parse_options(const cli::Args& args) {
@@ -96,6 +110,11 @@ Result<CommOptions> parse_options(const cli::Args& args) {
     o.rounds = static_cast<int>(rounds);
     o.deterministic = args.get_switch("deterministic");
     ZINF_ASSIGN_OR_RETURN(o.min_ratio, args.get_double("min-ratio", 0.0, 10.0));
+    o.profile = args.get("profile");
+    if (!o.profile.empty() && o.dtype != DType::kFloat32) {
+        return Status::invalid_argument(
+            "--profile records fp32 collectives (the planner's figures); drop --dtype");
+    }
     return o;
 }
 
@@ -272,7 +291,49 @@ void print_row(const CommRig& r, Op op, const SizeFigures& f) {
                 f.plain_s * 1e6, bytes / f.plain_s * bus / 1e9, f.ratio);
 }
 
+// Rank 0: `figures` (per op, per size) into the profile at o.profile, written to a temporary
+// name and renamed over it.
+Status add_to_profile(const CommOptions& o, engine::MachineProfile profile, int ranks,
+                      const std::vector<std::pair<Op, SizeFigures>>& figures) {
+    std::erase_if(profile.collectives, [&](const engine::MachineProfile::Collective& c) {
+        if (c.ranks != ranks) return false;
+        return std::any_of(o.ops.begin(), o.ops.end(), [&](Op op) { return c.op == op_name(op); });
+    });
+    for (const auto& [op, f] : figures) {
+        profile.collectives.push_back({op_name(op), ranks, f.bytes, f.ours_s});
+    }
+    const std::string tmp = o.profile + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << engine::profile_to_json(profile) << "\n";
+        out.close();
+        if (!out) {
+            std::error_code ignored;
+            std::filesystem::remove(tmp, ignored);
+            return Status::io_error(str_cat("--profile ", o.profile, ": cannot write ", tmp),
+                                    errno);
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, o.profile, ec);
+    if (ec) {
+        const int error = ec.value();
+        std::filesystem::remove(tmp, ec);
+        return Status::io_error(str_cat("--profile ", o.profile, ": cannot replace it"), error);
+    }
+    std::printf("collectives of %d ranks (%zu figures) added to %s\n", ranks, figures.size(),
+                o.profile.c_str());
+    return Status::ok();
+}
+
 Status run(const CommOptions& o) {
+    // The profile is read before anything is measured: a bad path fails at once, on every rank.
+    std::optional<engine::MachineProfile> profile;
+    if (!o.profile.empty()) {
+        auto loaded = engine::load_profile(o.profile);
+        if (!loaded.has_value()) return loaded.error().with_context("--profile");
+        profile = std::move(loaded).value();
+    }
     ZINF_ASSIGN_OR_RETURN(CommRig rig, set_up(o));
     if (rig.rank == 0) {
         std::printf(
@@ -285,10 +346,12 @@ Status run(const CommOptions& o) {
     }
     double worst = 1e9;
     std::string worst_at;
+    std::vector<std::pair<Op, SizeFigures>> figures;
     for (Op op : o.ops) {
         for (std::uint64_t size : o.sizes) {
             ZINF_ASSIGN_OR_RETURN(const SizeFigures f, measure_size(o, rig, op, size));
             print_row(rig, op, f);
+            figures.emplace_back(op, f);
             if (f.bytes >= (1u << 20) && f.ratio < worst) {
                 worst = f.ratio;
                 worst_at = str_cat(op_name(op), " ", format_bytes(f.bytes));
@@ -300,6 +363,9 @@ Status run(const CommOptions& o) {
             "worst ours/MPI busbw ratio at >= 1 MiB: %.3f (%s)%s\n", worst, worst_at.c_str(),
             o.min_ratio > 0 ? (worst >= o.min_ratio ? "; --min-ratio met" : "; --min-ratio NOT met")
                             : "");
+    }
+    if (profile.has_value() && rig.rank == 0) {
+        ZINF_TRY(add_to_profile(o, std::move(*profile), rig.n, figures));
     }
     std::fflush(stdout);
     rig.free_mpi_handles();

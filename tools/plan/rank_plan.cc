@@ -52,7 +52,7 @@ RankPlan plan_rank(const config::EngineConfig& c, const ModelSizes& m, int ranks
     r.planned = true;
     r.status = engine::admit(r.prediction);
     if (profile != nullptr) {
-        auto step = engine::predict_step(own, r.plan, ranks, *profile);
+        auto step = engine::predict_step(own, r.plan, ranks, *profile, in.parameter_numels);
         if (step.has_value()) {
             r.step = std::move(step).value();
             r.timed = true;
