@@ -222,24 +222,52 @@ TEST(MpiTrainCli, ARankFailingOnAnInjectedFaultLeavesNoSwapFilesOnAnyRank) {
     EXPECT_LT(r.seconds, 120) << r.out;
 }
 
-// A rank that stops answering (SIGSTOP): the others' collective ends at comm.timeout_s with an
-// error naming it, and the job stops instead of hanging.
+// A rank that stops answering (SIGSTOP) while training: the others' collective ends at
+// comm.timeout_s with an error naming it, and the job stops instead of hanging. The rank is
+// stopped once rank 0 has printed its first progress line, so that every rank is past MPI's
+// start-up and the communicator's creation (the watchdog guards the training's collectives;
+// stopped earlier, under load, a rank could be stopped inside MPI_Init, which nothing bounds).
 TEST(MpiTrainCli, ACollectiveThatNeverCompletesEndsAtTheTimeout) {
     test::TempDir dir("mpi-cli");
     const std::string config = write_config(dir);
-    const RunResult r = shell(dir, "$MPIRUN 2 $TRAIN --config " + config +
-                                       " --no-eval --max-steps 10000000 --set comm.timeout_s=3 &\n"
-                                       "job=$!\n"
-                                       "sleep 2\n"
-                                       "victim=$(pgrep -n -f \"$TRAIN --config " +
-                                       config +
-                                       "\")\n"
-                                       "kill -STOP $victim\n"
-                                       "wait $job; echo job-exit=$?\n"
-                                       "kill -9 $victim 2>/dev/null; true");
+    const std::string log = dir.file("train.log");
+    const RunResult r =
+        shell(dir, "$MPIRUN 2 $TRAIN --config " + config +
+                       " --no-eval --max-steps 10000000 --set comm.timeout_s=3 > " + log +
+                       " 2>&1 &\n"
+                       "job=$!\n"
+                       "for i in $(seq 600); do\n"
+                       "  grep -q '^step ' " +
+                       log +
+                       " && break; sleep 0.1\n"
+                       "done\n"
+                       "grep -q '^step ' " +
+                       log +
+                       " && echo training-started\n"
+                       "victim=$(pgrep -n -f \"$TRAIN --config " +
+                       config +
+                       "\")\n"
+                       "kill -STOP $victim\n"
+                       "started=$(date +%s)\n"
+                       // Bounded: a job still running 120 s after the stop is killed (and fails
+                       // the test below) rather than left to the test's timeout.
+                       "for i in $(seq 1200); do kill -0 $job 2>/dev/null || break; sleep 0.1; "
+                       "done\n"
+                       "echo stopped-after=$(( $(date +%s) - started ))\n"
+                       "kill -9 $job 2>/dev/null\n"
+                       "wait $job; echo job-exit=$?\n"
+                       "pkill -9 -f \"$TRAIN --config " +
+                       config +
+                       "\"\n"
+                       "cat " +
+                       log);
+    EXPECT_NE(r.out.find("training-started"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("did not complete within 3 s"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("job-exit=0"), std::string::npos) << r.out;
-    EXPECT_LT(r.seconds, 90) << r.out;
+    // The job ends at the timeout, not at the test's: a few seconds after the stop.
+    const auto at = r.out.find("stopped-after=");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_LT(std::stoi(r.out.substr(at + 14)), 60) << r.out;
 }
 
 // A launcher that sets RANK/WORLD_SIZE without MPI, or malformed values: refused by name before
