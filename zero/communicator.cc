@@ -1,7 +1,11 @@
 // Rank-order reductions of host values over a Communicator's all_gather_host.
 #include "zero/communicator.h"
 
+#include <cerrno>
 #include <cstring>
+#include <string>
+
+#include "src/base/log.h"
 
 namespace zinf::zero {
 namespace {
@@ -35,6 +39,18 @@ Result<bool> any_over_ranks(Communicator& comm, bool flag) {
     std::uint64_t v = flag ? 1 : 0;
     ZINF_TRY(sum_over_ranks(comm, std::span<std::uint64_t>(&v, 1)));
     return v != 0;
+}
+
+namespace {
+constexpr std::string_view kPeerFailed = ": another rank failed (its error names why)";
+}  // namespace
+
+Status peer_failure(std::string_view what) {
+    return Status::io_error(str_cat(what, kPeerFailed), EIO);
+}
+
+bool is_peer_failure(const Status& s) noexcept {
+    return !s.is_ok() && s.message().ends_with(kPeerFailed);
 }
 
 Result<std::vector<std::uint64_t>> gather_over_ranks(Communicator& comm, std::uint64_t value) {

@@ -50,6 +50,12 @@ Status sum_over_ranks(Communicator& comm, std::span<double> values);
 Status sum_over_ranks(Communicator& comm, std::span<std::uint64_t> values);
 // True on every rank when `flag` is true on any.
 Result<bool> any_over_ranks(Communicator& comm, bool flag);
+// The error of a rank that stops only because another rank failed (the ranks agreed on a failure
+// with any_over_ranks): "<what>: another rank failed (its error names why)". The failing rank's
+// own error names the cause; a launcher leaves ending the job to that rank, so that its error is
+// printed before the job is torn down (is_peer_failure recognises these).
+Status peer_failure(std::string_view what);
+bool is_peer_failure(const Status& s) noexcept;
 // Every rank's value, in rank order.
 Result<std::vector<std::uint64_t>> gather_over_ranks(Communicator& comm, std::uint64_t value);
 

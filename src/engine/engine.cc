@@ -141,8 +141,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const config::EngineConfig& confi
                           zero::any_over_ranks(communicator, !made.has_value()));
     if (!made.has_value()) return made.error();
     if (any_failed) {
-        return Status::invalid_argument(
-            "engine: another rank could not create its engine (its error names why)");
+        return zero::peer_failure("engine: creating the engine");
     }
     std::unique_ptr<Engine> e = std::move(made).value();
     ZINF_TRY(e->build_summary());
@@ -701,7 +700,7 @@ Status Engine::run_optimizer(double unscale) {
     // publish_parameters is a collective: every rank enters it, or none does.
     ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
     if (s.is_ok() && any_failed) {
-        s = Status::io_error("another rank's optimizer step failed (its error names why)", EIO);
+        s = zero::peer_failure("the optimizer step");
     }
     if (!s.is_ok()) {
         broken_ = "the optimizer step " + std::to_string(global_steps_ + 1) + " failed part-way (" +

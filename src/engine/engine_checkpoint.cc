@@ -842,8 +842,7 @@ Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     // publish_parameters is a collective: every rank enters it, or none does.
     ZINF_ASSIGN_OR_RETURN(const bool any_failed, zero::any_over_ranks(communicator_, !s.is_ok()));
     if (s.is_ok() && any_failed) {
-        s = Status::io_error(
-            "checkpoint " + dir + "/" + tag + ": another rank failed to load its states", EIO);
+        s = zero::peer_failure("checkpoint " + dir + "/" + tag + ": loading the states");
     }
     if (s.is_ok()) s = coordinator_->publish_parameters(stream());
     if (s.is_ok()) s = device_.synchronize(stream());

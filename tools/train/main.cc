@@ -32,6 +32,7 @@
 #include "tools/cli/termination.h"
 #include "tools/train/curves.h"
 #include "tools/train/prediction_png.h"
+#include "zero/communicator.h"
 #ifdef ZINF_TRAIN_HAVE_MPI
 #include "zero/mpi_communicator.h"
 #endif
@@ -49,8 +50,13 @@ double peak_rss_mib() {
 // Where this process sits among the ranks (zero::detect_launch; one rank without MPI).
 zinf::Launch g_launch;
 
+// Set when this rank's error is only that another rank failed (zero::is_peer_failure): the
+// failing rank ends the job, after printing the cause.
+bool g_failed_for_a_peer = false;
+
 // Errors carry the rank when there are several: every rank prints its own.
 int fail(const std::string& what, const Status& s) {
+    if (zinf::zero::is_peer_failure(s)) g_failed_for_a_peer = true;
     const std::string rank =
         g_launch.world_size > 1 ? "rank " + std::to_string(g_launch.rank) + ": " : "";
     std::fprintf(stderr, "zinfinity-train: %s%s: %s%s\n", rank.c_str(), what.c_str(),
@@ -708,7 +714,13 @@ int main(int argc, char** argv) {
     }
     const int rc = run(argc, argv);
 #ifdef ZINF_TRAIN_HAVE_MPI
-    if (rc != 0 && g_launch.world_size > 1) zinf::zero::MpiSession::abort_job(rc);
+    // A rank that failed ends the job (no rank may be left waiting in a collective). One that
+    // stops because another failed leaves that to the failing rank, whose error would otherwise
+    // race with the abort and, under load, be lost: it waits in MPI_Finalize until that rank's
+    // abort ends the job.
+    if (rc != 0 && g_launch.world_size > 1 && !g_failed_for_a_peer) {
+        zinf::zero::MpiSession::abort_job(rc);
+    }
 #endif
     return rc;
 }
