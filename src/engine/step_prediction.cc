@@ -501,6 +501,9 @@ Result<StepPrediction> predict_step(const config::EngineConfig& config, const Of
     if (world_size > 1) {
         add_collectives(config, plan, world_size, profile, parameter_numels, w.recompute_forward,
                         p);
+        p.notes.push_back(str_cat("compute at the profile's rates for ", profile.threads,
+                                  " threads per rank: where the ", world_size,
+                                  " ranks share those cores, each computes slower"));
     }
     p.step_s = compute_fb + p.optimizer_s + p.exposed_io_s + p.collective_s;
     return p;
