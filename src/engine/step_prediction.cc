@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -265,6 +266,27 @@ Result<MachineProfile> load_profile(const std::string& path) {
     std::stringstream text;
     text << in.rdbuf();
     return profile_from_json(text.str(), str_cat("machine profile ", path));
+}
+
+Status save_profile(const MachineProfile& profile, const std::string& path) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << profile_to_json(profile) << "\n";
+        out.flush();
+        if (!out) {
+            const int error = errno;
+            std::remove(tmp.c_str());
+            return Status::io_error(str_cat("machine profile: cannot write ", tmp), error);
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int error = errno;
+        std::remove(tmp.c_str());
+        return Status::from_errno(error,
+                                  str_cat("machine profile: cannot rename ", tmp, " to ", path));
+    }
+    return Status::ok();
 }
 
 ModelWork model_work(const config::EngineConfig& config) {

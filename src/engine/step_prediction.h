@@ -73,6 +73,9 @@ std::string profile_to_json(const MachineProfile& profile);
 // Errors name `source_name` and the key that is missing or out of range.
 Result<MachineProfile> profile_from_json(std::string_view json_text, std::string_view source_name);
 Result<MachineProfile> load_profile(const std::string& path);
+// Writes the profile whole to `path`.tmp and renames it over `path`: a reader never sees half a
+// profile; the temporary is removed on failure. Errors: kIo naming the file.
+Status save_profile(const MachineProfile& profile, const std::string& path);
 
 // One GEMM of a micro-step: C (m x n) += A (m x k) B (k x n), `count` times.
 struct GemmWork {

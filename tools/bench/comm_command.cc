@@ -9,12 +9,9 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -302,25 +299,7 @@ Status add_to_profile(const CommOptions& o, engine::MachineProfile profile, int 
     for (const auto& [op, f] : figures) {
         profile.collectives.push_back({op_name(op), ranks, f.bytes, f.ours_s});
     }
-    const std::string tmp = o.profile + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << engine::profile_to_json(profile) << "\n";
-        out.close();
-        if (!out) {
-            std::error_code ignored;
-            std::filesystem::remove(tmp, ignored);
-            return Status::io_error(str_cat("--profile ", o.profile, ": cannot write ", tmp),
-                                    errno);
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, o.profile, ec);
-    if (ec) {
-        const int error = ec.value();
-        std::filesystem::remove(tmp, ec);
-        return Status::io_error(str_cat("--profile ", o.profile, ": cannot replace it"), error);
-    }
+    ZINF_TRY(engine::save_profile(profile, o.profile));
     std::printf("collectives of %d ranks (%zu figures) added to %s\n", ranks, figures.size(),
                 o.profile.c_str());
     return Status::ok();

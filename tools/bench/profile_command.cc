@@ -5,7 +5,6 @@
 // grid of shapes; every built-in optimizer's in-memory step (parameters per second) for each
 // state dtype; and the memory copy bandwidth. Writes JSON to --out.
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -254,19 +253,7 @@ Status run(const ProfileOptions& o) {
     ZINF_TRY(measure_gemm(o, p));
     ZINF_TRY(measure_optimizers(o, p));
     ZINF_TRY(measure_io(o, p));
-    const std::string text = engine::profile_to_json(p) + "\n";
-    // Written whole to a temporary name and renamed: a reader never sees half a profile.
-    const std::string tmp = o.out + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << text;
-        out.flush();
-        if (!out) return Status::io_error(str_cat("cannot write ", tmp), errno);
-    }
-    if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        return Status::from_errno(errno, str_cat("cannot rename ", tmp, " to ", o.out));
-    }
+    ZINF_TRY(engine::save_profile(p, o.out));
     std::printf("wrote %s (zinfinity-plan --config FILE --profile %s)\n", o.out.c_str(),
                 o.out.c_str());
     return Status::ok();
