@@ -47,6 +47,27 @@ struct Avx2StateOps : Avx2Ops {
         x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
         return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
     }
+    // An int8 block's rounding words, index_low a multiple of 4 * 8: the indices of vector k's
+    // lanes are index_low ^ (k * 8 + l) (no carries), so mix32's first xor-shift of
+    // (index_low + k * 8 + l) ^ run_key is (s ^ (s >> 16)) ^ (k * 8 + l), s = index_low ^
+    // run_key: one scalar broadcast for four vectors and one XOR each instead of five vector
+    // operations each, the same words.
+    using R = __m256i;
+    static R rounding_base(std::uint32_t run_key, std::uint32_t index_low) noexcept {
+        const std::uint32_t s = index_low ^ run_key;
+        return set1_u32(s ^ (s >> 16));
+    }
+    template <int kVector>
+    static W rounding_words_at(R base) noexcept {
+        constexpr int k = kVector * 8;
+        __m256i x = _mm256_xor_si256(
+            base,
+            _mm256_add_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        x = _mm256_mullo_epi32(x, set1_u32(0x7feb352du));
+        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+        x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
+        return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    }
     // decode_int8: scale * f(c), f(c)'s bits (c + K) << 20; psignd makes code 0 zero.
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
@@ -64,6 +85,19 @@ struct Avx2StateOps : Avx2Ops {
         return _mm256_castsi256_ps(x);
     }
 
+    // encode_int8_stochastic's ratio bits plus the random number, >> 20: t = c + K before the
+    // clamp, at most 4095 (the 32-bit sum's top 12 bits). kMagnitude as in int8_codes.
+    template <int kShift, bool kMagnitude>
+    static __m256i int8_biased_codes(F x, F inv_scale, W words) noexcept {
+        const __m256i product = _mm256_castps_si256(_mm256_mul_ps(x, inv_scale));
+        const __m256i bits =
+            kMagnitude ? product : _mm256_and_si256(product, set1_u32(0x7fffffffu));
+        const __m256i random = _mm256_and_si256(
+            kShift == 0 ? _mm256_slli_epi32(words, 4) : _mm256_srli_epi32(words, kShift - 4),
+            set1_u32(0x000ffff0u));
+        return _mm256_srli_epi32(_mm256_add_epi32(bits, random), 20);
+    }
+
     // encode_int8_stochastic's codes (int32 lanes): the ratio's bits plus the 16 random bits of
     // word >> kShift (kShift 0 or 16) at bits 4..19, shifted, less K, clamped. kMagnitude: x is
     // |x| already, so x * inv_scale needs no AND (its only negative result is the NaN of inf * 0,
@@ -71,13 +105,7 @@ struct Avx2StateOps : Avx2Ops {
     template <bool kUnsigned, int kShift, bool kMagnitude = false>
     static __m256i int8_codes(F x, F inv_scale, W words) noexcept {
         constexpr int kCodeMax = kUnsigned ? kUnsignedCodeMax : kSignedCodeMax;
-        const __m256i product = _mm256_castps_si256(_mm256_mul_ps(x, inv_scale));
-        const __m256i bits =
-            kMagnitude ? product : _mm256_and_si256(product, set1_u32(0x7fffffffu));
-        const __m256i random = _mm256_and_si256(
-            kShift == 0 ? _mm256_slli_epi32(words, 4) : _mm256_srli_epi32(words, kShift - 4),
-            set1_u32(0x000ffff0u));
-        __m256i c = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(bits, random), 20),
+        __m256i c = _mm256_sub_epi32(int8_biased_codes<kShift, kMagnitude>(x, inv_scale, words),
                                      _mm256_set1_epi32(code_bias(kCodeMax)));
         c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()),
                              _mm256_set1_epi32(kCodeMax));
@@ -101,22 +129,33 @@ struct Avx2StateOps : Avx2Ops {
         _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(gathered));
     }
 
-    // Four vectors' codes packed into one 32-byte store (the codes fit their saturating packs).
+    // Four vectors' codes (int8_codes) in one 32-byte store, clamped in 16-bit lanes: t fits a
+    // 16-bit lane exactly, so after the first pack one unsigned saturating subtraction of K takes
+    // both the bias and the clamp at 0 for two vectors; the last pack's saturation is the clamp
+    // at 255 (unsigned), and for signed codes one byte maximum after it turns -128 into -127
+    // (the 16-bit sign comes from a pack of x's bits, which keeps each lane's sign and zero).
     template <bool kUnsigned, int kShift>
     static void store_int8_x4(std::uint8_t* p, const float* x, F inv_scale,
                               const W* words) noexcept {
-        const __m256i c0 = int8_codes<kUnsigned, kShift, kUnsigned>(load(x), inv_scale, words[0]);
-        const __m256i c1 =
-            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 8), inv_scale, words[1]);
-        const __m256i c2 =
-            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 16), inv_scale, words[2]);
-        const __m256i c3 =
-            int8_codes<kUnsigned, kShift, kUnsigned>(load(x + 24), inv_scale, words[3]);
+        constexpr int kBias = code_bias(kUnsigned ? kUnsignedCodeMax : kSignedCodeMax);
+        const __m256i bias = _mm256_set1_epi16(static_cast<std::int16_t>(kBias));
+        const F x0 = load(x), x1 = load(x + 8), x2 = load(x + 16), x3 = load(x + 24);
+        const __m256i t0 = int8_biased_codes<kShift, kUnsigned>(x0, inv_scale, words[0]);
+        const __m256i t1 = int8_biased_codes<kShift, kUnsigned>(x1, inv_scale, words[1]);
+        const __m256i t2 = int8_biased_codes<kShift, kUnsigned>(x2, inv_scale, words[2]);
+        const __m256i t3 = int8_biased_codes<kShift, kUnsigned>(x3, inv_scale, words[3]);
+        __m256i c01 = _mm256_subs_epu16(_mm256_packus_epi32(t0, t1), bias);
+        __m256i c23 = _mm256_subs_epu16(_mm256_packus_epi32(t2, t3), bias);
         __m256i bytes;
         if constexpr (kUnsigned) {
-            bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+            bytes = _mm256_packus_epi16(c01, c23);
         } else {
-            bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+            c01 = _mm256_sign_epi16(
+                c01, _mm256_packs_epi32(_mm256_castps_si256(x0), _mm256_castps_si256(x1)));
+            c23 = _mm256_sign_epi16(
+                c23, _mm256_packs_epi32(_mm256_castps_si256(x2), _mm256_castps_si256(x3)));
+            bytes = _mm256_max_epi8(_mm256_packs_epi16(c01, c23),
+                                    _mm256_set1_epi8(static_cast<char>(-kSignedCodeMax)));
         }
         // The packs interleave 128-bit halves: dwords (c0 lo, c1 lo, c2 lo, c3 lo, c0 hi, ...).
         bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

@@ -30,6 +30,17 @@ struct ScalarStateOps : ScalarOps {
     static W rounding_words(std::uint32_t run_key, std::uint32_t index_low) noexcept {
         return rounding_word(run_key, index_low);
     }
+    struct R {
+        std::uint32_t run_key;
+        std::uint32_t index_low;
+    };
+    static R rounding_base(std::uint32_t run_key, std::uint32_t index_low) noexcept {
+        return {run_key, index_low};
+    }
+    template <int kVector>
+    static W rounding_words_at(R base) noexcept {
+        return rounding_word(base.run_key, base.index_low + kVector);
+    }
     template <bool kUnsigned>
     static F load_int8(const std::uint8_t* p, F scale) noexcept {
         return decode_int8(*p, scale, kUnsigned);

@@ -16,10 +16,12 @@
 // reduce_max_magnitude(acc) (the largest |x|, a NaN anywhere as the quiet NaN 0x7fc00000: the
 // same bits in every variant), magnitude(x) (|x|, the sign bit cleared); W (a vector of 32-bit
 // words) and rounding_words(run_key, index_low) (state_codec.h's rounding_word of the lanes'
-// indices index_low, index_low + 1, ...); load_int8<kUnsigned>(codes, scale) (decode_int8),
-// store_int8<kUnsigned, kShift>(codes, x, inv_scale, words) (encode_int8_stochastic with each
-// lane's word >> kShift) and store_int8_x4<kUnsigned, kShift>(codes, x, inv_scale, words) (four
-// vectors from x and four word vectors; unsigned: x holds magnitudes);
+// indices index_low, index_low + 1, ...), and for an int8 block's vectors R with
+// rounding_base(run_key, index_low) and rounding_words_at<k>(base) (rounding_words(run_key,
+// index_low + k * kLanes), index_low a multiple of 4 * kLanes); load_int8<kUnsigned>(codes, scale)
+// (decode_int8), store_int8<kUnsigned, kShift>(codes, x, inv_scale, words) (encode_int8_stochastic
+// with each lane's word >> kShift) and store_int8_x4<kUnsigned, kShift>(codes, x, inv_scale, words)
+// (four vectors from x and four word vectors; unsigned: x holds magnitudes);
 // store_bf16_stochastic<kShift>(dst, x, words) (float_to_bf16_stochastic with word >> kShift) and
 // store_bf16_stochastic_pair(dst0, dst1, x0, x1, words) (x0 with the words' low, x1 with their
 // high 16 bits). Its fmadd must be fused (the scalar unit uses std::fma), so that every variant
@@ -320,12 +322,11 @@ template <class V, int kKind, bool kAmsgrad, int kPair>
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
     constexpr int kLow = 2 * kPair;
-    const auto lanes = static_cast<std::uint32_t>(V::kLanes);
-    const std::uint32_t first = pending.index_low + static_cast<std::uint32_t>(j);
-    const typename V::W words[4] = {V::rounding_words(pending.keys[kPair], first),
-                                    V::rounding_words(pending.keys[kPair], first + lanes),
-                                    V::rounding_words(pending.keys[kPair], first + 2 * lanes),
-                                    V::rounding_words(pending.keys[kPair], first + 3 * lanes)};
+    const typename V::R base =
+        V::rounding_base(pending.keys[kPair], pending.index_low + static_cast<std::uint32_t>(j));
+    const typename V::W words[4] = {
+        V::template rounding_words_at<0>(base), V::template rounding_words_at<1>(base),
+        V::template rounding_words_at<2>(base), V::template rounding_words_at<3>(base)};
     V::template store_int8_x4<((kMask >> kLow) & 1u) != 0, 0>(
         pending.codes[kLow] + j, pending.buffers->moments[kLow] + j,
         V::set1(pending.inv_scales[kLow]), words);
@@ -344,8 +345,8 @@ void int8_encode_pair_lanes(const Int8PendingBlock& pending, std::size_t j,
     constexpr int kKept = kKeptMoments<kKind, kAmsgrad>;
     constexpr std::uint32_t kMask = kUnsignedMask<kKind, kAmsgrad>;
     constexpr int kLow = 2 * kPair;
-    const typename V::W words =
-        V::rounding_words(pending.keys[kPair], pending.index_low + static_cast<std::uint32_t>(j));
+    const typename V::W words = V::template rounding_words_at<0>(
+        V::rounding_base(pending.keys[kPair], pending.index_low + static_cast<std::uint32_t>(j)));
     auto one = [&](auto slot, auto shift) {
         constexpr int kSlot = decltype(slot)::value;
         constexpr bool kUnsigned = ((kMask >> kSlot) & 1u) != 0;
@@ -473,6 +474,7 @@ void int8_step_chunk(const StateStepArgs& a, std::size_t begin, std::size_t end)
             pending.codes[s] = static_cast<std::uint8_t*>(a.stored[s]) + b;
         });
         const std::uint64_t index = a.first_index + b;
+        ZINF_ASSERT(index % kBlock == 0);  // the encode's rounding_base
         make_run_keys<kKept>(a, static_cast<std::uint32_t>(index >> 32), pending.keys);
         pending.index_low = static_cast<std::uint32_t>(index);
         pending.buffers = &buffers;
