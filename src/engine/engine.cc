@@ -400,6 +400,7 @@ Status Engine::build_summary() {
 
 Status Engine::set_io_discard(bool on) {
     ZINF_TRY(wait_checkpoint());
+    io_only_params_ = AlignedBuffer();
     if (offload_) offload_->set_io_discard(on);
     model_.set_io_discard(on);
     if (io_discard_ && !on) {
@@ -668,7 +669,10 @@ Result<kernels::GradStats> Engine::gradient_stats() {
 // the new parameters. `unscale` turns the gradients' sum of squares into the true norm.
 Status Engine::run_optimizer(double unscale) {
     TraceScope span(trace_, "optimizer", "optimizer", 2);
+    io_only_params_ = AlignedBuffer();  // the parameters change: io_only_step's copy is stale
+    TraceScope norm_span(trace_, "gradient norm", "optimizer", 3);
     ZINF_ASSIGN_OR_RETURN(auto stats, gradient_stats());
+    norm_span.end();
     last_step_.lr = current_lr();
     if (stats.has_inf_nan && config_.fp16.enabled) {
         overlap_last_stood_ = false;
@@ -765,11 +769,14 @@ bool same_step(const kernels::OptimizerParams& a, const kernels::OptimizerParams
 Status Engine::update_states(const kernels::OptimizerParams& p) {
     if (overlap_ && overlap_->speculating()) {
         if (same_step(p, overlap_params_)) {
+            TraceScope wait_span(trace_, "speculated step: finish", "optimizer", 3);
             Status s = overlap_->finish();
+            wait_span.end();
             if (s.is_ok()) {
                 auto* swapper = offload_->optimizer();
                 optimizer_read_wait_seconds_ += swapper->last_step_stats().read_wait_seconds;
                 s = swapper->commit_speculation();
+                TraceScope publish_span(trace_, "speculated step: publish", "optimizer", 3);
                 if (s.is_ok()) s = overlap_->publish(stream());
                 return s;
             }
@@ -826,14 +833,37 @@ Status Engine::io_only_step() {
     }
     ZINF_TRY(states_->io_only_pass());
     if (offload_->parameters() != nullptr) {
-        // The new parameters' write-back: the same values written back, chunk by chunk.
+        // The new parameters' write-back: the same values written back as a step writes them
+        // (a step replaces whole slices without reading them: the values written here come
+        // from a host copy read by the first call, the warm-up, not from reads in every pass).
         const std::size_t eb = dtype_size_bytes(plan_.dtype);
-        std::vector<std::byte> piece(states_->chunk_numel() * eb);
-        for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-            const std::size_t off = k * states_->chunk_numel();
-            const auto bytes = std::span<std::byte>(piece.data(), states_->chunk_length(k) * eb);
-            ZINF_TRY(coordinator_->read_domain_parameters(off, bytes, stream()));
-            ZINF_TRY(coordinator_->write_domain_parameters(off, bytes, stream()));
+        const std::size_t numel = coordinator_->domain().numel;
+        if (io_only_params_.size() < numel * eb) {
+            ZINF_ASSIGN_OR_RETURN(io_only_params_,
+                                  AlignedBuffer::allocate(std::max<std::size_t>(numel * eb, 64)));
+            for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+                const std::size_t off = k * states_->chunk_numel();
+                ZINF_TRY(coordinator_->read_domain_parameters(
+                    off,
+                    std::span<std::byte>(io_only_params_.data() + off * eb,
+                                         states_->chunk_length(k) * eb),
+                    stream()));
+            }
+        }
+        if (overlap_ && overlap_enabled_) {
+            // The step beside backward publishes the whole domain at once (OverlapStep::publish).
+            ZINF_TRY(coordinator_->write_domain_parameters(
+                0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream()));
+        } else {
+            // The sequential step writes chunk by chunk (a slice cut by a chunk is read).
+            for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+                const std::size_t off = k * states_->chunk_numel();
+                ZINF_TRY(coordinator_->write_domain_parameters(
+                    off,
+                    std::span<const std::byte>(io_only_params_.data() + off * eb,
+                                               states_->chunk_length(k) * eb),
+                    stream()));
+            }
         }
     }
     return Status::ok();

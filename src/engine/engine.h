@@ -261,7 +261,9 @@ public:
     // every micro-step's parameter reads along the recorded fetch trace, the streamed gradients'
     // writes and reads (GradientSwap::io_only_pass), the optimizer states' reads and writes, and
     // the parameters' write-back, leaving every state unchanged. Kept activations on NVMe are
-    // left out (a model's own store). Nothing to do without NVMe offload.
+    // left out (a model's own store). Nothing to do without NVMe offload. With offloaded
+    // parameters the first call reads the domain's parameters into a host copy (held until
+    // set_io_discard), which later calls write back as a step does, without reading them.
     Status io_only_step();
 
     // Turns io::Engine::set_discard on or off for every I/O the engine and its model do, so
@@ -428,6 +430,7 @@ private:
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
     bool io_discard_ = false;         // set_io_discard
+    AlignedBuffer io_only_params_;    // io_only_step: the domain's parameters, host copy
     bool overlap_enabled_ = true;     // set_overlap_step
     bool overlap_last_stood_ = true;  // the last step needed no clipping and had no overflow
     double optimizer_read_wait_seconds_ = 0.0;

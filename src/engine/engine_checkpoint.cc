@@ -808,6 +808,7 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
 }
 
 Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+    io_only_params_ = AlignedBuffer();  // the parameters change: io_only_step's copy is stale
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);

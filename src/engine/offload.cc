@@ -154,7 +154,10 @@ Status TieredPartitionStorage::write(std::size_t index, std::size_t offset_bytes
         return Status::ok();
     }
     ZINF_ASSERT_LE(offset_bytes + bytes.size(), slice_bytes(index));
-    ZINF_ASSIGN_OR_RETURN(void* p, residency_.acquire(id, tier::Tier::kHost));
+    // A whole slice replaces the old bytes: they are not read first.
+    const bool whole = offset_bytes == 0 && bytes.size() == slice_bytes(index);
+    ZINF_ASSIGN_OR_RETURN(void* p, whole ? residency_.acquire_for_overwrite(id, tier::Tier::kHost)
+                                         : residency_.acquire(id, tier::Tier::kHost));
     std::memcpy(static_cast<std::byte*>(p) + offset_bytes, bytes.data(), bytes.size());
     residency_.release(id, true);
     return Status::ok();

@@ -250,13 +250,11 @@ void OverlapStep::abandon(Why why) {
 }
 
 Status OverlapStep::publish(StreamId stream) {
+    // The whole domain at once: each parameter's slice is written whole, so parameters on NVMe
+    // are replaced without reading their old bytes (a sub-group's cut would read them).
     const std::size_t eb = dtype_size_bytes(dtype_);
-    for (std::size_t g = 0; g < groups_; ++g) {
-        const std::uint64_t at = swapper_.sub_group_offset_numel(g);
-        const std::uint64_t n = swapper_.sub_group_numel(g);
-        ZINF_TRY(io_.store_parameters(
-            at, std::span<const std::byte>(buffer_.data() + at * eb, n * eb), stream));
-    }
+    ZINF_TRY(io_.store_parameters(
+        0, std::span<const std::byte>(buffer_.data(), coordinator_.domain().numel * eb), stream));
     ++counts_.committed;
     return Status::ok();
 }

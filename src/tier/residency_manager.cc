@@ -849,6 +849,59 @@ Result<void*> ResidencyManager::acquire(PartitionId id, Tier tier) {
                                  : static_cast<void*>(host_ptr(p));
 }
 
+Result<void*> ResidencyManager::acquire_for_overwrite(PartitionId id, Tier tier) {
+    ZINF_ASSERT(tier != Tier::kNvme);
+    Partition& p = part(id);
+    if (tier == Tier::kDevice) ZINF_ASSERT(device_region_ != nullptr);
+    ZINF_ASSERT_MSG(p.pin_count == 0, str_cat("partition ", id, " is acquired"));
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
+    ++stats_.acquires;
+    trace_access(id, tier);
+    poll_moves_quietly();
+    if (p.in_flight) {
+        // A prefetch or a write-back of the old bytes: let it land before they are replaced.
+        const auto start = std::chrono::steady_clock::now();
+        const Status waited = wait_move(id);
+        stats_.stall_time += std::chrono::steady_clock::now() - start;
+        if (!waited.is_ok()) {
+            return waited.with_context(str_cat("residency: overwriting partition ", id));
+        }
+    }
+    const bool first_pin_on_device = tier == Tier::kDevice;
+    if (first_pin_on_device) pinned_device_bytes_ += p.size_bytes;
+    if (valid(p, tier)) {
+        ++stats_.hits;
+    } else {
+        ++stats_.misses;
+        ZINF_ASSERT_EQ(keep_, kNoPartition);
+        keep_ = id;
+        Result<std::optional<std::size_t>> room = make_room(tier, p.size_bytes, id, false, 0);
+        keep_ = kNoPartition;
+        if (!room.has_value()) {
+            if (first_pin_on_device) pinned_device_bytes_ -= p.size_bytes;
+            return room.error().with_context(str_cat("residency: overwriting partition ", id));
+        }
+        // make_room may have completed moves; none of them was of `p` (kept, not in flight).
+        ZINF_ASSERT(!p.in_flight);
+        (tier == Tier::kDevice ? p.device_offset : p.host_offset) = room->value();
+        copy(p, tier) = Copy::kValid;
+    }
+    // The copy in `tier` is the partition now: the others would be stale once it is written.
+    for (const Tier other : {Tier::kDevice, Tier::kHost}) {
+        if (other != tier) drop_copy(id, other);
+    }
+    p.nvme_valid = false;
+    ++p.pin_count;
+    p.pinned_tier = tier;
+    p.prefetch_blocked = false;
+    p.prefetched = false;
+    p.last_use_tick = ++tick_;
+    issue_prefetches();
+    check_budgets();
+    return tier == Tier::kDevice ? static_cast<void*>(device_ptr(p))
+                                 : static_cast<void*>(host_ptr(p));
+}
+
 void ResidencyManager::release(PartitionId id, bool dirty) {
     Partition& p = part(id);
     ZINF_ASSERT_GT(p.pin_count, 0u);

@@ -117,6 +117,50 @@ TEST(ResidencyManager, ReadsBackWhatIsOnNvmeAndTracksStates) {
     EXPECT_EQ(s.misses, 1u);
 }
 
+// A whole partition replaced (the optimizer's new parameters): nothing is read from NVMe, the
+// other copies are dropped, the new bytes reach NVMe, and a copy already in the tier is used as
+// it is. A later plain acquire reads the new bytes.
+TEST(ResidencyManager, AcquireForOverwriteReadsNothingAndDropsTheOtherCopies) {
+    Rig rig = make_rig(no_prefetch(2 * kPart, 2 * kPart), zinf::test::seed());
+    register_all(rig, 4);
+    // Partition 0 on the device (a clean host copy beside it), partition 1 only on NVMe.
+    touch(*rig.rm, 0, Tier::kDevice);
+    ASSERT_TRUE(rig.rm->is_resident(0, Tier::kHost));
+    const std::uint64_t read_before = rig.rm->stats().bytes_swapped_in;
+    for (const PartitionId id : {0u, 1u}) {
+        auto r = rig.rm->acquire_for_overwrite(id, Tier::kHost);
+        ASSERT_TRUE(r.has_value()) << r.error().to_string();
+        EXPECT_FALSE(rig.rm->is_resident(id, Tier::kDevice));
+        std::memset(*r, 0x40 + static_cast<int>(id), kPart);
+        rig.rm->release(id, /*dirty=*/true);
+        EXPECT_EQ(rig.rm->state(id), PartitionState::kDirty);
+    }
+    EXPECT_EQ(rig.rm->stats().bytes_swapped_in, read_before);  // neither was read
+    // Filling the host tier with others evicts them: written back, not lost.
+    touch(*rig.rm, 2, Tier::kHost);
+    touch(*rig.rm, 3, Tier::kHost);
+    ASSERT_TRUE(rig.rm->flush().is_ok());
+    for (const PartitionId id : {0u, 1u}) {
+        EXPECT_EQ(rig.mover->nvme(id), std::vector<std::byte>(kPart, std::byte(0x40 + id)));
+        std::byte* d = acquire(*rig.rm, id, Tier::kDevice);
+        ASSERT_NE(d, nullptr);
+        EXPECT_EQ(d[kPart - 1], std::byte(0x40 + id));
+        rig.rm->release(id, false);
+    }
+    // Already in the tier: the same copy, a hit.
+    std::byte* h = acquire(*rig.rm, 3, Tier::kHost);
+    rig.rm->release(3, false);
+    const std::uint64_t hits = rig.rm->stats().hits;
+    auto again = rig.rm->acquire_for_overwrite(3, Tier::kHost);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(*again, static_cast<void*>(h));
+    EXPECT_EQ(rig.rm->stats().hits, hits + 1);
+    std::memset(*again, 0x7f, kPart);
+    rig.rm->release(3, true);
+    ASSERT_TRUE(rig.rm->flush().is_ok());
+    EXPECT_EQ(rig.mover->nvme(3), std::vector<std::byte>(kPart, std::byte(0x7f)));
+}
+
 TEST(ResidencyManager, RejectsBadRegistrations) {
     Rig rig = make_rig(no_prefetch(2 * kPart, 2 * kPart), zinf::test::seed());
     EXPECT_EQ(rig.rm->register_partition(64, kPart, DType::kFloat16, Tier::kNvme).code(),
