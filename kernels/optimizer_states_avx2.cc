@@ -35,17 +35,21 @@ struct Avx2StateOps : Avx2Ops {
         return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
     }
 
-    // state_codec.h's rounding_word of indices index_low .. index_low + 7.
     using W = __m256i;
+    // mix32 after its first xor-shift: two multiplies and two xor-shifts.
+    static W mix32_tail(W x) noexcept {
+        x = _mm256_mullo_epi32(x, set1_u32(0x7feb352du));
+        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+        x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
+        return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    }
+    // state_codec.h's rounding_word of indices index_low .. index_low + 7.
     static W rounding_words(std::uint32_t run_key, std::uint32_t index_low) noexcept {
         __m256i x = _mm256_xor_si256(
             _mm256_add_epi32(set1_u32(index_low), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
             set1_u32(run_key));
         x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-        x = _mm256_mullo_epi32(x, set1_u32(0x7feb352du));
-        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
-        x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
-        return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+        return mix32_tail(x);
     }
     // An int8 block's rounding words, index_low a multiple of 4 * 8: the indices of vector k's
     // lanes are index_low ^ (k * 8 + l) (no carries), so mix32's first xor-shift of
@@ -63,10 +67,7 @@ struct Avx2StateOps : Avx2Ops {
         __m256i x = _mm256_xor_si256(
             base,
             _mm256_add_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-        x = _mm256_mullo_epi32(x, set1_u32(0x7feb352du));
-        x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
-        x = _mm256_mullo_epi32(x, set1_u32(0x846ca68bu));
-        return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+        return mix32_tail(x);
     }
     // decode_int8: scale * f(c), f(c)'s bits (c + K) << 20; psignd makes code 0 zero.
     template <bool kUnsigned>

@@ -35,18 +35,22 @@ struct Avx512StateOps : Avx512Ops {
         return bits_float(m > 0x7f800000u ? kCanonicalNanBits : m);
     }
 
-    // state_codec.h's rounding_word of indices index_low .. index_low + 15.
     using W = __m512i;
+    // mix32 after its first xor-shift: two multiplies and two xor-shifts.
+    static W mix32_tail(W x) noexcept {
+        x = _mm512_mullo_epi32(x, set1_u32(0x7feb352du));
+        x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+        x = _mm512_mullo_epi32(x, set1_u32(0x846ca68bu));
+        return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    }
+    // state_codec.h's rounding_word of indices index_low .. index_low + 15.
     static W rounding_words(std::uint32_t run_key, std::uint32_t index_low) noexcept {
         __m512i x = _mm512_xor_si512(
             _mm512_add_epi32(set1_u32(index_low), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
                                                                     10, 11, 12, 13, 14, 15)),
             set1_u32(run_key));
         x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-        x = _mm512_mullo_epi32(x, set1_u32(0x7feb352du));
-        x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-        x = _mm512_mullo_epi32(x, set1_u32(0x846ca68bu));
-        return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+        return mix32_tail(x);
     }
     // An int8 block's rounding words, index_low a multiple of 4 * 16: the indices of vector k's
     // lanes are index_low ^ (k * 16 + l) (no carries), so mix32's first xor-shift of
@@ -65,10 +69,7 @@ struct Avx512StateOps : Avx512Ops {
             base,
             _mm512_add_epi32(_mm512_set1_epi32(k), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
                                                                      10, 11, 12, 13, 14, 15)));
-        x = _mm512_mullo_epi32(x, set1_u32(0x7feb352du));
-        x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-        x = _mm512_mullo_epi32(x, set1_u32(0x846ca68bu));
-        return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+        return mix32_tail(x);
     }
     // decode_int8: scale * f(c), f(c)'s bits (c + K) << 20; a zero-masked multiply makes code 0
     // zero.
