@@ -160,8 +160,9 @@ public:
     // `tier` is pinned as it is; otherwise room is made there and nothing is read (no swap-in),
     // the bytes undefined until the caller writes them. Every other copy is dropped at once
     // (the one in `tier` is the partition from now on) and the caller must release(id, true)
-    // after writing all of it. Precondition (asserted): the partition is not acquired. Errors:
-    // as acquire (kNoSpace, a deferred background failure; a move of it in flight is waited for).
+    // after writing all of it. A partition acquired already is acquired again as by acquire
+    // (its copy is the one overwritten). Errors: as acquire (kNoSpace, a deferred background
+    // failure; a move of it in flight is waited for).
     Result<void*> acquire_for_overwrite(PartitionId id, Tier tier);
     // Unpins. `dirty`: the bytes were modified in the acquired tier; every other copy becomes
     // stale and is dropped (it is written back when evicted or flushed). On a device with

@@ -159,6 +159,18 @@ TEST(ResidencyManager, AcquireForOverwriteReadsNothingAndDropsTheOtherCopies) {
     rig.rm->release(3, true);
     ASSERT_TRUE(rig.rm->flush().is_ok());
     EXPECT_EQ(rig.mover->nvme(3), std::vector<std::byte>(kPart, std::byte(0x7f)));
+    // Acquired already: acquired again (nested), the held copy is the one replaced.
+    std::byte* held = acquire(*rig.rm, 2, Tier::kHost);
+    ASSERT_NE(held, nullptr);
+    auto nested = rig.rm->acquire_for_overwrite(2, Tier::kHost);
+    ASSERT_TRUE(nested.has_value());
+    EXPECT_EQ(*nested, static_cast<void*>(held));
+    std::memset(*nested, 0x11, kPart);
+    rig.rm->release(2, true);
+    EXPECT_EQ(held[0], std::byte{0x11});
+    rig.rm->release(2, false);
+    ASSERT_TRUE(rig.rm->flush().is_ok());
+    EXPECT_EQ(rig.mover->nvme(2), std::vector<std::byte>(kPart, std::byte(0x11)));
 }
 
 TEST(ResidencyManager, RejectsBadRegistrations) {
