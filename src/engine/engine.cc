@@ -838,16 +838,16 @@ Status Engine::io_only_step() {
         // from a host copy read by the first call, the warm-up, not from reads in every pass).
         const std::size_t eb = dtype_size_bytes(plan_.dtype);
         const std::size_t numel = coordinator_->domain().numel;
+        const std::size_t chunk = states_->chunk_numel();
+        auto chunk_bytes = [&](std::size_t k) {
+            return std::span<std::byte>(io_only_params_.data() + k * chunk * eb,
+                                        states_->chunk_length(k) * eb);
+        };
         if (io_only_params_.size() < numel * eb) {
             ZINF_ASSIGN_OR_RETURN(io_only_params_,
                                   AlignedBuffer::allocate(std::max<std::size_t>(numel * eb, 64)));
             for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-                const std::size_t off = k * states_->chunk_numel();
-                ZINF_TRY(coordinator_->read_domain_parameters(
-                    off,
-                    std::span<std::byte>(io_only_params_.data() + off * eb,
-                                         states_->chunk_length(k) * eb),
-                    stream()));
+                ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, chunk_bytes(k), stream()));
             }
         }
         if (overlap_ && overlap_enabled_) {
@@ -857,12 +857,8 @@ Status Engine::io_only_step() {
         } else {
             // The sequential step writes chunk by chunk (a slice cut by a chunk is read).
             for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-                const std::size_t off = k * states_->chunk_numel();
-                ZINF_TRY(coordinator_->write_domain_parameters(
-                    off,
-                    std::span<const std::byte>(io_only_params_.data() + off * eb,
-                                               states_->chunk_length(k) * eb),
-                    stream()));
+                ZINF_TRY(
+                    coordinator_->write_domain_parameters(k * chunk, chunk_bytes(k), stream()));
             }
         }
     }

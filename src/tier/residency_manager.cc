@@ -798,6 +798,18 @@ void ResidencyManager::issue_prefetches() {
     }
 }
 
+void* ResidencyManager::pin_resident(Partition& p, Tier tier) {
+    ++p.pin_count;
+    p.pinned_tier = tier;
+    p.prefetch_blocked = false;
+    p.prefetched = false;
+    p.last_use_tick = ++tick_;
+    issue_prefetches();
+    check_budgets();
+    return tier == Tier::kDevice ? static_cast<void*>(device_ptr(p))
+                                 : static_cast<void*>(host_ptr(p));
+}
+
 Result<void*> ResidencyManager::acquire(PartitionId id, Tier tier) {
     ZINF_ASSERT(tier != Tier::kNvme);
     Partition& p = part(id);
@@ -838,15 +850,7 @@ Result<void*> ResidencyManager::acquire(PartitionId id, Tier tier) {
     }
     ZINF_ASSERT(valid(p, tier));
     ZINF_ASSERT(!p.in_flight);
-    ++p.pin_count;
-    p.pinned_tier = tier;
-    p.prefetch_blocked = false;
-    p.prefetched = false;
-    p.last_use_tick = ++tick_;
-    issue_prefetches();
-    check_budgets();
-    return tier == Tier::kDevice ? static_cast<void*>(device_ptr(p))
-                                 : static_cast<void*>(host_ptr(p));
+    return pin_resident(p, tier);
 }
 
 Result<void*> ResidencyManager::acquire_for_overwrite(PartitionId id, Tier tier) {
@@ -892,15 +896,7 @@ Result<void*> ResidencyManager::acquire_for_overwrite(PartitionId id, Tier tier)
         if (other != tier) drop_copy(id, other);
     }
     p.nvme_valid = false;
-    ++p.pin_count;
-    p.pinned_tier = tier;
-    p.prefetch_blocked = false;
-    p.prefetched = false;
-    p.last_use_tick = ++tick_;
-    issue_prefetches();
-    check_budgets();
-    return tier == Tier::kDevice ? static_cast<void*>(device_ptr(p))
-                                 : static_cast<void*>(host_ptr(p));
+    return pin_resident(p, tier);
 }
 
 void ResidencyManager::release(PartitionId id, bool dirty) {

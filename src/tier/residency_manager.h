@@ -283,6 +283,9 @@ private:
     };
     Result<Step> step_toward(PartitionId id, Tier tier, bool prefetch, std::uint64_t distance);
     Status ensure_resident(PartitionId id, Tier tier);
+    // acquire's last part, the copy in `tier` valid and nothing in flight: pins it, starts
+    // prefetches and returns its address.
+    void* pin_resident(Partition& p, Tier tier);
     void issue_prefetches();
 
     void check_budgets() const;
