@@ -26,6 +26,7 @@ Result<OptimizerStackLayout> layout_optimizer_stack(const OptimizerStackOptions&
         o.amsgrad = options.amsgrad;
         o.pipeline_read = options.pipeline_read;
         o.pipeline_write = options.pipeline_write;
+        o.read_ahead = options.read_ahead;
         o.first_partition = next;
         o.state_dtype = options.state_dtype;
         o.segments = options.segments;

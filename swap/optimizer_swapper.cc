@@ -42,8 +42,8 @@ std::uint64_t OptimizerSwapper::buffer_size_bytes(std::uint64_t sub_group_numel,
 }
 
 std::size_t OptimizerSwapper::buffers_needed(const OptimizerSwapperOptions& options) {
-    // One sub-group being updated, plus one being read ahead, plus one being written behind.
-    return 1 + (options.pipeline_read ? 1 : 0) + (options.pipeline_write ? 1 : 0);
+    // One sub-group being updated, plus those being read ahead, plus one being written behind.
+    return 1 + (options.pipeline_read ? options.read_ahead : 0) + (options.pipeline_write ? 1 : 0);
 }
 
 OptimizerSwapper::OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
@@ -57,6 +57,11 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
         return Status::invalid_argument(str_cat("optimizer swapper: numel (", options.numel,
                                                 ") and sub_group_size (", options.sub_group_numel,
                                                 ") must be positive"));
+    }
+    if (options.read_ahead == 0 || options.read_ahead > kMaxReadAhead) {
+        return Status::invalid_argument(str_cat("optimizer swapper: read_ahead ",
+                                                options.read_ahead, " is not in [1, ",
+                                                kMaxReadAhead, "]"));
     }
     if (options.amsgrad && !optimizer_descriptor(options.kind).has_amsgrad) {
         return Status::invalid_argument(str_cat("optimizer swapper: amsgrad with ",
@@ -105,7 +110,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(
     TensorSwapperOptions swapper_options;
     swapper_options.acquire_timeout = options.acquire_timeout;
     s->swapper_ = std::make_unique<TensorSwapper>(store, pool, swapper_options);
-    s->tickets_ = std::make_unique<SwapTicket[]>(kMaxTickets);
+    s->tickets_ = std::make_unique<SwapTicket[]>(need_count);
     return s;
 }
 
@@ -118,7 +123,7 @@ std::uint64_t OptimizerSwapper::sub_group_numel(std::size_t sub_group) const noe
 void OptimizerSwapper::drain() noexcept {
     // After an error: finish whatever is still in flight so that no transfer outlives its
     // buffer, then hand every buffer back.
-    for (std::size_t i = 0; i < kMaxTickets; ++i) {
+    for (std::size_t i = 0; i < ticket_count_; ++i) {
         if (tickets_[i].in_flight()) (void)tickets_[i].wait();
         tickets_[i].release();
     }
@@ -152,7 +157,7 @@ Status OptimizerSwapper::initialize(ParamSource& source) {
         }
         status = swapper_->write_back(ticket);
     }
-    for (std::size_t i = 0; i < kMaxTickets && status.is_ok(); ++i) {
+    for (std::size_t i = 0; i < ticket_count_ && status.is_ok(); ++i) {
         if (tickets_[i].in_flight()) status = tickets_[i].wait();
     }
     drain();
@@ -348,10 +353,15 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
     // The i-th sub-group stepped: in index order, or in the caller's.
     auto group = [&](std::size_t i) -> std::size_t { return order.empty() ? i : order[i]; };
 
-    // Ticket (i % tickets) carries the i-th sub-group. With both pipelines (3 tickets) at the
-    // update of i: i+1 is being read, i-1 written; i+1 reuses the ticket of i-2, whose write was
-    // waited for at the end of iteration i-1.
-    Status status = issue_read(group(0), tickets_[0]);
+    // Ticket (i % tickets) carries the i-th sub-group. With both pipelines (2 + R tickets, R
+    // the read-ahead) at the update of i: i+1 .. i+R are being read, i-1 written; i+R reuses
+    // the ticket of i-2, whose write was waited for at the end of iteration i-1 (without
+    // pipelined writes, that of i-1, waited for at once).
+    const std::size_t ahead = pipeline_read ? options_.read_ahead : 1;
+    Status status;
+    for (std::size_t j = 0; j < ahead && j < groups && status.is_ok(); ++j) {
+        status = issue_read(group(j), tickets_[j]);
+    }
     for (std::size_t i = 0; i < groups && status.is_ok(); ++i) {
         const std::size_t g = group(i);
         SwapTicket& current = tickets_[i % tickets];
@@ -360,8 +370,8 @@ Status OptimizerSwapper::run(const kernels::OptimizerParams* params, GradientSou
         // the disk is never idle while this thread hashes.
         current.wait_transfer();
         stats_.read_wait_seconds += seconds_since(t0);
-        if (pipeline_read && i + 1 < groups) {
-            status = issue_read(group(i + 1), tickets_[(i + 1) % tickets]);
+        if (pipeline_read && i + ahead < groups) {
+            status = issue_read(group(i + ahead), tickets_[(i + ahead) % tickets]);
             if (!status.is_ok()) {
                 (void)current.wait();
                 break;

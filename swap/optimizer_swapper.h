@@ -37,6 +37,10 @@ struct OptimizerSwapperOptions {
     bool amsgrad = false;        // Adam, AdamW: a fourth state, the running maximum of exp_avg_sq
     bool pipeline_read = true;   // `offload_optimizer.pipeline_read`
     bool pipeline_write = true;  // `offload_optimizer.pipeline_write`
+    // With pipeline_read: how many sub-groups are read ahead of the one being updated
+    // (`swap.optimizer_read_ahead`), each in a pool buffer of its own. Deeper read-ahead lets
+    // the step beside backward read states while it waits for gradients.
+    std::size_t read_ahead = 1;
     // Partition ids [first_partition, first_partition + sub_group_count × state_count) are used.
     PartitionId first_partition = 0;
     std::chrono::milliseconds acquire_timeout{std::chrono::minutes(2)};
@@ -105,8 +109,8 @@ public:
     // Reserves the sub-groups' partitions in `store`, which must not be committed yet (the
     // caller commits it after every user has reserved). Borrows store, pool and kernel, which
     // outlive the swapper. Errors: kInvalidArgument (zero sizes; a pool whose buffers are
-    // smaller than buffer_size_bytes() or fewer than buffers_needed()), the store's reserve
-    // errors. Init only: allocates.
+    // smaller than buffer_size_bytes() or fewer than buffers_needed(); read_ahead outside [1,
+    // kMaxReadAhead]), the store's reserve errors. Init only: allocates.
     static Result<std::unique_ptr<OptimizerSwapper>> create(SwapStore& store, PinnedPool& pool,
                                                             const kernels::OptimizerKernel& kernel,
                                                             const OptimizerSwapperOptions& options);
@@ -125,6 +129,7 @@ public:
     // descriptor's order.
     static std::size_t state_count(kernels::OptimizerKind kind, bool amsgrad = false);
     static constexpr std::size_t kMaxStates = 1 + kMaxMoments;
+    static constexpr std::size_t kMaxReadAhead = 8;
 
     // Writes the initial master parameters (from `source`) and zeroed states of every
     // sub-group, overlapping the writes. Blocks until all are on disk.
@@ -194,8 +199,6 @@ public:
     const SwapStore& store() const noexcept { return store_; }
 
 private:
-    static constexpr std::size_t kMaxTickets = 3;
-
     OptimizerSwapper(SwapStore& store, const kernels::OptimizerKernel& kernel,
                      const OptimizerSwapperOptions& options);
     Status run(const kernels::OptimizerParams* params, GradientSource* grads,
@@ -217,7 +220,7 @@ private:
     OptimizerSwapperOptions options_;
     std::size_t state_count_ = 0;
     std::size_t sub_group_count_ = 0;
-    std::size_t ticket_count_ = 1;
+    std::size_t ticket_count_ = 1;  // buffers_needed(): tickets_ holds that many
     bool speculating_ = false;  // shadows written by speculate(), not yet committed
     std::unique_ptr<TensorSwapper> swapper_;
     std::unique_ptr<SwapTicket[]> tickets_;

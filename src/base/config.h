@@ -166,6 +166,9 @@ struct SwapConfig {
     // speculatively on copy-on-write states (committed, redone or skipped once the norm is
     // known; bitwise the sequential step).
     bool overlap_step = false;
+    // Sub-groups of NVMe optimizer states read ahead of the one being updated (with
+    // offload_optimizer.pipeline_read), one pinned buffer each.
+    std::size_t optimizer_read_ahead = 1;
 };
 
 // zinfinity's `comm` block: the collectives between data-parallel ranks.

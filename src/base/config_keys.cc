@@ -246,6 +246,7 @@ constexpr KeyInfo kKeys[] = {
     // ---- zinfinity's blocks ---------------------------------------------------------------------
     {"swap.verify_checksums", S::kZinfinity, "", "verify every swap block read back (true)"},
     {"swap.background_checkpoint", S::kZinfinity, "", "optimizer states on NVMe kept copy-on-write (twice their disk space); a checkpoint copies them from a snapshot in the background while training goes on (false)"},
+    {"swap.optimizer_read_ahead", S::kZinfinity, "", "sub-groups of NVMe optimizer states read ahead of the one being updated, 1-8, one pinned sub-group buffer each (needs offload_optimizer.pipeline_read); with swap.overlap_step deeper read-ahead fills the disk while the forward computes (1)"},
     {"swap.overlap_step", S::kZinfinity, "", "the optimizer step of each accumulation window runs beside its last backward on copy-on-write NVMe states, speculatively with clip coefficient 1; committed, redone or skipped once the norm is known, bitwise the sequential step (false)"},
     {"comm.deterministic", S::kZinfinity, "", "sum reductions in rank order: bitwise reproducible (false)"},
     {"comm.timeout_s", S::kZinfinity, "", "a collective not done after this many seconds stops every rank with an error (600; 0: no bound)"},

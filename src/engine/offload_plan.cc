@@ -163,6 +163,13 @@ Status size_optimizer_swap(const config::EngineConfig& config, std::size_t first
     so.amsgrad = plan.optimizer.amsgrad;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
+    so.read_ahead = config.swap.optimizer_read_ahead;
+    if (so.read_ahead > 1 && !oo.pipeline_read) {
+        return Status::invalid_argument(
+            str_cat("swap.optimizer_read_ahead ", so.read_ahead,
+                    " reads sub-groups ahead of the update: it needs "
+                    "zero_optimization.offload_optimizer.pipeline_read true"));
+    }
     so.first_partition = static_cast<swap::PartitionId>(first_partition);
     so.pool_name = "offload_optimizer";
     so.state_dtype = plan.state_dtype;
@@ -419,7 +426,8 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
             plan.parameter_host_tier_bytes,
             " bytes for parameters (offload_param buffer_count x buffer_size) + ",
             plan.optimizer_pinned_bytes(), " bytes for optimizer sub-groups (sub_group_size ",
-            plan.sub_group_numel, "); raise it to at least ", pinned));
+            plan.sub_group_numel, ", swap.optimizer_read_ahead ",
+            config.swap.optimizer_read_ahead, "); raise it to at least ", pinned));
     }
     return plan;
 }

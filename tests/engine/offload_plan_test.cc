@@ -211,6 +211,35 @@ TEST(OffloadPlan, BackgroundCheckpointsMakeOneRanksStoresCopyOnWrite) {
     EXPECT_FALSE(ranks.parameter_store.copy_on_write);
 }
 
+// swap.optimizer_read_ahead: each sub-group read ahead holds a pinned buffer of its own, which
+// the plan counts (the host budget sees it); it needs pipelined reads, and a value outside 1-8
+// is refused by the loader, naming the key.
+TEST(OffloadPlan, OptimizerReadAheadAddsPinnedBuffersAndNeedsPipelinedReads) {
+    const std::string read = "zero_optimization.offload_optimizer.pipeline_read=true";
+    const OffloadPlan one = plan_of(kNvmeBoth, {read});
+    const OffloadPlan three = plan_of(kNvmeBoth, {read, "swap.optimizer_read_ahead=3"});
+    ASSERT_EQ(one.optimizer_stack.swappers.size(), 1u);
+    ASSERT_EQ(three.optimizer_stack.swappers.size(), 1u);
+    EXPECT_EQ(one.optimizer_stack.swappers[0].read_ahead, 1u);
+    EXPECT_EQ(three.optimizer_stack.swappers[0].read_ahead, 3u);
+    EXPECT_EQ(one.optimizer_stack.pool.buffer_count, 2u);  // pipeline_write is off
+    EXPECT_EQ(three.optimizer_stack.pool.buffer_count, 4u);
+    EXPECT_EQ(three.optimizer_pinned_bytes(), 2 * one.optimizer_pinned_bytes());
+    const Status s = plan_error(kNvmeBoth, {"swap.optimizer_read_ahead=2"});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("swap.optimizer_read_ahead 2"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("offload_optimizer.pipeline_read"), std::string::npos);
+    config::LoadOptions o;
+    o.log_warnings = false;
+    for (const char* bad : {"swap.optimizer_read_ahead=0", "swap.optimizer_read_ahead=9"}) {
+        o.overrides = {bad};
+        auto c = config::load_from_string(small_config(kNvmeBoth), o, "test.json");
+        ASSERT_FALSE(c.has_value()) << bad;
+        EXPECT_NE(c.error().message().find("swap.optimizer_read_ahead"), std::string::npos)
+            << c.error().to_string();
+    }
+}
+
 // swap.overlap_step: one rank, stages 2-3, NVMe states, gradients in host memory; its states
 // (and a store shared with the parameters) copy-on-write; elsewhere the reason is kept for the
 // warning, and the stores stay single.

@@ -52,16 +52,20 @@ private:
     bool bf16_;
 };
 
-// Lets every sub-group through at once, noting the order asked in; fails at call `fail_at`.
+// Lets every sub-group through at once, noting the order asked in and (with `swapper`) the
+// bytes whose reads had been issued at each call; fails at call `fail_at`.
 class RecordingGate final : public SubGroupGate {
 public:
     Status ready(std::size_t sub_group) override {
         if (calls.size() == fail_at) return Status::busy("gate closed");
         calls.push_back(sub_group);
+        if (swapper != nullptr) read_at_call.push_back(swapper->last_step_stats().bytes_read);
         return Status::ok();
     }
     std::vector<std::size_t> calls;
     std::size_t fail_at = SIZE_MAX;
+    const OptimizerSwapper* swapper = nullptr;
+    std::vector<std::uint64_t> read_at_call;
 };
 
 struct Case {
@@ -70,6 +74,7 @@ struct Case {
     bool pipeline_write;
     bool bf16;
     StateDType dtype = StateDType::kFp32;
+    std::size_t read_ahead = 1;
 };
 
 // The moments of the whole array as the reference keeps them: fp32 values, or the stored
@@ -87,7 +92,8 @@ struct RefMoment {
 void run_case(const Case& c) {
     SCOPED_TRACE(testing::Message() << optimizer_kind_name(c.kind) << " read=" << c.pipeline_read
                                     << " write=" << c.pipeline_write << " bf16=" << c.bf16
-                                    << " states=" << state_dtype_name(c.dtype));
+                                    << " states=" << state_dtype_name(c.dtype)
+                                    << " read_ahead=" << c.read_ahead);
     const std::uint64_t seed = zinf::test::seed();
     std::mt19937_64 rng(seed);
     constexpr std::uint64_t kNumel = 100'003;
@@ -130,6 +136,7 @@ void run_case(const Case& c) {
     OptimizerSwapperOptions pipelines;
     pipelines.pipeline_read = c.pipeline_read;
     pipelines.pipeline_write = c.pipeline_write;
+    pipelines.read_ahead = c.read_ahead;
     po.buffer_count = OptimizerSwapper::buffers_needed(pipelines);
     po.buffer_size_bytes = OptimizerSwapper::buffer_size_bytes(kSubGroup, c.kind, false, c.dtype);
     po.allow_unlocked = true;
@@ -147,6 +154,7 @@ void run_case(const Case& c) {
     oo.kind = c.kind;
     oo.pipeline_read = c.pipeline_read;
     oo.pipeline_write = c.pipeline_write;
+    oo.read_ahead = c.read_ahead;
     oo.first_partition = 100;
     oo.state_dtype = c.dtype;
     oo.segments = segments;
@@ -224,6 +232,9 @@ TEST(OptimizerSwapper, MatchesInMemoryStepBitwise) {
     run_case({K::kAdam, true, true, true});
     run_case({K::kAdagrad, true, false, false});
     run_case({K::kLion, false, true, true});
+    // Reading 3 and 6 sub-groups ahead (7 in all): the tickets wrap at other points.
+    run_case({K::kAdamW, true, true, false, StateDType::kFp32, 3});
+    run_case({K::kAdamW, true, false, true, StateDType::kFp32, 6});
 }
 
 TEST(OptimizerSwapper, CompressedStatesMatchInMemoryStepBitwise) {
@@ -241,8 +252,8 @@ TEST(OptimizerSwapper, CompressedStatesMatchInMemoryStepBitwise) {
 // with the clipping scale, or discarded (an overflow step). The states end bitwise equal to
 // the kernel run over whole arrays with the decided scales, while a speculated step is pending
 // the states read back are the old ones, and a failed speculation leaves them unchanged.
-void run_speculation_case(StateDType dtype) {
-    SCOPED_TRACE(state_dtype_name(dtype));
+void run_speculation_case(StateDType dtype, std::size_t read_ahead = 1) {
+    SCOPED_TRACE(testing::Message() << state_dtype_name(dtype) << " read_ahead=" << read_ahead);
     const std::uint64_t seed = zinf::test::seed();
     std::mt19937_64 rng(seed);
     constexpr std::uint64_t kNumel = 40'000;
@@ -286,7 +297,9 @@ void run_speculation_case(StateDType dtype) {
     zinf::test::TempDir dir("opt");
     auto engine = test::make_sim_engine(seed);
     PinnedPoolOptions po;
-    po.buffer_count = OptimizerSwapper::buffers_needed(OptimizerSwapperOptions{});
+    OptimizerSwapperOptions pipelines;
+    pipelines.read_ahead = read_ahead;
+    po.buffer_count = OptimizerSwapper::buffers_needed(pipelines);
     po.buffer_size_bytes = OptimizerSwapper::buffer_size_bytes(
         kSubGroup, kernels::OptimizerKind::kAdamW, false, dtype);
     po.allow_unlocked = true;
@@ -305,6 +318,7 @@ void run_speculation_case(StateDType dtype) {
     oo.state_dtype = dtype;
     oo.segments = segments;
     oo.rounding_seed = kRoundingSeed;
+    oo.read_ahead = read_ahead;
     auto swapper = OptimizerSwapper::create(**store, **pool, *kernel, oo);
     ASSERT_TRUE(swapper.has_value()) << swapper.status().to_string();
     ASSERT_TRUE((*store)->commit().is_ok());
@@ -359,8 +373,20 @@ void run_speculation_case(StateDType dtype) {
             order[i] = static_cast<std::uint32_t>(order.size() - 1 - i);
         }
         RecordingGate gate;
+        gate.swapper = &sw;
         ASSERT_TRUE(sw.speculate(hp, source, order, gate).is_ok());
         EXPECT_EQ(gate.calls, std::vector<std::size_t>(order.begin(), order.end()));
+        // When the gate is asked for the i-th sub-group, the reads of those up to i +
+        // read_ahead in the order were issued: a deeper read-ahead reads more while the gate
+        // waits for gradients.
+        ASSERT_EQ(gate.read_at_call.size(), order.size());
+        for (std::size_t i = 0; i < order.size(); ++i) {
+            std::uint64_t issued = 0;
+            for (std::size_t j = 0; j <= i + read_ahead && j < order.size(); ++j) {
+                issued += sw.pinned_read_bytes(order[j]);
+            }
+            EXPECT_EQ(gate.read_at_call[i], issued) << "at the gate of the " << i << "-th";
+        }
         EXPECT_TRUE(sw.speculating());
         EXPECT_EQ(read_all(), before);  // the old states stay current until the commit
         switch (outcome) {
@@ -458,6 +484,8 @@ TEST(OptimizerSwapper, GatedSpeculationStoppedPartWayKeepsTheOldStates) {
 TEST(OptimizerSwapper, SpeculatedStepsCommitOrRollBackBitwise) {
     run_speculation_case(StateDType::kFp32);
     run_speculation_case(StateDType::kInt8);
+    run_speculation_case(StateDType::kFp32, 2);
+    run_speculation_case(StateDType::kBf16, 8);  // more than the 5 sub-groups
 }
 
 // A fault inside a speculated step: speculate() fails, and every sub-group (those already
@@ -698,6 +726,22 @@ TEST(OptimizerSwapper, TooSmallPoolIsRejected) {
     oo.pipeline_read = false;
     s = OptimizerSwapper::create(**store, **pool, *kernel, oo);
     ASSERT_FALSE(s.has_value());  // buffers too small
+    // Reading 2 sub-groups ahead needs 4 buffers; a read-ahead of 0 or beyond the bound is
+    // refused whatever the pool.
+    oo.sub_group_numel = 1000;
+    oo.pipeline_read = true;
+    oo.pipeline_write = false;
+    oo.read_ahead = 2;
+    EXPECT_EQ(OptimizerSwapper::buffers_needed(oo), 3u);
+    oo.pipeline_write = true;
+    EXPECT_EQ(OptimizerSwapper::buffers_needed(oo), 4u);
+    for (const std::size_t ahead : {std::size_t{0}, OptimizerSwapper::kMaxReadAhead + 1}) {
+        oo.read_ahead = ahead;
+        s = OptimizerSwapper::create(**store, **pool, *kernel, oo);
+        ASSERT_FALSE(s.has_value());
+        EXPECT_NE(s.error().message().find("read_ahead"), std::string::npos)
+            << s.error().to_string();
+    }
     store->reset();
 }
 
