@@ -223,6 +223,12 @@ Status Engine::build(const zero::Partitioning& part) {
                      "; background copies need one rank and offload_optimizer nvme)");
     }
 
+    if (config_.swap.optimizer_read_ahead != 1 && plan_.optimizer_states != engine::Home::kNvme &&
+        communicator_.rank() == 0) {
+        log::warning("swap.optimizer_read_ahead: not used (the optimizer states are not on "
+                     "NVMe; the read-ahead is that of offload_optimizer nvme's sub-groups)");
+    }
+
     if (config_.swap.overlap_step && !plan_.overlap_step && communicator_.rank() == 0) {
         log::warning("swap.overlap_step: the optimizer step runs after backward (",
                      plan_.overlap_step_reason,
@@ -465,6 +471,10 @@ Status Engine::open_training_forward() {
         coordinator_->begin_iteration();
         in_iteration_ = true;
     }
+    // The step beside backward starts with the window's last forward: its thread reads the
+    // first sub-groups' states while the forward computes (the forward reads only parameters,
+    // so the disk has room), and steps each once backward makes its gradients final.
+    begin_overlap();
     return Status::ok();
 }
 
@@ -478,6 +488,7 @@ Result<float> Engine::forward(const Batch& batch) {
         model_.forward(ctx, inputs_device_.data(), labels_device_.as<std::int32_t>(), batch.rows);
     Result<float> loss = fwd.is_ok() ? model_.read_loss(stream()) : Result<float>(fwd);
     if (!loss.has_value()) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
         end_iteration_if_open();
         return loss.error();
     }
@@ -506,7 +517,6 @@ Status Engine::backward() {
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
-    begin_overlap();
     if (Status bwd = model_.backward(ctx, static_cast<float>(scale)); !bwd.is_ok()) {
         if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
         end_iteration_if_open();
@@ -552,6 +562,7 @@ Status Engine::end_forward(bool ok) {
     }
     if (ok) ok = device_.synchronize(stream()).is_ok();
     if (!ok) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
         end_iteration_if_open();
         return Status::ok();
     }
@@ -569,7 +580,6 @@ Result<double> Engine::begin_backward() {
                                             : "backward: no training forward before it");
     }
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
-    begin_overlap();
     driven_open_ = true;
     driven_training_ = true;
     driven_started_ = std::chrono::steady_clock::now();
@@ -751,7 +761,7 @@ void Engine::begin_overlap() {
     }
     // The step as it will be if the norm asks for no clipping (coefficient 1, no overflow).
     overlap_params_ = step_params(1.0 / (window_scale_ * communicator_.world_size()));
-    overlap_->begin_backward(overlap_params_, stream());
+    overlap_->begin_window(overlap_params_, stream());
 }
 
 namespace {

@@ -387,7 +387,8 @@ private:
     // The step's optimizer parameters (this step's number, learning rate and momentum) with
     // gradients multiplied by grad_scale.
     kernels::OptimizerParams step_params(double grad_scale) const;
-    // The window's last backward begins: the speculated step starts beside it (swap.overlap_step).
+    // The window's last forward begins: the speculated step starts, reading states beside the
+    // forward and stepping beside the backward (swap.overlap_step).
     void begin_overlap();
     // The optimizer's state update of a boundary step: the speculated one committed where it
     // stands, else the store's step with `p`.

@@ -64,7 +64,7 @@ OverlapStep::~OverlapStep() {
     if (thread_.joinable()) abandon(Why::kFailed);
 }
 
-void OverlapStep::begin_backward(const kernels::OptimizerParams& params, StreamId stream) {
+void OverlapStep::begin_window(const kernels::OptimizerParams& params, StreamId stream) {
     // A step that never came (its window failed after the backward) leaves nothing behind.
     if (thread_.joinable()) abandon(Why::kFailed);
     std::fill(seen_.begin(), seen_.end(), 0u);

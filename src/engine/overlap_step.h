@@ -68,18 +68,21 @@ public:
     OverlapStep(const OverlapStep&) = delete;
     OverlapStep& operator=(const OverlapStep&) = delete;
 
-    // The window's last backward begins on `stream`. The first one (and the first after a
-    // change of pattern) records which gradients arrive, how often and in which order; later
-    // ones start the speculated step with `params` (clip coefficient 1) on the thread.
-    void begin_backward(const kernels::OptimizerParams& params, StreamId stream);
-    // The window's last backward begins, and its step will follow it (counted).
+    // The window's last forward begins on `stream` (its backward follows). The first window
+    // (and the first after a change of pattern) records which gradients arrive, how often and
+    // in which order; later ones start the speculated step with `params` (clip coefficient 1)
+    // on the thread, which reads the first sub-groups of the order (swap.optimizer_read_ahead
+    // of them beyond the one it waits on) while the forward computes: the forward reads only
+    // parameters and leaves the disk room.
+    void begin_window(const kernels::OptimizerParams& params, StreamId stream);
+    // The window's last forward begins, and its step will follow the backward (counted).
     void skip_window() noexcept { ++counts_.not_speculated; }
     // After each gradient of parameter `index` reached the coordinator in that backward (the
     // engine's thread). A gradient beyond the recorded count abandons the speculation.
     void accumulated(std::size_t index);
     // The backward ended and reduce_gradients ran: every gradient of the window is final.
     void gradients_final();
-    // Whether a speculated step is under way or done for this window (begin_backward started
+    // Whether a speculated step is under way or done for this window (begin_window started
     // it and nothing abandoned it yet).
     bool speculating() const noexcept { return thread_.joinable(); }
     // Waits for the speculated step. ok: the swapper holds it, to commit or discard. kBusy: it
