@@ -282,8 +282,17 @@ Status Engine::init_states() {
                                                    offload_ ? offload_->optimizer() : nullptr));
     if (plan_.overlap_step) {
         ZINF_ASSIGN_OR_RETURN(
-            overlap_, engine::OverlapStep::create(plan_, *coordinator_, *offload_->optimizer(),
-                                                  *optimizer_io_, device_));
+            overlap_,
+            engine::OverlapStep::create(
+                plan_, *coordinator_, *offload_->optimizer(), *optimizer_io_, device_,
+                // One rank holding its gradients in host memory: the norm's partial of a
+                // parameter is that of its domain slice, as gradient_stats takes it.
+                [this](std::size_t p) {
+                    return slice_partial(
+                        static_cast<const std::byte*>(coordinator_->domain().gradients),
+                        coordinator_->domain_offset_numel(p),
+                        coordinator_->partitioning().slot(p).slice_numel);
+                }));
         adapter_->set_overlap(overlap_.get());
     }
     FnParamSource source(
@@ -614,9 +623,7 @@ model::GradientSink& Engine::gradient_sink() noexcept {
 // rank computes its slices' partials and the ranks exchange them (zero::sum_over_ranks adds the
 // zeros of the other ranks' columns, which is exact), so every rank clips by the same norm.
 Result<kernels::GradStats> Engine::gradient_stats() {
-    const auto& d = coordinator_->domain();
     const auto& part = coordinator_->partitioning();
-    const std::size_t eb = dtype_size_bytes(d.dtype);
     const bool partitioned = coordinator_->plan().optimizer_partitioned;
     const auto ws = static_cast<std::size_t>(part.world_size());
     const std::size_t params = part.parameter_count();
@@ -643,20 +650,22 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     }
     ZINF_ASSIGN_OR_RETURN(const std::byte* grads, optimizer_io_->prepare(stream()));
     auto slice_sum = [&](std::size_t offset, std::size_t n) {
-        double sum = 0.0;
-        for (std::size_t at = 0; at < n; at += kNormChunkNumel) {
-            const std::size_t len = std::min(kNormChunkNumel, n - at);
-            const auto s =
-                kernel_.grad_stats(kernels::GradView{grads + (offset + at) * eb, len, d.dtype});
-            if (s.has_inf_nan) partials.back() += 1.0;
-            sum += s.sum_squares;
-        }
-        return sum;
+        const engine::NormPartial s = slice_partial(grads, offset, n);
+        partials.back() += s.nonfinite_chunks;
+        return s.sum_squares;
     };
+    // The step beside backward took some partials already (the same function on its thread).
+    const bool shared = overlap_ && overlap_->partials_usable();
     for (std::size_t p = 0; p < params; ++p) {
         const auto& slot = part.slot(p);
         if (partitioned) {
             const auto r = static_cast<std::size_t>(part.rank());
+            engine::NormPartial taken;
+            if (shared && overlap_->take_partial(p, taken)) {
+                partials[p * ws + r] = taken.sum_squares;
+                partials.back() += taken.nonfinite_chunks;
+                continue;
+            }
             partials[p * ws + r] = slice_sum(slot.partition_offset_numel, slot.slice_numel);
         } else {
             for (std::size_t r = 0; r < ws; ++r) {
@@ -673,6 +682,23 @@ Result<kernels::GradStats> Engine::gradient_stats() {
     for (std::size_t k = 0; k < params * ws; ++k) total.sum_squares += partials[k];
     total.has_inf_nan = partials.back() != 0.0;
     return total;
+}
+
+// One slice's sum of squares, in chunks of kNormChunkNumel from its start, and how many chunks
+// hold an inf or NaN.
+engine::NormPartial Engine::slice_partial(const std::byte* grads, std::size_t offset_numel,
+                                          std::size_t numel) const {
+    const auto dtype = coordinator_->domain().dtype;
+    const std::size_t eb = dtype_size_bytes(dtype);
+    engine::NormPartial out;
+    for (std::size_t at = 0; at < numel; at += kNormChunkNumel) {
+        const std::size_t len = std::min(kNormChunkNumel, numel - at);
+        const auto s =
+            kernel_.grad_stats(kernels::GradView{grads + (offset_numel + at) * eb, len, dtype});
+        if (s.has_inf_nan) out.nonfinite_chunks += 1.0;
+        out.sum_squares += s.sum_squares;
+    }
+    return out;
 }
 
 // The optimizer part of a boundary step: overflow check, clipping, the store's step, publishing

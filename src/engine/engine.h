@@ -387,6 +387,10 @@ private:
     // The step's optimizer parameters (this step's number, learning rate and momentum) with
     // gradients multiplied by grad_scale.
     kernels::OptimizerParams step_params(double grad_scale) const;
+    // One gradient slice's part of the norm (gradient_stats; the step beside backward's thread
+    // calls it too, for one rank's slices in host memory).
+    engine::NormPartial slice_partial(const std::byte* grads, std::size_t offset_numel,
+                                      std::size_t numel) const;
     // The window's last forward begins: the speculated step starts, reading states beside the
     // forward and stepping beside the backward (swap.overlap_step).
     void begin_overlap();

@@ -19,18 +19,21 @@ constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 }  // namespace
 
 OverlapStep::OverlapStep(const OffloadPlan& plan, const zero::ParameterCoordinator& coordinator,
-                         swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device)
+                         swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device,
+                         NormPartialFn partial)
     : coordinator_(coordinator),
       swapper_(swapper),
       io_(io),
       device_(device),
       dtype_(plan.dtype),
-      groups_(swapper.sub_group_count()) {}
+      groups_(swapper.sub_group_count()),
+      partial_fn_(std::move(partial)) {}
 
 Result<std::unique_ptr<OverlapStep>> OverlapStep::create(
     const OffloadPlan& plan, const zero::ParameterCoordinator& coordinator,
-    swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device) {
-    std::unique_ptr<OverlapStep> o(new OverlapStep(plan, coordinator, swapper, io, device));
+    swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device, NormPartialFn partial) {
+    std::unique_ptr<OverlapStep> o(
+        new OverlapStep(plan, coordinator, swapper, io, device, std::move(partial)));
     const std::size_t eb = dtype_size_bytes(plan.dtype);
     auto b = AlignedBuffer::allocate(std::max<std::size_t>(plan.domain_numel * eb, 64));
     if (!b.has_value()) {
@@ -40,14 +43,19 @@ Result<std::unique_ptr<OverlapStep>> OverlapStep::create(
     const std::size_t params = coordinator.partitioning().parameter_count();
     const std::uint64_t sub = swapper.options().sub_group_numel;
     o->groups_of_param_.resize(params);
+    o->params_of_group_.resize(o->groups_);
     for (std::size_t p = 0; p < params; ++p) {
         const std::uint64_t at = coordinator.domain_offset_numel(p);
         const std::uint64_t n = coordinator.partitioning().slot(p).slice_numel;
         if (n == 0) continue;
         for (std::uint64_t g = at / sub; g <= (at + n - 1) / sub && g < o->groups_; ++g) {
             o->groups_of_param_[p].push_back(static_cast<std::uint32_t>(g));
+            o->params_of_group_[g].push_back(static_cast<std::uint32_t>(p));
         }
     }
+    o->partial_state_ = std::make_unique<std::atomic<std::uint8_t>[]>(params);
+    for (std::size_t p = 0; p < params; ++p) o->partial_state_[p].store(kCaller);
+    o->partials_.assign(params, NormPartial{});
     o->needs_final_.assign(o->groups_, false);
     o->expected_.assign(params, 0);
     o->seen_.assign(params, 0);
@@ -90,6 +98,10 @@ void OverlapStep::begin_window(const kernels::OptimizerParams& params, StreamId 
         abandoned_ = false;
     }
     gate_wait_seconds_ = 0.0;
+    // The thread may take the norm's partials from here (the engine's thread reads them only
+    // after the backward, through partials_usable).
+    const std::uint8_t open = partial_fn_ ? kOpen : kCaller;
+    for (std::size_t p = 0; p < expected_.size(); ++p) partial_state_[p].store(open);
     thread_status_ = Status::ok();
     thread_ =
         std::thread([this] { thread_status_ = swapper_.speculate(params_, *this, order_, *this); });
@@ -190,7 +202,42 @@ Status OverlapStep::ready(std::size_t sub_group) {
     }
     gate_wait_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.is_ok()) take_partials(sub_group);
     return s;
+}
+
+void OverlapStep::take_partials(std::size_t sub_group) {
+    if (!partial_fn_) return;
+    // Every parameter of a sub-group let through has its final gradients: the ones with
+    // gradients counted it pending until their last one, and one without any kept it waiting
+    // for gradients_final.
+    for (const std::uint32_t p : params_of_group_[sub_group]) {
+        std::uint8_t open = kOpen;
+        if (!partial_state_[p].compare_exchange_strong(open, kTaking)) continue;
+        partials_[p] = partial_fn_(p);
+        partial_state_[p].store(kTaken, std::memory_order_release);
+    }
+}
+
+bool OverlapStep::partials_usable() {
+    if (!partial_fn_ || mode_ != Mode::kRunning) return false;
+    // A parameter that got a gradient beyond the recorded count abandoned the speculation: a
+    // partial the thread took may be of a gradient that was not final.
+    const std::lock_guard lock(mutex_);
+    return !abandoned_;
+}
+
+bool OverlapStep::take_partial(std::size_t index, NormPartial& out) {
+    std::uint8_t state = kOpen;
+    if (partial_state_[index].compare_exchange_strong(state, kCaller)) return false;
+    if (state == kCaller) return false;
+    // Taken, or being taken by the thread: one parameter's sum, so a short wait.
+    while ((state = partial_state_[index].load(std::memory_order_acquire)) == kTaking) {
+        std::this_thread::yield();
+    }
+    out = partials_[index];
+    ++counts_.norm_partials;
+    return true;
 }
 
 Status OverlapStep::finish() {

@@ -18,9 +18,11 @@
 // (OffloadPlan::overlap_step_reason).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -48,6 +50,8 @@ struct OverlapCounts {
     std::uint64_t abandoned = 0;  // the backward changed its pattern, or failed
     // Windows stepped after backward because the step before clipped or overflowed.
     std::uint64_t not_speculated = 0;
+    // Parameters whose part of the gradient norm the thread took beside backward.
+    std::uint64_t norm_partials = 0;
     // Speculated steps that did not stand, over those taken.
     double rollback_rate() const noexcept {
         const std::uint64_t taken = committed + redone + skipped + abandoned;
@@ -57,13 +61,26 @@ struct OverlapCounts {
     }
 };
 
+// One parameter's part of the gradient norm: the sum of squares of its slice and the count of
+// its chunks holding an inf or NaN (Engine::gradient_stats adds them in parameter order).
+struct NormPartial {
+    double sum_squares = 0.0;
+    double nonfinite_chunks = 0.0;
+};
+// Computes parameter `index`'s partial from its final gradients; the same function whichever
+// thread calls it, so the norm has the same bits wherever each partial was taken.
+using NormPartialFn = std::function<NormPartial(std::size_t index)>;
+
 class OverlapStep final : private swap::SubGroupGate, private swap::GradientSource {
 public:
     // Borrows everything, which outlives this object. Allocates the parameter buffer
-    // (plan.domain_numel elements of the parameters' dtype). Errors: kNoSpace.
+    // (plan.domain_numel elements of the parameters' dtype). `partial` (optional) lets the
+    // thread take the norm's partials of each sub-group's parameters as it is let through.
+    // Errors: kNoSpace.
     static Result<std::unique_ptr<OverlapStep>> create(
         const OffloadPlan& plan, const zero::ParameterCoordinator& coordinator,
-        swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device);
+        swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device,
+        NormPartialFn partial = {});
     ~OverlapStep() override;
     OverlapStep(const OverlapStep&) = delete;
     OverlapStep& operator=(const OverlapStep&) = delete;
@@ -97,6 +114,14 @@ public:
     // After the swapper committed: the new parameters to where the next forward reads them.
     Status publish(StreamId stream);
 
+    // The gradient norm after backward (the engine's thread): whether the thread's partials of
+    // this window may be used (a speculation runs and nothing abandoned it: every partial it
+    // took is of final gradients), then, per parameter, the thread's partial (true; waits if
+    // the thread is taking it) or false: the thread has not, and now will not, take it, so the
+    // caller computes it.
+    bool partials_usable();
+    bool take_partial(std::size_t index, NormPartial& out);
+
     const OverlapCounts& counts() const noexcept { return counts_; }
     // The last speculated step's seconds waiting for gradients, and its whole time.
     double last_gate_wait_seconds() const noexcept { return gate_wait_seconds_; }
@@ -105,8 +130,12 @@ private:
     enum class Mode { kIdle, kRecording, kRunning };
 
     OverlapStep(const OffloadPlan& plan, const zero::ParameterCoordinator& coordinator,
-                swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device);
+                swap::OptimizerSwapper& swapper, OptimizerIo& io, Device& device,
+                NormPartialFn partial);
     void stop_thread(bool abandon);
+    // The thread, once sub-group `sub_group` was let through: the partials of its parameters
+    // that nobody took yet.
+    void take_partials(std::size_t sub_group);
 
     // swap::SubGroupGate
     Status ready(std::size_t sub_group) override;
@@ -128,6 +157,7 @@ private:
 
     // Which sub-groups each parameter's domain slice touches, and the reverse.
     std::vector<std::vector<std::uint32_t>> groups_of_param_;
+    std::vector<std::vector<std::uint32_t>> params_of_group_;
     // Sub-groups some of whose elements no recorded gradient covers: final only at
     // gradients_final().
     std::vector<bool> needs_final_;
@@ -153,6 +183,13 @@ private:
     std::vector<bool> ready_;
     bool all_final_ = false;
     bool abandoned_ = false;
+
+    // The norm's partials: per parameter kOpen, then kTaking and kTaken by the thread, or
+    // kCaller once the engine computes it itself.
+    enum PartialState : std::uint8_t { kOpen, kTaking, kTaken, kCaller };
+    NormPartialFn partial_fn_;
+    std::unique_ptr<std::atomic<std::uint8_t>[]> partial_state_;
+    std::vector<NormPartial> partials_;
 
     std::thread thread_;
     Status thread_status_;

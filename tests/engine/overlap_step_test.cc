@@ -121,7 +121,11 @@ TEST(OverlapStep, StepsBesideBackwardAreBitwiseTheSequentialOnes) {
         ASSERT_TRUE(overlapped.overlap_counts);
         EXPECT_EQ(overlapped.losses, sequential.losses);
         EXPECT_EQ(overlapped.master, sequential.master);
+        EXPECT_EQ(overlapped.norms, sequential.norms);  // bitwise (inf on overflow steps)
         const engine::OverlapCounts& n = overlapped.counts;
+        // The thread took parts of the norm beside backward (the bitwise norms above show they
+        // are the engine's own).
+        EXPECT_GT(n.norm_partials, 0u) << "every partial of the norm was taken after backward";
         // The first window records the order; every later one speculates.
         EXPECT_EQ(n.recorded, 1u);
         EXPECT_EQ(n.committed + n.redone + n.skipped + n.abandoned, kSteps - 1);
