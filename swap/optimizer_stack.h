@@ -29,7 +29,7 @@ struct OptimizerStackOptions {
     bool amsgrad = false;
     bool pipeline_read = true;
     bool pipeline_write = true;
-    std::size_t read_ahead = 1;  // OptimizerSwapperOptions::read_ahead
+    std::size_t read_ahead = 1;       // OptimizerSwapperOptions::read_ahead
     PartitionId first_partition = 0;  // the groups' partitions follow one another from here
     std::string pool_name = "offload_optimizer";
     // How the moments are stored, and (compressed) the runs of global flat indices and the

@@ -221,7 +221,7 @@ private:
     std::size_t state_count_ = 0;
     std::size_t sub_group_count_ = 0;
     std::size_t ticket_count_ = 1;  // buffers_needed(): tickets_ holds that many
-    bool speculating_ = false;  // shadows written by speculate(), not yet committed
+    bool speculating_ = false;      // shadows written by speculate(), not yet committed
     std::unique_ptr<TensorSwapper> swapper_;
     std::unique_ptr<SwapTicket[]> tickets_;
     OptimizerStepStats stats_;

@@ -1028,8 +1028,8 @@ Status read_zinfinity_blocks(ObjectReader& r, EngineConfig& c) {
         ZINF_TRY(s.get_bool("background_checkpoint", c.swap.background_checkpoint));
         ZINF_TRY(s.get_bool("overlap_step", c.swap.overlap_step));
         // At most swap::OptimizerSwapper::kMaxReadAhead.
-        ZINF_TRY(s.get_int(std::string_view("optimizer_read_ahead"), c.swap.optimizer_read_ahead,
-                           1, 8));
+        ZINF_TRY(
+            s.get_int(std::string_view("optimizer_read_ahead"), c.swap.optimizer_read_ahead, 1, 8));
         ZINF_TRY(s.finish());
     }
     ZINF_TRY(r.get_object("comm", sub));

@@ -225,8 +225,9 @@ Status Engine::build(const zero::Partitioning& part) {
 
     if (config_.swap.optimizer_read_ahead != 1 && plan_.optimizer_states != engine::Home::kNvme &&
         communicator_.rank() == 0) {
-        log::warning("swap.optimizer_read_ahead: not used (the optimizer states are not on "
-                     "NVMe; the read-ahead is that of offload_optimizer nvme's sub-groups)");
+        log::warning(
+            "swap.optimizer_read_ahead: not used (the optimizer states are not on "
+            "NVMe; the read-ahead is that of offload_optimizer nvme's sub-groups)");
     }
 
     if (config_.swap.overlap_step && !plan_.overlap_step && communicator_.rank() == 0) {
@@ -282,17 +283,16 @@ Status Engine::init_states() {
                                                    offload_ ? offload_->optimizer() : nullptr));
     if (plan_.overlap_step) {
         ZINF_ASSIGN_OR_RETURN(
-            overlap_,
-            engine::OverlapStep::create(
-                plan_, *coordinator_, *offload_->optimizer(), *optimizer_io_, device_,
-                // One rank holding its gradients in host memory: the norm's partial of a
-                // parameter is that of its domain slice, as gradient_stats takes it.
-                [this](std::size_t p) {
-                    return slice_partial(
-                        static_cast<const std::byte*>(coordinator_->domain().gradients),
-                        coordinator_->domain_offset_numel(p),
-                        coordinator_->partitioning().slot(p).slice_numel);
-                }));
+            overlap_, engine::OverlapStep::create(
+                          plan_, *coordinator_, *offload_->optimizer(), *optimizer_io_, device_,
+                          // One rank holding its gradients in host memory: the norm's partial of a
+                          // parameter is that of its domain slice, as gradient_stats takes it.
+                          [this](std::size_t p) {
+                              return slice_partial(
+                                  static_cast<const std::byte*>(coordinator_->domain().gradients),
+                                  coordinator_->domain_offset_numel(p),
+                                  coordinator_->partitioning().slot(p).slice_numel);
+                          }));
         adapter_->set_overlap(overlap_.get());
     }
     FnParamSource source(

@@ -426,8 +426,8 @@ Result<OffloadPlan> make_offload_plan(const config::EngineConfig& config, const 
             plan.parameter_host_tier_bytes,
             " bytes for parameters (offload_param buffer_count x buffer_size) + ",
             plan.optimizer_pinned_bytes(), " bytes for optimizer sub-groups (sub_group_size ",
-            plan.sub_group_numel, ", swap.optimizer_read_ahead ",
-            config.swap.optimizer_read_ahead, "); raise it to at least ", pinned));
+            plan.sub_group_numel, ", swap.optimizer_read_ahead ", config.swap.optimizer_read_ahead,
+            "); raise it to at least ", pinned));
     }
     return plan;
 }

@@ -9,6 +9,11 @@
 // (overflow): rollback by bytes, never by an arithmetic inverse, so the result is bitwise the
 // sequential step's in every case.
 //
+// The thread starts with the window's last forward (the forward reads only parameters, so the
+// disk has room for the first sub-groups' states), and takes the gradient norm's partial of
+// each parameter of a sub-group it lets through, so that the norm after backward adds what was
+// taken beside it instead of reading every gradient again.
+//
 // The new parameters are held in a host buffer of the domain (2 or 4 bytes per element) until
 // the commit, since backward still reads parameters (tied ones, and stage 3 gathering the layers
 // below) and a discarded step must leave them as they were.

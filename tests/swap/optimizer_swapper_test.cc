@@ -90,10 +90,10 @@ struct RefMoment {
 };
 
 void run_case(const Case& c) {
-    SCOPED_TRACE(testing::Message() << optimizer_kind_name(c.kind) << " read=" << c.pipeline_read
-                                    << " write=" << c.pipeline_write << " bf16=" << c.bf16
-                                    << " states=" << state_dtype_name(c.dtype)
-                                    << " read_ahead=" << c.read_ahead);
+    SCOPED_TRACE(testing::Message()
+                 << optimizer_kind_name(c.kind) << " read=" << c.pipeline_read
+                 << " write=" << c.pipeline_write << " bf16=" << c.bf16
+                 << " states=" << state_dtype_name(c.dtype) << " read_ahead=" << c.read_ahead);
     const std::uint64_t seed = zinf::test::seed();
     std::mt19937_64 rng(seed);
     constexpr std::uint64_t kNumel = 100'003;
