@@ -660,13 +660,12 @@ Result<kernels::GradStats> Engine::gradient_stats() {
         const auto& slot = part.slot(p);
         if (partitioned) {
             const auto r = static_cast<std::size_t>(part.rank());
-            engine::NormPartial taken;
-            if (shared && overlap_->take_partial(p, taken)) {
-                partials[p * ws + r] = taken.sum_squares;
-                partials.back() += taken.nonfinite_chunks;
-                continue;
+            engine::NormPartial s;
+            if (!shared || !overlap_->take_partial(p, s)) {
+                s = slice_partial(grads, slot.partition_offset_numel, slot.slice_numel);
             }
-            partials[p * ws + r] = slice_sum(slot.partition_offset_numel, slot.slice_numel);
+            partials[p * ws + r] = s.sum_squares;
+            partials.back() += s.nonfinite_chunks;
         } else {
             for (std::size_t r = 0; r < ws; ++r) {
                 partials[p * ws + r] =
