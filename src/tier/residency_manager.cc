@@ -41,6 +41,8 @@ std::string_view partition_state_name(PartitionState state) noexcept {
             return "writing";
         case PartitionState::kCopyingToHost:
             return "copying to host";
+        case PartitionState::kStaged:
+            return "staged";
     }
     return "?";
 }
@@ -99,6 +101,7 @@ ResidencyManager::ResidencyManager(const ResidencyOptions& options, Mover& mover
                   options.partition_capacity),
       parts_(options.partition_capacity) {
     in_flight_.reserve(options.partition_capacity);
+    write_behind_.reserve(options.partition_capacity);
     candidates_.reserve(options.partition_capacity);
     // Free extents never outnumber allocated ones by more than one.
     extents_.reserve(2 * options.partition_capacity + 1);
@@ -195,8 +198,11 @@ void ResidencyManager::check_budgets() const {
         ZINF_ASSERT_EQ(p.host == Copy::kAbsent, p.host_offset == kNoOffset);
         if (p.device != Copy::kAbsent) device_bytes += device_alloc_.rounded(p.size_bytes);
         if (p.host != Copy::kAbsent) host_bytes += host_alloc_.rounded(p.size_bytes);
-        // Never lose the last copy.
-        ZINF_ASSERT(p.nvme_valid || p.host != Copy::kAbsent || p.device != Copy::kAbsent);
+        // Never lose the last copy (a staged partition's is the caller's source).
+        ZINF_ASSERT(p.nvme_valid || p.host != Copy::kAbsent || p.device != Copy::kAbsent ||
+                    p.source != nullptr);
+        ZINF_ASSERT(p.source == nullptr ||
+                    (p.host == Copy::kAbsent && p.device == Copy::kAbsent && !p.nvme_valid));
     }
     ZINF_ASSERT_EQ(device_bytes, device_alloc_.used_bytes());
     ZINF_ASSERT_EQ(host_bytes, host_alloc_.used_bytes());
@@ -674,6 +680,13 @@ Result<ResidencyManager::Step> ResidencyManager::step_toward(PartitionId id, Tie
                                                              std::uint64_t distance) {
     Partition& p = part(id);
     ZINF_ASSERT(tier != Tier::kNvme);
+    if (p.source != nullptr) {
+        // Staged bytes: copied into the host tier, never read; a device access goes on from
+        // there below (its copy to the device before the write behind).
+        ZINF_ASSIGN_OR_RETURN(const bool taken, take_source(id, prefetch, distance));
+        if (!taken) return Step::kNoRoom;
+        if (valid(p, tier)) return Step::kTaken;
+    }
     if (valid(p, tier) || p.in_flight) return Step::kNothingToDo;
     ZINF_ASSERT(p.device != Copy::kFilling);
     ZINF_ASSERT(p.host != Copy::kFilling);
@@ -732,6 +745,7 @@ Status ResidencyManager::ensure_resident(PartitionId id, Tier tier) {
         ZINF_ASSIGN_OR_RETURN(const Step step_taken, step_toward(id, tier, false, 0));
         ZINF_ASSERT(step_taken != Step::kNoRoom);  // demand makes room or fails
         ZINF_ASSERT(step_taken != Step::kNothingToDo);
+        if (step_taken == Step::kTaken) continue;  // resident now
         if (step_taken == Step::kMoverBusy) {
             // The mover is saturated: let its oldest move finish.
             ZINF_ASSERT(!in_flight_.empty());
@@ -750,7 +764,10 @@ Status ResidencyManager::ensure_resident(PartitionId id, Tier tier) {
 }
 
 void ResidencyManager::issue_prefetches() {
-    if (!following_trace()) return;
+    if (!following_trace()) {
+        start_writes_behind();
+        return;
+    }
     const std::size_t n = trace_.size();
     const std::uint64_t depth_bytes = options_.prefetch_depth_bytes();
     const std::uint64_t max_live_bytes = options_.max_live_bytes();
@@ -796,6 +813,105 @@ void ResidencyManager::issue_prefetches() {
         // that has room (a read into a free pinned buffer), so that the disk keeps working.
         if (*step == Step::kMoverBusy) break;
     }
+    // After the accesses' moves: a partition's copy to the device goes before its write.
+    start_writes_behind();
+}
+
+Result<bool> ResidencyManager::take_source(PartitionId id, bool prefetch, std::uint64_t distance) {
+    Partition& p = part(id);
+    ZINF_ASSERT(p.source != nullptr);
+    ZINF_ASSERT(!p.in_flight);
+    ZINF_ASSERT_EQ(keep_, kNoPartition);
+    keep_ = id;
+    Result<std::optional<std::size_t>> room =
+        make_room(Tier::kHost, p.size_bytes, id, prefetch, distance);
+    keep_ = kNoPartition;
+    if (!room.has_value()) return room.error();
+    if (!room->has_value()) return false;
+    p.host_offset = **room;
+    std::memcpy(host_ptr(p), p.source, p.size_bytes);
+    p.host = Copy::kValid;  // dirty: the only copy
+    p.source = nullptr;
+    --staged_count_;
+    ++stats_.staged_taken;
+    if (!p.write_behind) {
+        p.write_behind = true;
+        ZINF_ASSERT_LT(write_behind_.size(), write_behind_.capacity());  // never reallocates
+        write_behind_.push_back(id);
+    }
+    check_budgets();
+    return true;
+}
+
+void ResidencyManager::start_writes_behind() {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < write_behind_.size(); ++i) {
+        const PartitionId id = write_behind_[i];
+        Partition& p = parts_[id];
+        if (!p.write_behind || !is_dirty(p, Tier::kHost)) {
+            // Written already (evicted, flushed), or replaced since (overwritten, or a newer
+            // device copy that its own eviction writes).
+            p.write_behind = false;
+            continue;
+        }
+        const bool free_mover = in_flight_.size() < mover_.max_in_flight();
+        if (p.in_flight || p.pin_count > 0 || !free_mover) {
+            write_behind_[kept++] = id;  // later
+            continue;
+        }
+        const Status started = start_move(id, MoveKind::kSwapOut, false);
+        if (started.code() == StatusCode::kBusy) {
+            write_behind_[kept++] = id;
+            continue;
+        }
+        p.write_behind = false;
+        if (!started.is_ok()) {
+            defer(started);  // stays dirty: eviction or flush writes it and reports
+            continue;
+        }
+        ++stats_.written_behind;
+    }
+    write_behind_.resize(kept);
+}
+
+Status ResidencyManager::stage_overwrite(PartitionId id, const std::byte* source) {
+    ZINF_ASSERT(source != nullptr);
+    Partition& p = part(id);
+    ZINF_ASSERT(p.registered);
+    ZINF_ASSERT_EQ(p.pin_count, 0u);
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
+    poll_moves_quietly();
+    if (p.in_flight) {
+        // A prefetch or a write-back of the old bytes: let it land before they are dropped.
+        if (Status waited = wait_move(id); !waited.is_ok()) {
+            return waited.with_context(str_cat("residency: staging partition ", id));
+        }
+    }
+    drop_copy(id, Tier::kDevice);
+    drop_copy(id, Tier::kHost);
+    p.nvme_valid = false;
+    if (p.write_behind) {
+        p.write_behind = false;
+        write_behind_.erase(std::find(write_behind_.begin(), write_behind_.end(), id));
+    }
+    if (p.source == nullptr) ++staged_count_;
+    p.source = source;
+    p.prefetch_blocked = false;
+    ++stats_.staged;
+    check_budgets();
+    return Status::ok();
+}
+
+Status ResidencyManager::take_staged() {
+    if (staged_count_ == 0) return Status::ok();
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
+    for (PartitionId id = 0; id < parts_.size() && staged_count_ > 0; ++id) {
+        if (!parts_[id].registered || parts_[id].source == nullptr) continue;
+        ZINF_ASSIGN_OR_RETURN(const bool taken, take_source(id, false, 0));
+        ZINF_ASSERT(taken);  // demand makes room or fails
+        start_writes_behind();
+    }
+    return Status::ok();
 }
 
 void* ResidencyManager::pin_resident(Partition& p, Tier tier) {
@@ -896,6 +1012,10 @@ Result<void*> ResidencyManager::acquire_for_overwrite(PartitionId id, Tier tier)
         if (other != tier) drop_copy(id, other);
     }
     p.nvme_valid = false;
+    if (p.source != nullptr) {  // superseded
+        p.source = nullptr;
+        --staged_count_;
+    }
     return pin_resident(p, tier);
 }
 
@@ -943,6 +1063,7 @@ Status ResidencyManager::drain() {
 
 Status ResidencyManager::flush() {
     if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
+    ZINF_TRY(take_staged());
     ZINF_TRY(drain());
     for (PartitionId id = 0; id < parts_.size(); ++id) {
         if (!parts_[id].registered) continue;
@@ -998,6 +1119,7 @@ PartitionState ResidencyManager::state(PartitionId id) const {
         return is_dirty(p, Tier::kDevice) ? PartitionState::kDirty : PartitionState::kOnDevice;
     if (p.host == Copy::kValid)
         return is_dirty(p, Tier::kHost) ? PartitionState::kDirty : PartitionState::kOnHost;
+    if (p.source != nullptr) return PartitionState::kStaged;
     ZINF_ASSERT(p.nvme_valid);
     return PartitionState::kOnNvme;
 }
@@ -1026,7 +1148,8 @@ std::string ResidencyManager::stats_summary() const {
                    s.bytes_swapped_in, " B, out ", s.bytes_swapped_out, " B, to device ",
                    s.bytes_to_device, " B, to host ", s.bytes_to_host, " B; acquires ", s.acquires,
                    " (hits ", s.hits, ", late ", s.late, ", misses ", s.misses, "); drops ",
-                   s.drops, ", write-backs ", s.write_backs, "; stall ",
+                   s.drops, ", write-backs ", s.write_backs, "; staged ", s.staged, " (taken ",
+                   s.staged_taken, ", written behind ", s.written_behind, "); stall ",
                    std::chrono::duration<double, std::milli>(s.stall_time).count(), " ms; traces ",
                    s.trace_recordings, ", order changes ", s.trace_changes);
 }

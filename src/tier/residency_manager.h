@@ -78,6 +78,7 @@ enum class PartitionState : std::uint8_t {
     kDirty,            // fastest valid copy (device or host) is newer than every copy below it
     kWriting,          // being written back, host → NVMe
     kCopyingToHost,    // being written back, device → host
+    kStaged,           // its newest bytes are the caller's (stage_overwrite), not yet taken
 };
 std::string_view partition_state_name(PartitionState state) noexcept;
 
@@ -101,6 +102,9 @@ struct ResidencyStats {
     std::uint64_t prefetches_started = 0;  // moves started by prefetch
     std::uint64_t drops = 0;               // clean copies evicted (no write needed)
     std::uint64_t write_backs = 0;         // dirty copies written one tier down to evict them
+    std::uint64_t staged = 0;              // stage_overwrite calls
+    std::uint64_t staged_taken = 0;        // staged bytes copied into the host tier (no read)
+    std::uint64_t written_behind = 0;      // writes of taken bytes started beside what follows
     std::uint64_t failed_moves = 0;
     std::uint64_t trace_recordings = 0;      // traces adopted
     std::uint64_t trace_changes = 0;         // changes of access order detected
@@ -164,6 +168,23 @@ public:
     // (its copy is the one overwritten). Errors: as acquire (kNoSpace, a deferred background
     // failure; a move of it in flight is waited for).
     Result<void*> acquire_for_overwrite(PartitionId id, Tier tier);
+    // Replaces every byte of the partition with `source` (host memory outside the tiers, of
+    // size_bytes), without copying or writing anything now: every copy is dropped (NVMe's too,
+    // stale from here), and the next access of the partition (a prefetch along the trace, an
+    // acquire, flush, take_staged) copies the bytes into the host tier instead of reading them,
+    // then writes them down to NVMe beside what follows (as a prefetch: when the mover has
+    // room, never waited for by the computing thread unless it needs the partition's slot).
+    // `source` stays the caller's and must not change until the partition is taken. A later
+    // acquire_for_overwrite supersedes it. Precondition: not acquired. Waits for a move of the
+    // partition in flight (the old bytes'). Errors: a deferred background failure (as acquire),
+    // that move's error.
+    Status stage_overwrite(PartitionId id, const std::byte* source);
+    // Takes every staged partition not yet taken (into the host tier, written behind): after it
+    // no source is read again and the caller may reuse them. Precondition: nothing acquired
+    // that room must be made past. Errors: as acquire.
+    Status take_staged();
+    std::size_t staged_count() const noexcept { return staged_count_; }
+
     // Unpins. `dirty`: the bytes were modified in the acquired tier; every other copy becomes
     // stale and is dropped (it is written back when evicted or flushed). On a device with
     // several streams (a GPU), the caller's own work on a kDevice copy, reads included, must be
@@ -218,6 +239,10 @@ private:
         std::uint32_t pin_count = 0;
         Tier pinned_tier = Tier::kDevice;
         std::uint64_t last_use_tick = 0;
+        // stage_overwrite's bytes, not yet taken (no copy is valid meanwhile).
+        const std::byte* source = nullptr;
+        // Taken from a source and not yet written down: issue_prefetches starts its write.
+        bool write_behind = false;
     };
 
     ResidencyManager(const ResidencyOptions& options, Mover& mover, Device* device);
@@ -280,6 +305,7 @@ private:
         kNothingToDo,  // already resident, or a move of it is in flight
         kNoRoom,       // prefetch only: no clean copy used later than it could make room
         kMoverBusy,    // the mover has max_in_flight() moves outstanding
+        kTaken,        // staged bytes were copied into the host tier, now resident there
     };
     Result<Step> step_toward(PartitionId id, Tier tier, bool prefetch, std::uint64_t distance);
     Status ensure_resident(PartitionId id, Tier tier);
@@ -287,6 +313,11 @@ private:
     // prefetches and returns its address.
     void* pin_resident(Partition& p, Tier tier);
     void issue_prefetches();
+    // Copies the staged bytes of `id` into the host tier (room made as for a prefetch, or on
+    // demand) and queues their write behind. false: a prefetch found no room.
+    Result<bool> take_source(PartitionId id, bool prefetch, std::uint64_t distance);
+    // Starts the writes of taken bytes while the mover has room (prefetch priority).
+    void start_writes_behind();
 
     void check_budgets() const;
     std::size_t loop_bound() const noexcept { return 64 + 16 * registered_count_; }
@@ -308,6 +339,9 @@ private:
     std::size_t registered_count_ = 0;
     // Partitions with a move in flight, in start order (waits take the oldest first).
     std::vector<PartitionId> in_flight_;
+    // Partitions taken from a source whose write has not started (reserved to capacity).
+    std::vector<PartitionId> write_behind_;
+    std::size_t staged_count_ = 0;  // sources not yet taken
     // Scratch for eviction candidates, reserved to partition_capacity.
     std::vector<EvictionCandidate> candidates_;
     // make_room's scratch: free extents and the candidates' extents (reserved at create).
