@@ -134,6 +134,12 @@ public:
                                    StreamId stream);
     Status read_domain_parameters(std::size_t offset_numel, std::span<std::byte> bytes,
                                   StreamId stream);
+    // As write_domain_parameters, but parameters on NVMe whose slices `bytes` covers whole are
+    // staged (PartitionStorage::write_staged): their next read copies them from `bytes`, which
+    // must stay unchanged until take_staged_parameters(). Elsewhere it writes at once.
+    Status stage_domain_parameters(std::size_t offset_numel, std::span<const std::byte> bytes,
+                                   StreamId stream);
+    Status take_staged_parameters();
     bool parameters_offloaded() const noexcept { return options_.offloaded_parameters != nullptr; }
     bool gradients_on_host() const noexcept { return options_.host_gradients; }
     // Stage 3: frees every gathered copy (persistent ones included), so that the next window

@@ -30,6 +30,14 @@ public:
                          std::span<const std::byte> bytes) = 0;
     virtual Status read(std::size_t index, std::size_t offset_bytes,
                         std::span<std::byte> bytes) = 0;
+    // Replaces the whole slice with `bytes`, which stay the caller's and unchanged until
+    // take_staged(): the storage may copy them when the slice is next read (and write them down
+    // from there) instead of now. This one writes at once.
+    virtual Status write_staged(std::size_t index, std::span<const std::byte> bytes) {
+        return write(index, 0, bytes);
+    }
+    // Every slice given to write_staged() is taken: its bytes are free for the caller again.
+    virtual Status take_staged() { return Status::ok(); }
 
     // One training micro-step (forward and backward) runs between these: the accesses of the
     // first are the trace later ones are prefetched along.

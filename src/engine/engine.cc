@@ -523,6 +523,13 @@ Status Engine::close_backward() {
 Status Engine::backward() {
     ZINF_ASSERT(forward_done_);
     TraceScope span(trace_, "backward", "compute", 0);
+    // The step beside backward writes its parameter buffer from here on: every parameter still
+    // staged from it (one the forward did not read) is taken now.
+    if (Status taken = coordinator_->take_staged_parameters(); !taken.is_ok()) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
+        end_iteration_if_open();
+        return taken;
+    }
     model::Context ctx{compute_, *adapter_, *adapter_, stream(), micro_steps_, true};
     const double scale = window_scale_ / static_cast<double>(gradient_accumulation_steps());
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
@@ -588,6 +595,8 @@ Result<double> Engine::begin_backward() {
                                             ? "backward: called twice without step() in between"
                                             : "backward: no training forward before it");
     }
+    // As backward(): nothing stays staged from the buffer the step beside backward writes.
+    ZINF_TRY(coordinator_->take_staged_parameters());
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
     driven_open_ = true;
     driven_training_ = true;
@@ -857,44 +866,45 @@ Status Engine::io_only_step() {
     ZINF_ASSERT(!backward_done_);
     end_iteration_if_open();
     TraceScope span(trace_, "io-only step", "io", 1);
+    const std::size_t eb = dtype_size_bytes(plan_.dtype);
+    const std::size_t numel = coordinator_->domain().numel;
+    const std::size_t chunk = states_->chunk_numel();
+    auto chunk_bytes = [&](std::size_t k) {
+        return std::span<std::byte>(io_only_params_.data() + k * chunk * eb,
+                                    states_->chunk_length(k) * eb);
+    };
+    // The new parameters' write-back: the same values written back as a step writes them (a
+    // step replaces whole slices without reading them: the values written here come from a host
+    // copy read by the first call, the warm-up, not from reads in every pass).
+    if (offload_->parameters() != nullptr && io_only_params_.size() < numel * eb) {
+        ZINF_ASSIGN_OR_RETURN(io_only_params_,
+                              AlignedBuffer::allocate(std::max<std::size_t>(numel * eb, 64)));
+        for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+            ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, chunk_bytes(k), stream()));
+        }
+    }
+    const bool staged = offload_->parameters() != nullptr && overlap_ && overlap_enabled_;
+    if (staged) {
+        // The step beside backward stages the whole domain (OverlapStep::publish): the next
+        // forward's reads copy it and write it behind, as the replay below does.
+        ZINF_TRY(coordinator_->stage_domain_parameters(
+            0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream()));
+    }
     // The parameters' reads of one step: the residency manager's recorded trace (one
     // accumulation window), replayed once.
     if (offload_->tiered_parameters() != nullptr) {
         ZINF_TRY(offload_->tiered_parameters()->replay_trace());
     }
+    if (staged) ZINF_TRY(coordinator_->take_staged_parameters());
     // The streamed gradients' writes, read-backs and optimizer reads of one window.
     if (gradient_swap_ != nullptr) {
         ZINF_TRY(gradient_swap_->io_only_pass(gradient_accumulation_steps()));
     }
     ZINF_TRY(states_->io_only_pass());
-    if (offload_->parameters() != nullptr) {
-        // The new parameters' write-back: the same values written back as a step writes them
-        // (a step replaces whole slices without reading them: the values written here come
-        // from a host copy read by the first call, the warm-up, not from reads in every pass).
-        const std::size_t eb = dtype_size_bytes(plan_.dtype);
-        const std::size_t numel = coordinator_->domain().numel;
-        const std::size_t chunk = states_->chunk_numel();
-        auto chunk_bytes = [&](std::size_t k) {
-            return std::span<std::byte>(io_only_params_.data() + k * chunk * eb,
-                                        states_->chunk_length(k) * eb);
-        };
-        if (io_only_params_.size() < numel * eb) {
-            ZINF_ASSIGN_OR_RETURN(io_only_params_,
-                                  AlignedBuffer::allocate(std::max<std::size_t>(numel * eb, 64)));
-            for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-                ZINF_TRY(coordinator_->read_domain_parameters(k * chunk, chunk_bytes(k), stream()));
-            }
-        }
-        if (overlap_ && overlap_enabled_) {
-            // The step beside backward publishes the whole domain at once (OverlapStep::publish).
-            ZINF_TRY(coordinator_->write_domain_parameters(
-                0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream()));
-        } else {
-            // The sequential step writes chunk by chunk (a slice cut by a chunk is read).
-            for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
-                ZINF_TRY(
-                    coordinator_->write_domain_parameters(k * chunk, chunk_bytes(k), stream()));
-            }
+    if (offload_->parameters() != nullptr && !staged) {
+        // The sequential step writes chunk by chunk (a slice cut by a chunk is read).
+        for (std::size_t k = 0; k < states_->chunk_count(); ++k) {
+            ZINF_TRY(coordinator_->write_domain_parameters(k * chunk, chunk_bytes(k), stream()));
         }
     }
     return Status::ok();

@@ -163,6 +163,11 @@ Status TieredPartitionStorage::write(std::size_t index, std::size_t offset_bytes
     return Status::ok();
 }
 
+Status TieredPartitionStorage::write_staged(std::size_t index, std::span<const std::byte> bytes) {
+    if (!written_[index] || bytes.size() != slice_bytes(index)) return write(index, 0, bytes);
+    return residency_.stage_overwrite(static_cast<tier::PartitionId>(index), bytes.data());
+}
+
 Status TieredPartitionStorage::replay_trace() {
     if (!residency_.has_trace()) return Status::ok();
     // A copy: the manager may re-record its trace while this runs.

@@ -85,6 +85,10 @@ public:
     Status write(std::size_t index, std::size_t offset_bytes,
                  std::span<const std::byte> bytes) override;
     Status read(std::size_t index, std::size_t offset_bytes, std::span<std::byte> bytes) override;
+    // Whole slices after their first write: ResidencyManager::stage_overwrite (the next read
+    // copies them, the write to NVMe follows beside it).
+    Status write_staged(std::size_t index, std::span<const std::byte> bytes) override;
+    Status take_staged() override { return residency_.take_staged(); }
     void begin_iteration() override { residency_.begin_iteration(); }
     void end_iteration() override { residency_.end_iteration(); }
     // One iteration of the recorded access trace without compute: every access acquired and

@@ -297,10 +297,14 @@ void OverlapStep::abandon(Why why) {
 }
 
 Status OverlapStep::publish(StreamId stream) {
-    // The whole domain at once: each parameter's slice is written whole, so parameters on NVMe
-    // are replaced without reading their old bytes (a sub-group's cut would read them).
+    // The whole domain at once: each parameter's slice is replaced whole, so parameters on NVMe
+    // are replaced without reading their old bytes (a sub-group's cut would read them). They
+    // are staged: the next forward copies each from the buffer as it reaches it and writes it
+    // to NVMe beside its compute (the forward reads no parameter from the disk, and the writes
+    // fill the disk time it leaves). The engine takes what is left before the backward, after
+    // which the thread may write the buffer again.
     const std::size_t eb = dtype_size_bytes(dtype_);
-    ZINF_TRY(io_.store_parameters(
+    ZINF_TRY(io_.stage_parameters(
         0, std::span<const std::byte>(buffer_.data(), coordinator_.domain().numel * eb), stream));
     ++counts_.committed;
     return Status::ok();

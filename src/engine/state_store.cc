@@ -400,6 +400,14 @@ Status OptimizerIo::updated(std::size_t, std::uint64_t offset_numel,
     return Status::ok();
 }
 
+Status OptimizerIo::stage_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
+                                     StreamId stream) {
+    if (update_ == ParameterUpdate::kThroughCoordinator) {
+        return coordinator_.stage_domain_parameters(offset_numel, bytes, stream);
+    }
+    return store_parameters(offset_numel, bytes, stream);
+}
+
 Status OptimizerIo::store_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
                                      StreamId stream) {
     if (update_ == ParameterUpdate::kThroughCoordinator) {

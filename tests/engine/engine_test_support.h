@@ -73,6 +73,8 @@ struct Trainer {
     std::unique_ptr<data::Batcher> batcher;
     // Called by run() between each micro-step's backward and its step (with the micro-step).
     std::function<void(std::uint64_t)> before_step;
+    // Called by run() between each micro-step's forward and its backward (with the micro-step).
+    std::function<void(std::uint64_t)> after_forward;
 
     explicit Trainer(const config::EngineConfig& c) : Trainer(c, make_stack(c)) {}
     // Over a stack built elsewhere (a GPU's, create_cuda_training_stack) from the same config.
@@ -136,6 +138,7 @@ struct Trainer {
             auto loss = engine().forward(b);
             ZINF_ASSERT_MSG(loss.has_value(), loss.error().to_string());
             losses.push_back(*loss);
+            if (after_forward) after_forward(micro);
             const Status backward = engine().backward();
             ZINF_ASSERT_MSG(backward.is_ok(), backward.to_string());
             if (before_step) before_step(micro);
