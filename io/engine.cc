@@ -333,6 +333,8 @@ void EngineWorker::carve_locked() {
             // Fully cut (or abandoned after an error): drop the cutting token.
             impl_.head = h.next_;
             if (impl_.head == nullptr) impl_.tail = nullptr;
+            // The head was the last urgent one (urgent ones are a prefix).
+            if (impl_.urgent_tail == &h) impl_.urgent_tail = nullptr;
             h.next_ = nullptr;
             impl_.queued_ops.fetch_sub(1, std::memory_order_relaxed);
             impl_.finish(h, nullptr);
@@ -628,12 +630,22 @@ Status Engine::submit(std::span<const BatchItem> items) {
         h.pending_.store(1, std::memory_order_relaxed);  // the cutting token
         h.state_.store(IoHandle::kBusy, std::memory_order_release);
         f->ops_in_flight.fetch_add(1, std::memory_order_relaxed);
-        if (impl.tail == nullptr) {
-            impl.head = &h;
+        if (h.urgent_) {
+            // Behind the urgent ones already queued, ahead of the rest (the head may be an
+            // operation partly cut into pieces: the rest of it is cut after this one).
+            IoHandle** link = impl.urgent_tail == nullptr ? &impl.head : &impl.urgent_tail->next_;
+            h.next_ = *link;
+            *link = &h;
+            if (impl.tail == impl.urgent_tail) impl.tail = &h;
+            impl.urgent_tail = &h;
         } else {
-            impl.tail->next_ = &h;
+            if (impl.tail == nullptr) {
+                impl.head = &h;
+            } else {
+                impl.tail->next_ = &h;
+            }
+            impl.tail = &h;
         }
-        impl.tail = &h;
         impl.queued_ops.fetch_add(1, std::memory_order_seq_cst);
     }
     lock.unlock();

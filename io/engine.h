@@ -155,6 +155,12 @@ public:
     // True when the last operation completed without I/O (Engine::set_discard): a read left
     // the buffer as it was, a write wrote nothing. Read after done().
     bool discarded() const noexcept { return discarded_; }
+    // Urgent operations (someone computes nothing until they are done, e.g. a parameter's
+    // fetch) are queued ahead of every operation that is not, in submission order among
+    // themselves: they wait for a free piece, never behind a long queue. Pieces already in
+    // flight are not preempted. Kept across operations; set it while the handle is idle.
+    void set_urgent(bool on) noexcept { urgent_ = on; }
+    bool urgent() const noexcept { return urgent_; }
 
 private:
     friend class Engine;
@@ -186,6 +192,7 @@ private:
     std::uint64_t cursor_bytes_ = 0;
     OpKind op_ = OpKind::kRead;
     bool discarded_ = false;
+    bool urgent_ = false;
 };
 
 class Engine {

@@ -87,6 +87,9 @@ struct Engine::Impl {
     std::condition_variable control_cv;  // callers of run_on_workers wait here
     IoHandle* head = nullptr;
     IoHandle* tail = nullptr;
+    // The last urgent operation queued (IoHandle::set_urgent): urgent ones are a prefix of the
+    // queue, this its end; null when none is queued.
+    IoHandle* urgent_tail = nullptr;
     std::atomic<std::size_t> queued_ops{0};
     bool stopping = false;
     std::vector<std::unique_ptr<detail::File>> files;  // indexed by FileId; closed files are null

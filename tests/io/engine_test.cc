@@ -152,6 +152,44 @@ TEST(Engine, PiecesSpreadOverWorkers) {
     EXPECT_LT(ms, 90) << "the second worker did not take pieces of the request";
 }
 
+// An urgent operation goes ahead of those queued before it that are not (pieces in flight are
+// not preempted); without urgency the queue is first come, first served. One worker, two pieces
+// in flight, 5 ms a piece: four 4-piece writes take about 8 rounds; the urgent one-piece read
+// submitted after them is done while the last write still waits, the plain one after it.
+TEST(Engine, UrgentOperationsGoAheadOfTheQueue) {
+    for (const bool urgent : {true, false}) {
+        SCOPED_TRACE(urgent ? "urgent" : "not urgent");
+        auto sim = sim_engine_with_file("u", 5000, 5000, pieces_of(4096, 2, 1));
+        ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
+        Engine& engine = *sim->engine;
+        const FileId file = sim->file;
+        AlignedBuffer buffer = must_allocate(2 * 4096);
+        ASSERT_TRUE(engine.write(file, 0, buffer.span()).is_ok());  // what the reads read
+        AlignedBuffer bulk_buffer = must_allocate(4 * 4 * 4096);
+        std::array<IoHandle, 4> bulk;
+        for (std::size_t i = 0; i < bulk.size(); ++i) {
+            ASSERT_TRUE(engine
+                            .submit_write(bulk[i], file, (2 + i * 4) * 4096,
+                                          bulk_buffer.span().subspan(i * 4 * 4096, 4 * 4096))
+                            .is_ok());
+        }
+        IoHandle first;
+        IoHandle second;  // FIFO among urgent ones: after `first`
+        first.set_urgent(urgent);
+        second.set_urgent(urgent);
+        ASSERT_TRUE(engine.submit_read(first, file, 0, buffer.span().first(4096)).is_ok());
+        ASSERT_TRUE(engine.submit_read(second, file, 4096, buffer.span().last(4096)).is_ok());
+        ASSERT_TRUE(second.wait().is_ok());
+        EXPECT_TRUE(first.done());
+        EXPECT_EQ(!bulk.back().done(), urgent);
+        for (IoHandle& h : bulk) ASSERT_TRUE(h.wait().is_ok());
+        // The engine goes on as before: a later plain operation after a drained urgent one.
+        IoHandle later;
+        ASSERT_TRUE(engine.submit_read(later, file, 0, buffer.span().first(4096)).is_ok());
+        ASSERT_TRUE(later.wait_for(kHangTimeout).is_ok());
+    }
+}
+
 TEST(Engine, WaitForTimesOutWithoutLosingTheOperation) {
     auto sim = sim_engine_with_file("slow", 200000, 200000);
     ASSERT_TRUE(sim.has_value()) << sim.error().to_string();
