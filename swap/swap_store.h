@@ -133,6 +133,8 @@ public:
     void wait_transfer() noexcept;
     // True between a successful submit and the return of wait().
     bool in_use() const noexcept { return store_ != nullptr; }
+    // Its transfers go ahead of those not urgent in the engine's queue (io::IoHandle::set_urgent).
+    void set_urgent(bool on) noexcept { data_io_.set_urgent(on); }
 
 private:
     friend class SwapStore;

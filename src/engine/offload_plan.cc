@@ -104,6 +104,8 @@ Status size_parameter_tiers(const config::EngineConfig& config, const PlanInputs
     plan.lock_parameter_host_tier = op.pin_memory;
     // pin_memory false: a pageable host tier (a GPU stages its copies through the driver).
     plan.mover.register_with_device = op.pin_memory || in.device_kind == DeviceKind::kCpu;
+    // The compute waits for parameter fetches; the optimizer states' I/O can wait for them.
+    plan.mover.urgent = true;
     tier::ResidencyOptions& ro = plan.residency;
     ro.dtype = plan.dtype;
     ro.device_budget_bytes = static_cast<std::size_t>(device_tier);

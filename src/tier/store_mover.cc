@@ -96,6 +96,7 @@ Result<MoveToken> StoreMover::start(const Move& move) noexcept {
     ZINF_ASSIGN_OR_RETURN(const MoveToken token, slots_.take("store mover"));
     Slot& s = slots_.at(token);
     ZINF_ASSERT(!s.swap.in_use());
+    s.swap.set_urgent(options_.urgent);
     s.kind = move.kind;
     s.id = move.id;
     s.size_bytes = move.size_bytes;

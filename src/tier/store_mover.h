@@ -37,6 +37,10 @@ struct StoreMoverOptions {
     // Page-lock the host region with the device (cudaHostRegister on a GPU) for asynchronous
     // copies: `pin_memory`. false: a pageable host tier; the driver stages its copies.
     bool register_with_device = true;
+    // Its NVMe moves go ahead of the engine's other operations (io::IoHandle::set_urgent): the
+    // parameter tiers, whose fetches the compute waits for, over the optimizer states' reads
+    // and writes that share the engine.
+    bool urgent = false;
 };
 
 class StoreMover final : public Mover {
