@@ -261,7 +261,7 @@ TEST(PlanCliTest, FitWithNothingThatFitsWritesNothing) {
     const std::string swap = dir.file("swap");
     const std::string out = dir.file("fitted.json");
     const RunResult r = plan(dir, "--config " + config("big-mlp-nvme.json") + swap_paths(swap) +
-                                      " --fit --device-memory 256MiB --host-memory 900MiB "
+                                      " --fit --device-memory 256MiB --host-memory 1200MiB "
                                       "--nvme-free 1GiB --out " +
                                       out);
     EXPECT_EQ(r.exit_code, 1) << r.out;
