@@ -259,10 +259,11 @@ TEST(OverlapStep, PublishingReplacesParametersOnNvmeWithoutReadingThem) {
         }
         if (t.engine().overlap_counts()->committed == committed) continue;  // recorded the order
         ++published;
-        // Publishing reads nothing either; the next forward's prefetch takes the published
-        // bytes rather than reading them (a bias re-read at most, as above). Reading the slices
-        // to overwrite them read about 9 KiB per step, the prefetch 3 KiB.
-        EXPECT_LE(parameter_bytes_read() - read_before_step, 128u) << "step " << s;
+        // Publishing reads nothing: only the next forward's first access (the 24 x 64 weight,
+        // 3072 bytes), whose prefetch the end of backward started before the publish replaced
+        // it, may land in the step, and a bias as above. Reading the slices to overwrite them
+        // read about 9 KiB per step here.
+        EXPECT_LE(parameter_bytes_read() - read_before_step, 3072u + 128u) << "step " << s;
     }
     EXPECT_EQ(published, 5u);
     EXPECT_TRUE(forward_after_publish_checked);
