@@ -799,9 +799,11 @@ void ResidencyManager::issue_prefetches() {
             }
         }
         if (valid(p, a.tier) || p.in_flight) continue;
-        // Past the live bound a device access is still staged on the host.
+        // Past the live bound a device access is still staged on the host (a staged
+        // partition is taken there, no further).
         if (a.tier == Tier::kDevice && p.host == Copy::kValid && !may_reach_device) continue;
-        Result<Step> step = step_toward(a.id, a.tier, true, k);
+        const Tier step_tier = a.tier == Tier::kDevice && !may_reach_device ? Tier::kHost : a.tier;
+        Result<Step> step = step_toward(a.id, step_tier, true, k);
         if (!step.has_value()) {
             log::warning("residency: prefetch of partition ", a.id,
                          " not started: ", step.error().to_string());
