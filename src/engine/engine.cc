@@ -415,7 +415,7 @@ Status Engine::build_summary() {
 
 Status Engine::set_io_discard(bool on) {
     ZINF_TRY(wait_checkpoint());
-    io_only_params_ = AlignedBuffer();
+    ZINF_TRY(drop_io_only_params());
     if (offload_) offload_->set_io_discard(on);
     model_.set_io_discard(on);
     if (io_discard_ && !on) {
@@ -596,7 +596,11 @@ Result<double> Engine::begin_backward() {
                                             : "backward: no training forward before it");
     }
     // As backward(): nothing stays staged from the buffer the step beside backward writes.
-    ZINF_TRY(coordinator_->take_staged_parameters());
+    if (Status taken = coordinator_->take_staged_parameters(); !taken.is_ok()) {
+        if (overlap_) overlap_->abandon(engine::OverlapStep::Why::kFailed);
+        end_iteration_if_open();
+        return taken;
+    }
     if (gradient_swap_) gradient_swap_->set_final_micro_step(is_gradient_accumulation_boundary());
     driven_open_ = true;
     driven_training_ = true;
@@ -713,7 +717,8 @@ engine::NormPartial Engine::slice_partial(const std::byte* grads, std::size_t of
 // the new parameters. `unscale` turns the gradients' sum of squares into the true norm.
 Status Engine::run_optimizer(double unscale) {
     TraceScope span(trace_, "optimizer", "optimizer", 2);
-    io_only_params_ = AlignedBuffer();  // the parameters change: io_only_step's copy is stale
+    // The parameters change: io_only_step's copy is stale.
+    ZINF_TRY(drop_io_only_params());
     TraceScope norm_span(trace_, "gradient norm", "optimizer", 3);
     ZINF_ASSIGN_OR_RETURN(auto stats, gradient_stats());
     norm_span.end();
@@ -854,6 +859,13 @@ Status Engine::step() {
     return run_optimizer(1.0 / (window_scale_ * communicator_.world_size()));
 }
 
+Status Engine::drop_io_only_params() {
+    if (io_only_params_.size() == 0) return Status::ok();
+    ZINF_TRY(coordinator_->take_staged_parameters());
+    io_only_params_ = AlignedBuffer();
+    return Status::ok();
+}
+
 void Engine::settle_overlap() {
     if (overlap_ && overlap_->speculating()) overlap_->abandon(engine::OverlapStep::Why::kFailed);
 }
@@ -884,18 +896,24 @@ Status Engine::io_only_step() {
         }
     }
     const bool staged = offload_->parameters() != nullptr && overlap_ && overlap_enabled_;
+    Status replayed;
     if (staged) {
         // The step beside backward stages the whole domain (OverlapStep::publish): the next
         // forward's reads copy it and write it behind, as the replay below does.
-        ZINF_TRY(coordinator_->stage_domain_parameters(
-            0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream()));
+        replayed = coordinator_->stage_domain_parameters(
+            0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream());
     }
     // The parameters' reads of one step: the residency manager's recorded trace (one
     // accumulation window), replayed once.
-    if (offload_->tiered_parameters() != nullptr) {
-        ZINF_TRY(offload_->tiered_parameters()->replay_trace());
+    if (replayed.is_ok() && offload_->tiered_parameters() != nullptr) {
+        replayed = offload_->tiered_parameters()->replay_trace();
     }
-    if (staged) ZINF_TRY(coordinator_->take_staged_parameters());
+    // Whatever happened, nothing stays staged from io_only_params_.
+    if (staged) {
+        const Status taken = coordinator_->take_staged_parameters();
+        if (replayed.is_ok()) replayed = taken;
+    }
+    ZINF_TRY(replayed);
     // The streamed gradients' writes, read-backs and optimizer reads of one window.
     if (gradient_swap_ != nullptr) {
         ZINF_TRY(gradient_swap_->io_only_pass(gradient_accumulation_steps()));

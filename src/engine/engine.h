@@ -434,8 +434,10 @@ private:
     // A step or a checkpoint load failed part-way: the states may disagree with each other
     // (some sub-groups stepped, others not). forward/step/save refuse until a load succeeds.
     std::string broken_;
-    bool io_discard_ = false;         // set_io_discard
-    AlignedBuffer io_only_params_;    // io_only_step: the domain's parameters, host copy
+    bool io_discard_ = false;       // set_io_discard
+    AlignedBuffer io_only_params_;  // io_only_step: the domain's parameters, host copy
+    // Frees io_only_params_ once no parameter is staged from it (takes every staged one first).
+    Status drop_io_only_params();
     bool overlap_enabled_ = true;     // set_overlap_step
     bool overlap_last_stood_ = true;  // the last step needed no clipping and had no overflow
     double optimizer_read_wait_seconds_ = 0.0;

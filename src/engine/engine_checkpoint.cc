@@ -808,11 +808,12 @@ Result<std::vector<engine::CheckpointReader>> Engine::open_shards(const std::str
 }
 
 Status Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-    io_only_params_ = AlignedBuffer();  // the parameters change: io_only_step's copy is stale
     ZINF_ASSERT(!forward_done_);
     ZINF_ASSERT(!backward_done_);
     TraceScope span(trace_, "load_checkpoint", "io", 1);
     ZINF_TRY(wait_checkpoint());
+    // The parameters change: io_only_step's copy is stale.
+    ZINF_TRY(drop_io_only_params());
     settle_overlap();
     SavedShape saved;
     auto shards = open_shards(dir, tag, saved);

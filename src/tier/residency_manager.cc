@@ -905,14 +905,14 @@ Status ResidencyManager::stage_overwrite(PartitionId id, const std::byte* source
 }
 
 Status ResidencyManager::take_staged() {
-    if (staged_count_ == 0) return Status::ok();
-    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
+    // Every source first (the caller frees or reuses them next), then a deferred failure.
     for (PartitionId id = 0; id < parts_.size() && staged_count_ > 0; ++id) {
         if (!parts_[id].registered || parts_[id].source == nullptr) continue;
         ZINF_ASSIGN_OR_RETURN(const bool taken, take_source(id, false, 0));
         ZINF_ASSERT(taken);  // demand makes room or fails
         start_writes_behind();
     }
+    if (!deferred_.is_ok()) return std::exchange(deferred_, Status());
     return Status::ok();
 }
 
