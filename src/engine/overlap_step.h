@@ -16,7 +16,9 @@
 //
 // The new parameters are held in a host buffer of the domain (2 or 4 bytes per element) until
 // the commit, since backward still reads parameters (tied ones, and stage 3 gathering the layers
-// below) and a discarded step must leave them as they were.
+// below) and a discarded step must leave them as they were. The commit publishes them staged:
+// the next forward copies each from the buffer and writes it to NVMe behind its compute
+// (ResidencyManager::stage_overwrite); the engine takes what is left before the next backward.
 //
 // One rank, stages 2-3 (each gradient is reduced as backward produces it), optimizer states on
 // NVMe, gradients in host memory (not streamed), the CPU device: the plan says why not otherwise
@@ -116,7 +118,8 @@ public:
     // `why` counts it.
     enum class Why { kClipping, kOverflow, kFailed };
     void abandon(Why why);
-    // After the swapper committed: the new parameters to where the next forward reads them.
+    // After the swapper committed: the new parameters to where the next forward reads them
+    // (staged from the buffer: OptimizerIo::stage_parameters).
     Status publish(StreamId stream);
 
     // The gradient norm after backward (the engine's thread): whether the thread's partials of
