@@ -229,7 +229,7 @@ Status ParameterCoordinator::for_each_slice(std::size_t offset_numel, std::size_
 
 Status ParameterCoordinator::write_domain_parameters(std::size_t offset_numel,
                                                      std::span<const std::byte> bytes,
-                                                     StreamId stream) {
+                                                     StreamId stream, bool staged) {
     const std::size_t eb = elem_bytes();
     ZINF_ASSERT_EQ(bytes.size() % eb, 0u);
     const std::size_t numel = bytes.size() / eb;
@@ -252,27 +252,11 @@ Status ParameterCoordinator::write_domain_parameters(std::size_t offset_numel,
     return for_each_slice(
         offset_numel, numel,
         [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
-            return storage->write(index, in_slice * eb, bytes.subspan(in_range * eb, n * eb));
-        });
-}
-
-Status ParameterCoordinator::stage_domain_parameters(std::size_t offset_numel,
-                                                     std::span<const std::byte> bytes,
-                                                     StreamId stream) {
-    PartitionStorage* storage = options_.offloaded_parameters;
-    if (storage == nullptr) return write_domain_parameters(offset_numel, bytes, stream);
-    const std::size_t eb = elem_bytes();
-    ZINF_ASSERT_EQ(bytes.size() % eb, 0u);
-    const std::size_t numel = bytes.size() / eb;
-    ZINF_ASSERT_LE(offset_numel + numel, domain_.numel);
-    return for_each_slice(
-        offset_numel, numel,
-        [&](std::size_t index, std::size_t in_slice, std::size_t in_range, std::size_t n) {
             const auto piece = bytes.subspan(in_range * eb, n * eb);
-            if (in_slice == 0 && n == partitioning_.slot(index).slice_numel) {
+            if (staged && in_slice == 0 && n == partitioning_.slot(index).slice_numel) {
                 return storage->write_staged(index, piece);
             }
-            return storage->write(index, in_slice * eb, piece);  // a cut slice: at once
+            return storage->write(index, in_slice * eb, piece);
         });
 }
 

@@ -130,15 +130,13 @@ public:
     Status publish_parameters(StreamId stream);
     // Host-side access to the domain's parameters (values of dtype()), wherever they live:
     // elements [offset_numel, offset_numel + bytes / dtype size). Blocks until done.
+    // `staged`: offloaded parameters whose slices `bytes` covers whole are staged instead
+    // (PartitionStorage::write_staged): their next read copies them from `bytes`, which must
+    // stay unchanged until take_staged_parameters(). Elsewhere it writes at once.
     Status write_domain_parameters(std::size_t offset_numel, std::span<const std::byte> bytes,
-                                   StreamId stream);
+                                   StreamId stream, bool staged = false);
     Status read_domain_parameters(std::size_t offset_numel, std::span<std::byte> bytes,
                                   StreamId stream);
-    // As write_domain_parameters, but parameters on NVMe whose slices `bytes` covers whole are
-    // staged (PartitionStorage::write_staged): their next read copies them from `bytes`, which
-    // must stay unchanged until take_staged_parameters(). Elsewhere it writes at once.
-    Status stage_domain_parameters(std::size_t offset_numel, std::span<const std::byte> bytes,
-                                   StreamId stream);
     Status take_staged_parameters();
     bool parameters_offloaded() const noexcept { return options_.offloaded_parameters != nullptr; }
     bool gradients_on_host() const noexcept { return options_.host_gradients; }

@@ -900,8 +900,9 @@ Status Engine::io_only_step() {
     if (staged) {
         // The step beside backward stages the whole domain (OverlapStep::publish): the next
         // forward's reads copy it and write it behind, as the replay below does.
-        replayed = coordinator_->stage_domain_parameters(
-            0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream());
+        replayed = coordinator_->write_domain_parameters(
+            0, std::span<const std::byte>(io_only_params_.data(), numel * eb), stream(),
+            /*staged=*/true);
     }
     // The parameters' reads of one step: the residency manager's recorded trace (one
     // accumulation window), replayed once.

@@ -164,7 +164,8 @@ Status TieredPartitionStorage::write(std::size_t index, std::size_t offset_bytes
 }
 
 Status TieredPartitionStorage::write_staged(std::size_t index, std::span<const std::byte> bytes) {
-    if (!written_[index] || bytes.size() != slice_bytes(index)) return write(index, 0, bytes);
+    ZINF_ASSERT_EQ(bytes.size(), slice_bytes(index));  // a whole slice (write_staged's contract)
+    if (!written_[index]) return write(index, 0, bytes);
     return residency_.stage_overwrite(static_cast<tier::PartitionId>(index), bytes.data());
 }
 

@@ -304,8 +304,9 @@ Status OverlapStep::publish(StreamId stream) {
     // fill the disk time it leaves). The engine takes what is left before the backward, after
     // which the thread may write the buffer again.
     const std::size_t eb = dtype_size_bytes(dtype_);
-    ZINF_TRY(io_.stage_parameters(
-        0, std::span<const std::byte>(buffer_.data(), coordinator_.domain().numel * eb), stream));
+    ZINF_TRY(io_.store_parameters(
+        0, std::span<const std::byte>(buffer_.data(), coordinator_.domain().numel * eb), stream,
+        /*staged=*/true));
     ++counts_.committed;
     return Status::ok();
 }

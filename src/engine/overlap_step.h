@@ -119,7 +119,7 @@ public:
     enum class Why { kClipping, kOverflow, kFailed };
     void abandon(Why why);
     // After the swapper committed: the new parameters to where the next forward reads them
-    // (staged from the buffer: OptimizerIo::stage_parameters).
+    // (staged from the buffer: OptimizerIo::store_parameters).
     Status publish(StreamId stream);
 
     // The gradient norm after backward (the engine's thread): whether the thread's partials of

@@ -400,18 +400,10 @@ Status OptimizerIo::updated(std::size_t, std::uint64_t offset_numel,
     return Status::ok();
 }
 
-Status OptimizerIo::stage_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
-                                     StreamId stream) {
-    if (update_ == ParameterUpdate::kThroughCoordinator) {
-        return coordinator_.stage_domain_parameters(offset_numel, bytes, stream);
-    }
-    return store_parameters(offset_numel, bytes, stream);
-}
-
 Status OptimizerIo::store_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
-                                     StreamId stream) {
+                                     StreamId stream, bool staged) {
     if (update_ == ParameterUpdate::kThroughCoordinator) {
-        return coordinator_.write_domain_parameters(offset_numel, bytes, stream);
+        return coordinator_.write_domain_parameters(offset_numel, bytes, stream, staged);
     }
     auto* params = static_cast<std::byte*>(coordinator_.domain().parameters);
     ZINF_ASSERT(params != nullptr);

@@ -186,16 +186,13 @@ public:
 
     // New parameters of domain elements [offset_numel, offset_numel + bytes / dtype size), in
     // the parameters' dtype, to where the next forward reads them (the step beside backward,
-    // swap.overlap_step, held them until its commit). Blocks until copied.
+    // swap.overlap_step, held them until its commit). Blocks until copied. `staged`:
+    // parameters on NVMe are staged instead: the next forward copies each from `bytes` as it
+    // reads it and writes it to NVMe beside its compute, rather than this call writing them all
+    // before the forward reads them back (ParameterCoordinator::write_domain_parameters).
+    // `bytes` then stays unchanged until ParameterCoordinator::take_staged_parameters().
     Status store_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
-                            StreamId stream);
-    // As store_parameters, but parameters on NVMe are staged: the next forward copies each from
-    // `bytes` as it reads it and writes it to NVMe beside its compute, instead of this call
-    // writing them all before the forward reads them back
-    // (ParameterCoordinator::stage_domain_parameters). `bytes` stays unchanged until
-    // ParameterCoordinator::take_staged_parameters().
-    Status stage_parameters(std::uint64_t offset_numel, std::span<const std::byte> bytes,
-                            StreamId stream);
+                            StreamId stream, bool staged = false);
 
     // Host bytes held (the gradient copy and the staging buffer).
     std::size_t host_bytes() const noexcept { return host_grads_.size() + staging_.size(); }
